@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs every Debian package moetrain needs and extracts the built-in corpus.
+# Idempotent: quiet and fast when everything is already there.
+set -euo pipefail
+
+PKGS=(build-essential cmake pkg-config
+      libopenblas-dev libopenblas0 openmpi-bin libopenmpi-dev
+      nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
+      python3-torch python3-numpy bible-kjv)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Built-in corpus: the King James Bible from Debian's bible-kjv package, as plain text.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+corpus="$root/data/kjv.txt"
+if [ ! -s "$corpus" ]; then
+  mkdir -p "$root/data"
+  # `bible` prints chapter headings and verses wrapped at 80 columns; rejoin each verse on one line.
+  bible "Gen1:1-Rev22:21" | awk '
+    /^ +[0-9]+ / { if (v != "") print v; sub(/^ +/, ""); v = $0; next }
+    /^$/ { next }
+    /^[1-3]? ?[A-Z][A-Za-z ]* [0-9]+$/ { if (v != "") print v; v = ""; if (seen) print ""; seen = 1; print; next }
+    { v = v " " $0 }
+    END { if (v != "") print v }' > "$corpus.tmp"
+  mv "$corpus.tmp" "$corpus"
+  echo "setup: wrote $corpus ($(wc -c <"$corpus") bytes)"
+fi

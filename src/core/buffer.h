@@ -1,0 +1,88 @@
+// Owned, 64-byte aligned arrays whose bytes are counted by a MemTracker. Activations kept for
+// backward live in Buffers charged to the model's activation tracker, so the peak bytes held are an
+// exact high-water mark, not an estimate (the planner's memory model is checked against it).
+#pragma once
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "core/error.h"
+
+namespace moe {
+
+// Bytes currently held and the high-water mark of one class of memory (activations, params, ...).
+class MemTracker {
+ public:
+  void add(size_t bytes) {
+    current_ += bytes;
+    if (current_ > peak_) peak_ = current_;
+  }
+  void sub(size_t bytes) { current_ -= bytes; }
+  size_t current() const { return current_; }
+  size_t peak() const { return peak_; }
+  void reset_peak() { peak_ = current_; }
+
+ private:
+  size_t current_ = 0;
+  size_t peak_ = 0;
+};
+
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(size_t n, MemTracker* tracker = nullptr) { resize(n, tracker); }
+  ~Buffer() { release(); }
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+      tracker_ = std::exchange(o.tracker_, nullptr);
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  // Reallocates to n zeroed elements (contents are not kept).
+  void resize(size_t n, MemTracker* tracker = nullptr) {
+    release();
+    tracker_ = tracker;
+    if (n == 0) return;
+    size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+    data_ = static_cast<T*>(std::aligned_alloc(64, bytes));
+    if (!data_) throw std::bad_alloc();
+    std::memset(static_cast<void*>(data_), 0, bytes);
+    size_ = n;
+    if (tracker_) tracker_->add(n * sizeof(T));
+  }
+  void release() {
+    if (data_) {
+      std::free(data_);
+      if (tracker_) tracker_->sub(size_ * sizeof(T));
+    }
+    data_ = nullptr;
+    size_ = 0;
+  }
+  void zero() {
+    if (data_) std::memset(static_cast<void*>(data_), 0, size_ * sizeof(T));
+  }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  size_t size() const { return size_; }
+  size_t bytes() const { return size_ * sizeof(T); }
+  T& operator[](size_t i) { return data_[i]; }
+  const T& operator[](size_t i) const { return data_[i]; }
+
+ private:
+  T* data_ = nullptr;
+  size_t size_ = 0;
+  MemTracker* tracker_ = nullptr;
+};
+
+}  // namespace moe

@@ -1,0 +1,23 @@
+// Small memory-bound kernels: SwiGLU activation, embedding lookup, residual add.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace moe::kernels {
+
+// h = silu(g) · u, silu(z) = z / (1 + e^-z)
+void swiglu_forward(float* h, const float* g, const float* u, size_t n);
+// dg += dh · u · silu'(g) ; du += dh · silu(g)
+void swiglu_backward(float* dg, float* du, const float* dh, const float* g, const float* u,
+                     size_t n);
+
+// out[n,:] = wte[tokens[n],:]
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, int n_tokens, int dim);
+// dwte[tokens[n],:] += dout[n,:] (rows in token order, so the sum order is fixed)
+void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int n_tokens,
+                        int dim);
+
+// y += x
+void add_inplace(float* y, const float* x, size_t n);
+
+}  // namespace moe::kernels

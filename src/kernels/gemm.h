@@ -1,0 +1,29 @@
+// Row-major GEMM on top of CBLAS, and the linear layer in Hugging Face weight layout
+// (w is [out, in], y = x · w^T). Every BLAS call of the project goes through here.
+// Convention for every *_backward in kernels/: gradients are ADDED into (+=), never overwritten,
+// so residual branches and micro-batch accumulation need no copies. Callers zero them.
+#pragma once
+#include <cstddef>
+
+namespace moe::kernels {
+
+// C[M,N] = alpha · op(A) · op(B) + beta · C, row-major; op(A) is [M,K], op(B) is [K,N].
+// lda/ldb/ldc are row strides (elements); pass 0 for the dense default.
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc);
+
+// y[T,out] = x[T,in] · w[out,in]^T   (beta = 0: overwrite; accumulate = true: y +=)
+void linear_forward(float* y, const float* x, const float* w, int T, int in, int out,
+                    bool accumulate = false);
+// dx[T,in] += dy · w ; dw[out,in] += dy^T · x. Either output may be nullptr to skip it.
+void linear_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, int T,
+                     int in, int out);
+
+// Sets the BLAS thread count (OpenBLAS); 1 is the project default (one thread per rank).
+void set_blas_threads(int n);
+int blas_threads();
+
+// GFLOP/s of one n×n×n sgemm, best of `repeats` (the roofline the benchmarks and MFU refer to).
+double measure_gemm_gflops(int n = 1024, int repeats = 3);
+
+}  // namespace moe::kernels

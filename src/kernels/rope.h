@@ -1,0 +1,22 @@
+// Rotary position embedding, Hugging Face "rotate_half" convention (as in modeling_deepseek.py):
+// for pair (i, i + d/2) of a head vector at position p, angle = p · theta^(-2i/d);
+// out_i = x_i cos - x_{i+d/2} sin ; out_{i+d/2} = x_{i+d/2} cos + x_i sin.
+#pragma once
+#include <vector>
+
+namespace moe::kernels {
+
+// cos/sin tables [max_pos, head_dim/2], computed in double then rounded once.
+struct RopeTable {
+  int max_pos = 0;
+  int half = 0;
+  std::vector<float> cos, sin;
+};
+RopeTable make_rope_table(int max_pos, int head_dim, double theta);
+
+// x [B, T, n_head, head_dim] rotated in place; token t of every sequence has position t.
+void rope_forward(float* x, const RopeTable& table, int B, int T, int n_head, int head_dim);
+// The rotation is orthogonal: its backward rotates dx in place by the opposite angle.
+void rope_backward(float* dx, const RopeTable& table, int B, int T, int n_head, int head_dim);
+
+}  // namespace moe::kernels

@@ -1,0 +1,40 @@
+// The SwiGLU feed-forward block shared by dense layers, shared experts and routed experts:
+//   g = x·gate^T, u = x·up^T  [N,F];  h = silu(g)·u  [N,F];  y = h·down^T  [N,H]
+// Weights in Hugging Face layout: gate, up [F,H]; down [H,F]. g, u, h are kept for backward.
+// The grouped form runs E experts over contiguous, uneven row segments (no padding rows):
+// rows [offsets[e], offsets[e+1]) use expert e, whose weights sit at gate + e·F·H, up + e·F·H,
+// down + e·H·F. An empty segment costs nothing.
+#pragma once
+#include <cstdint>
+
+namespace moe::kernels {
+
+struct MlpWeights {
+  const float* gate = nullptr;  // [F,H] (stacked: [E,F,H])
+  const float* up = nullptr;    // [F,H] (stacked: [E,F,H])
+  const float* down = nullptr;  // [H,F] (stacked: [E,H,F])
+};
+struct MlpGrads {
+  float* gate = nullptr;
+  float* up = nullptr;
+  float* down = nullptr;
+};
+
+// y = mlp(x) (y += when accumulate)
+void swiglu_mlp_forward(float* y, float* g, float* u, float* h, const float* x, const MlpWeights& w,
+                        int N, int H, int F, bool accumulate = false);
+// dx += ..., dw += ... ; scratch holds 2·N·F floats.
+void swiglu_mlp_backward(float* dx, const MlpGrads& dw, const float* dy, const float* x,
+                         const float* g, const float* u, const float* h, const MlpWeights& w, int N,
+                         int H, int F, float* scratch);
+
+// offsets_E1 has E+1 entries (exclusive prefix sums; offsets[E] = total rows).
+void grouped_swiglu_forward(float* y, float* g, float* u, float* h, const float* x,
+                            const int32_t* offsets_E1, int E, const MlpWeights& w, int H, int F);
+// scratch holds 2·(total rows)·F floats.
+void grouped_swiglu_backward(float* dx, const MlpGrads& dw, const float* dy, const float* x,
+                             const float* g, const float* u, const float* h,
+                             const int32_t* offsets_E1, int E, const MlpWeights& w, int H, int F,
+                             float* scratch);
+
+}  // namespace moe::kernels

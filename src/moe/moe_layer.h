@@ -1,0 +1,63 @@
+// The MoE feed-forward block of a DeepSeek-MoE layer as a straight line of named steps:
+//   route -> layout -> dispatch -> experts -> combine  (+ shared experts on every token)
+// Only dispatch and combine would communicate (expert parallelism, comm/); every other step is
+// local. The layout built in forward is kept in MoeActivations and reused by backward unchanged.
+// Two layouts: padding-free (X-MoE PFT, default, dropless unless capacity_factor > 0) and the
+// capacity-padded baseline ([E, C, H] buffers, C = ceil(T·k·cf/E)), sharing the expert code.
+#pragma once
+#include <cstdint>
+
+#include "core/buffer.h"
+#include "kernels/swiglu_mlp.h"
+#include "moe/layout.h"
+#include "moe/router.h"
+
+namespace moe::mixture {
+
+struct MoeConfig {
+  int hidden = 0;           // H
+  int ffn = 0;              // F, moe_intermediate_size
+  int num_experts = 0;      // E, n_routed_experts
+  int top_k = 0;            // k, num_experts_per_tok
+  int shared_ffn = 0;       // n_shared_experts · moe_intermediate_size; 0 = no shared experts
+  bool norm_topk_prob = false;
+  float aux_loss_alpha = 0.0f;
+  bool seq_aux = false;     // aux loss per sequence (DeepSeek's seq_aux) instead of per batch
+  float capacity_factor = 0.0f;  // 0 = dropless
+  bool padded = false;      // capacity-padded baseline instead of padding-free
+};
+
+struct MoeWeights {
+  const float* gate_EH = nullptr;   // router, [E,H]
+  kernels::MlpWeights experts;      // stacked [E,F,H], [E,F,H], [E,H,F]
+  kernels::MlpWeights shared;       // [Fs,H], [Fs,H], [H,Fs]; unused when shared_ffn == 0
+};
+struct MoeGrads {
+  float* gate_EH = nullptr;
+  kernels::MlpGrads experts;
+  kernels::MlpGrads shared;
+};
+
+// Everything forward keeps for backward. Buffers are charged to the tracker given to forward.
+struct MoeActivations {
+  Routing routing;
+  DispatchLayout layout;           // padding-free layout (also built for padded: it names the pairs)
+  PaddedLayout padded_layout;      // only when cfg.padded
+  Buffer<float> x_rows;            // [R,H] gathered inputs (R = rows, or E·C when padded)
+  Buffer<float> g, u, h;           // [R,F]
+  Buffer<float> y_rows;            // [R,H] expert outputs
+  Buffer<float> shared_g, shared_u, shared_h;  // [T,Fs]
+  double aux_loss = 0.0;           // alpha-scaled auxiliary loss of this layer
+};
+
+// y[T,H] = sum_k w_tk · expert_k(x_t) + shared(x_t). num_seqs splits the T tokens into equal
+// sequences for seq_aux. x must stay alive until backward.
+void moe_forward(float* y, MoeActivations& act, const float* x, const MoeWeights& w,
+                 const MoeConfig& cfg, int T, int num_seqs, MemTracker* tracker);
+
+// dx += ..., grads += ... ; aux_grad is dLoss/d(aux_loss) (1 for a loss that adds it).
+void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_grad,
+                  const MoeActivations& act, const float* x, const MoeWeights& w,
+                  const MoeConfig& cfg, int T, int num_seqs);
+
+}  // namespace moe::mixture
