@@ -1,0 +1,103 @@
+// moetrain: the command-line entry point. Thin: parses flags with CLI11 and calls the library.
+// Any moe::Error (bad flag value, bad file, bad config) is printed as one line and exits 1.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "kernels/gemm.h"
+#include "model/config.h"
+#include "moe/bench_moe_layer.h"
+#include "train/trainer.h"
+
+using namespace moe;
+
+namespace {
+
+void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
+  CLI::App* t = app.add_subcommand("train", "train a model (default: the tiny preset on the built-in corpus)");
+  t->add_option("--preset", o.preset, "model preset: tiny, test-moe, test-dense")->capture_default_str();
+  t->add_option("--config", o.config_path, "Hugging Face config.json (overrides --preset)");
+  t->add_option("--data", o.data_path, "text file, one token per byte (default: data/kjv.txt)");
+  t->add_option("--out", o.out_dir, "output folder")->capture_default_str();
+  t->add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+  t->add_option("--batch", o.batch, "sequences per step")->capture_default_str();
+  t->add_option("--seq-len", o.seq_len, "tokens per sequence")->capture_default_str();
+  t->add_option("--seed", o.seed, "seed for weights and data order")->capture_default_str();
+  t->add_option("--lr", o.optim.lr, "peak learning rate")->capture_default_str();
+  t->add_option("--min-lr", o.optim.min_lr, "final learning rate of the cosine decay")->capture_default_str();
+  t->add_option("--warmup", o.optim.warmup_steps, "linear warm-up steps")->capture_default_str();
+  t->add_option("--weight-decay", o.optim.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
+  t->add_option("--grad-clip", o.optim.grad_clip, "global gradient-norm clip (0 = off)")->capture_default_str();
+  t->add_option("--eval-every", o.eval_every, "validation every N steps (0 = only at the end)")->capture_default_str();
+  t->add_option("--eval-batches", o.eval_batches, "validation batches")->capture_default_str();
+  t->add_option("--threads", o.threads, "BLAS threads")->capture_default_str();
+  t->add_option("--capacity-factor", o.moe.capacity_factor, "expert capacity factor (0 = dropless)")->capture_default_str();
+  t->add_flag("--padded", o.moe.padded, "capacity-padded [E,C,H] MoE layout instead of padding-free");
+  t->add_flag("--quiet", quiet, "no progress output");
+}
+
+void add_bench_command(CLI::App& app, mixture::MoeBenchOptions& b, bool& json, int& threads) {
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks");
+  bench->require_subcommand(1);
+  CLI::App* m = bench->add_subcommand("moe-layer", "one MoE layer forward+backward: padding-free vs padded");
+  m->add_option("--tokens", b.tokens, "tokens T")->capture_default_str();
+  m->add_option("--hidden", b.hidden, "hidden size H")->capture_default_str();
+  m->add_option("--experts", b.experts, "routed experts E")->capture_default_str();
+  m->add_option("--topk", b.topk, "experts per token k")->capture_default_str();
+  m->add_option("--ffn", b.ffn, "expert width F")->capture_default_str();
+  m->add_option("--shared", b.shared, "shared expert width (0 = none)")->capture_default_str();
+  m->add_option("--capacity-factor", b.capacity_factor, "capacity factor of the padded path")->capture_default_str();
+  m->add_option("--iters", b.iters, "timed iterations (median reported)")->capture_default_str();
+  m->add_option("--warmup", b.warmup, "untimed iterations")->capture_default_str();
+  m->add_option("--seed", b.seed, "seed")->capture_default_str();
+  m->add_option("--threads", threads, "BLAS threads")->capture_default_str();
+  m->add_flag("--json", json, "print JSON instead of a table");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"moetrain: train DeepSeek-style Mixture-of-Experts models"};
+  app.require_subcommand(0, 1);
+  train::TrainOptions train_opts;
+  bool quiet = false;
+  mixture::MoeBenchOptions bench_opts;
+  bool bench_json = false;
+  int bench_threads = 1;
+  add_train_command(app, train_opts, quiet);
+  add_bench_command(app, bench_opts, bench_json, bench_threads);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "moetrain: error: %s (see --help)\n", e.what());
+    return e.get_exit_code() == 0 ? 2 : e.get_exit_code();
+  }
+  try {
+    if (app.got_subcommand("bench")) {
+      kernels::set_blas_threads(bench_threads);
+      auto result = mixture::run_moe_layer_bench(bench_opts);
+      std::printf("%s\n", bench_json ? mixture::moe_bench_json(result).c_str()
+                                     : mixture::format_moe_bench_table(result).c_str());
+      return 0;
+    }
+    if (app.get_subcommands().empty()) {
+      std::printf("%s", app.help().c_str());
+      return 0;
+    }
+    if (app.got_subcommand("train")) {
+      train_opts.progress = !quiet;
+      train::run_training(train_opts);
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moetrain: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,255 @@
+#include "model/config.h"
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace moe::model {
+namespace {
+
+using nlohmann::json;
+
+template <class T>
+void read_field(const json& j, const char* name, T& out, bool required, const std::string& src) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) {
+    MOE_CHECK(!required, src, ": missing field \"", name, "\"");
+    return;
+  }
+  if constexpr (std::is_same_v<T, bool>) {
+    MOE_CHECK(it->is_boolean(), src, ": field \"", name, "\" must be true or false, got ", it->dump());
+  } else if constexpr (std::is_integral_v<T>) {
+    MOE_CHECK(it->is_number_integer() ||
+                  (it->is_number_float() && it->get<double>() == static_cast<long long>(it->get<double>())),
+              src, ": field \"", name, "\" must be an integer, got ", it->dump());
+  } else if constexpr (std::is_floating_point_v<T>) {
+    MOE_CHECK(it->is_number(), src, ": field \"", name, "\" must be a number, got ", it->dump());
+  } else {
+    MOE_CHECK(it->is_string(), src, ": field \"", name, "\" must be a string, got ", it->dump());
+  }
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    out = static_cast<T>(it->get<double>());
+  } else {
+    out = it->get<T>();
+  }
+}
+
+}  // namespace
+
+int ModelConfig::num_moe_layers() const {
+  int n = 0;
+  for (int i = 0; i < num_hidden_layers; ++i) n += is_moe_layer(i) ? 1 : 0;
+  return n;
+}
+
+void ModelConfig::validate(const std::string& src) const {
+  auto positive = [&](const char* name, long long v) {
+    MOE_CHECK(v > 0, src, ": \"", name, "\" must be positive, got ", v);
+  };
+  MOE_CHECK(model_type == "deepseek", src, ": model_type \"", model_type,
+            "\" is not supported for training (supported: deepseek)");
+  positive("vocab_size", vocab_size);
+  positive("hidden_size", hidden_size);
+  positive("num_hidden_layers", num_hidden_layers);
+  positive("num_attention_heads", num_attention_heads);
+  positive("max_position_embeddings", max_position_embeddings);
+  MOE_CHECK(hidden_size % num_attention_heads == 0, src, ": hidden_size (", hidden_size,
+            ") is not divisible by num_attention_heads (", num_attention_heads, ")");
+  MOE_CHECK(head_dim() % 2 == 0, src, ": head_dim = hidden_size / num_attention_heads = ", head_dim(),
+            " must be even for rotary embeddings");
+  MOE_CHECK(n_routed_experts >= 0, src, ": \"n_routed_experts\" must be >= 0, got ", n_routed_experts);
+  MOE_CHECK(first_k_dense_replace >= 0, src, ": \"first_k_dense_replace\" must be >= 0, got ",
+            first_k_dense_replace);
+  positive("moe_layer_freq", moe_layer_freq);
+  bool any_dense = false;
+  for (int i = 0; i < num_hidden_layers; ++i) any_dense |= !is_moe_layer(i);
+  if (any_dense) positive("intermediate_size", intermediate_size);
+  if (num_moe_layers() > 0) {
+    positive("moe_intermediate_size", moe_intermediate_size);
+    positive("num_experts_per_tok", num_experts_per_tok);
+    MOE_CHECK(num_experts_per_tok <= n_routed_experts, src, ": num_experts_per_tok (",
+              num_experts_per_tok, ") exceeds n_routed_experts (", n_routed_experts, ")");
+    MOE_CHECK(n_shared_experts >= 0, src, ": \"n_shared_experts\" must be >= 0, got ",
+              n_shared_experts);
+    MOE_CHECK(scoring_func == "softmax", src, ": scoring_func \"", scoring_func,
+              "\" is not supported (supported: softmax)");
+    MOE_CHECK(aux_loss_alpha >= 0.0f, src, ": \"aux_loss_alpha\" must be >= 0, got ", aux_loss_alpha);
+  }
+  MOE_CHECK(rms_norm_eps > 0.0f, src, ": \"rms_norm_eps\" must be positive, got ", rms_norm_eps);
+  MOE_CHECK(rope_theta > 0.0f, src, ": \"rope_theta\" must be positive, got ", rope_theta);
+}
+
+ModelConfig config_from_json(const json& j, const std::string& src) {
+  MOE_CHECK(j.is_object(), src, ": a config must be a JSON object");
+  ModelConfig c;
+  read_field(j, "model_type", c.model_type, false, src);
+  read_field(j, "vocab_size", c.vocab_size, true, src);
+  read_field(j, "hidden_size", c.hidden_size, true, src);
+  read_field(j, "num_hidden_layers", c.num_hidden_layers, true, src);
+  read_field(j, "num_attention_heads", c.num_attention_heads, true, src);
+  read_field(j, "intermediate_size", c.intermediate_size, false, src);
+  read_field(j, "moe_intermediate_size", c.moe_intermediate_size, false, src);
+  read_field(j, "n_routed_experts", c.n_routed_experts, false, src);
+  read_field(j, "n_shared_experts", c.n_shared_experts, false, src);
+  read_field(j, "num_experts_per_tok", c.num_experts_per_tok, false, src);
+  read_field(j, "first_k_dense_replace", c.first_k_dense_replace, false, src);
+  read_field(j, "moe_layer_freq", c.moe_layer_freq, false, src);
+  read_field(j, "norm_topk_prob", c.norm_topk_prob, false, src);
+  read_field(j, "scoring_func", c.scoring_func, false, src);
+  read_field(j, "aux_loss_alpha", c.aux_loss_alpha, false, src);
+  read_field(j, "seq_aux", c.seq_aux, false, src);
+  read_field(j, "rope_theta", c.rope_theta, false, src);
+  read_field(j, "rms_norm_eps", c.rms_norm_eps, false, src);
+  read_field(j, "max_position_embeddings", c.max_position_embeddings, false, src);
+  read_field(j, "initializer_range", c.initializer_range, false, src);
+  if (c.n_routed_experts > 0) {
+    // These are required exactly when the model has MoE layers.
+    read_field(j, "moe_intermediate_size", c.moe_intermediate_size, true, src);
+    read_field(j, "num_experts_per_tok", c.num_experts_per_tok, true, src);
+  }
+  if (auto it = j.find("num_key_value_heads"); it != j.end() && !it->is_null()) {
+    int kv = 0;
+    read_field(j, "num_key_value_heads", kv, false, src);
+    MOE_CHECK(kv == c.num_attention_heads, src, ": num_key_value_heads (", kv,
+              ") != num_attention_heads (", c.num_attention_heads,
+              "): grouped-query attention is not supported");
+  }
+  if (auto it = j.find("tie_word_embeddings"); it != j.end() && it->is_boolean()) {
+    MOE_CHECK(!it->get<bool>(), src, ": tie_word_embeddings = true is not supported");
+  }
+  if (auto it = j.find("attention_bias"); it != j.end() && it->is_boolean()) {
+    MOE_CHECK(!it->get<bool>(), src, ": attention_bias = true is not supported");
+  }
+  if (auto it = j.find("hidden_act"); it != j.end() && it->is_string()) {
+    MOE_CHECK(it->get<std::string>() == "silu", src, ": hidden_act \"", it->get<std::string>(),
+              "\" is not supported (supported: silu)");
+  }
+  c.validate(src);
+  return c;
+}
+
+ModelConfig load_config(const std::string& path) {
+  std::ifstream f(path);
+  MOE_CHECK(f.good(), path, ": cannot open config file");
+  json j;
+  try {
+    j = json::parse(f);
+  } catch (const json::exception& e) {
+    throw Error(str_cat(path, ": not valid JSON (", e.what(), ")"));
+  }
+  return config_from_json(j, path);
+}
+
+json config_to_json(const ModelConfig& c) {
+  return json{{"architectures", {"DeepseekForCausalLM"}},
+              {"model_type", c.model_type},
+              {"vocab_size", c.vocab_size},
+              {"hidden_size", c.hidden_size},
+              {"num_hidden_layers", c.num_hidden_layers},
+              {"num_attention_heads", c.num_attention_heads},
+              {"num_key_value_heads", c.num_attention_heads},
+              {"intermediate_size", c.intermediate_size},
+              {"moe_intermediate_size", c.moe_intermediate_size},
+              {"n_routed_experts", c.n_routed_experts},
+              {"n_shared_experts", c.n_shared_experts},
+              {"num_experts_per_tok", c.num_experts_per_tok},
+              {"first_k_dense_replace", c.first_k_dense_replace},
+              {"moe_layer_freq", c.moe_layer_freq},
+              {"norm_topk_prob", c.norm_topk_prob},
+              {"scoring_func", c.scoring_func},
+              {"aux_loss_alpha", c.aux_loss_alpha},
+              {"seq_aux", c.seq_aux},
+              {"rope_theta", c.rope_theta},
+              {"rms_norm_eps", c.rms_norm_eps},
+              {"max_position_embeddings", c.max_position_embeddings},
+              {"initializer_range", c.initializer_range},
+              {"hidden_act", "silu"},
+              {"attention_bias", false},
+              {"tie_word_embeddings", false},
+              {"torch_dtype", "float32"}};
+}
+
+void save_config(const ModelConfig& c, const std::string& path) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    MOE_CHECK(f.good(), tmp, ": cannot open for writing");
+    f << config_to_json(c).dump(2) << "\n";
+    f.flush();
+    MOE_CHECK(f.good(), tmp, ": write failed (disk full?)");
+  }
+  MOE_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": cannot rename ", tmp, " into place");
+}
+
+ModelConfig preset(const std::string& name) {
+  ModelConfig c;
+  c.vocab_size = 256;
+  c.rope_theta = 10000.0f;
+  c.rms_norm_eps = 1e-6f;
+  if (name == "tiny") {
+    // The default training job: learns byte-level KJV to < 2 nats/byte in minutes on 2 cores.
+    c.hidden_size = 128;
+    c.num_hidden_layers = 4;
+    c.num_attention_heads = 4;
+    c.intermediate_size = 384;
+    c.moe_intermediate_size = 96;
+    c.n_routed_experts = 8;
+    c.n_shared_experts = 1;
+    c.num_experts_per_tok = 2;
+    c.first_k_dense_replace = 1;
+    c.aux_loss_alpha = 0.01f;
+    c.max_position_embeddings = 1024;
+  } else if (name == "test-moe") {
+    // The PyTorch reference config: 1 dense + 2 MoE layers, E=8, k=2, one shared expert, aux on.
+    c.hidden_size = 32;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 4;
+    c.intermediate_size = 48;
+    c.moe_intermediate_size = 16;
+    c.n_routed_experts = 8;
+    c.n_shared_experts = 1;
+    c.num_experts_per_tok = 2;
+    c.first_k_dense_replace = 1;
+    c.aux_loss_alpha = 0.01f;
+    c.max_position_embeddings = 256;
+  } else if (name == "test-dense") {
+    c.hidden_size = 32;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 2;
+    c.intermediate_size = 48;
+    c.max_position_embeddings = 256;
+  } else {
+    std::string known;
+    for (auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+    throw Error(str_cat("unknown model preset \"", name, "\" (known: ", known, ")"));
+  }
+  c.validate("preset " + name);
+  return c;
+}
+
+std::vector<std::string> preset_names() { return {"tiny", "test-moe", "test-dense"}; }
+
+ParamCounts count_params(const ModelConfig& c) {
+  const long long H = c.hidden_size, V = c.vocab_size;
+  ParamCounts p;
+  p.total = p.active = 2 * V * H + H;  // embedding, lm_head, final norm
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    long long common = 4 * H * H + 2 * H;
+    p.total += common;
+    p.active += common;
+    if (c.is_moe_layer(i)) {
+      long long expert = 3 * H * c.moe_intermediate_size;
+      long long router = c.n_routed_experts * H;
+      p.total += router + expert * (c.n_routed_experts + c.n_shared_experts);
+      p.active += router + expert * (c.num_experts_per_tok + c.n_shared_experts);
+    } else {
+      p.total += 3 * H * c.intermediate_size;
+      p.active += 3 * H * c.intermediate_size;
+    }
+  }
+  return p;
+}
+
+}  // namespace moe::model

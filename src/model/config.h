@@ -1,0 +1,61 @@
+// ModelConfig: the Hugging Face DeepSeek-MoE config.json fields the model uses, named as in
+// config.json, plus named presets. Validation errors name the field and the offending value.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace moe::model {
+
+struct ModelConfig {
+  std::string model_type = "deepseek";
+  int vocab_size = 256;
+  int hidden_size = 0;               // H
+  int num_hidden_layers = 0;         // L
+  int num_attention_heads = 0;
+  int intermediate_size = 0;         // dense SwiGLU width
+  int moe_intermediate_size = 0;     // F, per routed / shared expert
+  int n_routed_experts = 0;          // E; 0 = every layer dense
+  int n_shared_experts = 0;
+  int num_experts_per_tok = 0;       // k
+  int first_k_dense_replace = 0;     // layers [0, this) are dense
+  int moe_layer_freq = 1;            // layer i >= first_k_dense is MoE when i % freq == 0
+  bool norm_topk_prob = false;
+  std::string scoring_func = "softmax";
+  float aux_loss_alpha = 0.0f;
+  bool seq_aux = false;
+  float rope_theta = 10000.0f;
+  float rms_norm_eps = 1e-6f;
+  int max_position_embeddings = 2048;
+  float initializer_range = 0.02f;
+
+  int head_dim() const { return hidden_size / num_attention_heads; }
+  bool is_moe_layer(int layer) const {
+    return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
+  }
+  int num_moe_layers() const;
+  // Throws moe::Error naming the field (and `source`, e.g. the config.json path) on a bad value.
+  void validate(const std::string& source = "config") const;
+};
+
+// Parses a Hugging Face config.json object. Unknown fields are ignored; a missing required field
+// or a field of the wrong type is an error naming it and `source`.
+ModelConfig config_from_json(const nlohmann::json& j, const std::string& source);
+ModelConfig load_config(const std::string& path);
+nlohmann::json config_to_json(const ModelConfig& c);
+void save_config(const ModelConfig& c, const std::string& path);
+
+// Named presets: "tiny" (the default training job), "test-moe" (1 dense + 2 MoE layers, E=8, k=2,
+// one shared expert: the PyTorch reference config), "test-dense", ...
+ModelConfig preset(const std::string& name);
+std::vector<std::string> preset_names();
+
+// Parameter counts: total, and active per token (k routed + shared experts, not E).
+struct ParamCounts {
+  long long total = 0;
+  long long active = 0;
+};
+ParamCounts count_params(const ModelConfig& c);
+
+}  // namespace moe::model

@@ -1,0 +1,97 @@
+#include "model/params.h"
+
+#include "core/error.h"
+
+namespace moe::model {
+
+void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool decay, bool is_expert) {
+  ParamSpec s;
+  s.numel = 1;
+  for (int64_t d : shape) s.numel *= static_cast<size_t>(d);
+  s.name = std::move(name);
+  s.shape = std::move(shape);
+  s.offset = total_;
+  s.decay = decay;
+  s.is_expert = is_expert;
+  total_ += s.numel;
+  index_[s.name] = specs_.size();
+  specs_.push_back(std::move(s));
+}
+
+ParamLayout::ParamLayout(const ModelConfig& c) {
+  const int64_t H = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
+  const int64_t F = c.moe_intermediate_size, E = c.n_routed_experts;
+  const int64_t Fs = F * c.n_shared_experts;
+  add("model.embed_tokens.weight", {V, H}, true);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {H}, false);
+    for (const char* m : {"q_proj", "k_proj", "v_proj", "o_proj"})
+      add(p + "self_attn." + m + ".weight", {H, H}, true);
+    add(p + "post_attention_layernorm.weight", {H}, false);
+    if (!c.is_moe_layer(l)) {
+      add(p + "mlp.gate_proj.weight", {I, H}, true);
+      add(p + "mlp.up_proj.weight", {I, H}, true);
+      add(p + "mlp.down_proj.weight", {H, I}, true);
+      continue;
+    }
+    add(p + "mlp.gate.weight", {E, H}, true);
+    // Stacked by projection, so each projection of all experts is one [E, ...] array.
+    for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
+      bool down = std::string(m) == "down_proj";
+      for (int64_t e = 0; e < E; ++e)
+        add(p + "mlp.experts." + std::to_string(e) + "." + m + ".weight",
+            down ? std::vector<int64_t>{H, F} : std::vector<int64_t>{F, H}, true, true);
+    }
+    if (Fs > 0) {
+      add(p + "mlp.shared_experts.gate_proj.weight", {Fs, H}, true);
+      add(p + "mlp.shared_experts.up_proj.weight", {Fs, H}, true);
+      add(p + "mlp.shared_experts.down_proj.weight", {H, Fs}, true);
+    }
+  }
+  add("model.norm.weight", {H}, false);
+  add("lm_head.weight", {V, H}, true);
+}
+
+const ParamSpec& ParamLayout::find(const std::string& name) const {
+  auto it = index_.find(name);
+  MOE_CHECK(it != index_.end(), "unknown parameter \"", name, "\"");
+  return specs_[it->second];
+}
+
+ModelTensors bind_tensors(const ParamLayout& layout, const ModelConfig& c, float* base) {
+  auto at = [&](const std::string& name) { return base + layout.find(name).offset; };
+  ModelTensors t;
+  t.embed = at("model.embed_tokens.weight");
+  t.norm = at("model.norm.weight");
+  t.lm_head = at("lm_head.weight");
+  t.layers.resize(c.num_hidden_layers);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    LayerTensors& L = t.layers[l];
+    L.input_norm = at(p + "input_layernorm.weight");
+    L.q = at(p + "self_attn.q_proj.weight");
+    L.k = at(p + "self_attn.k_proj.weight");
+    L.v = at(p + "self_attn.v_proj.weight");
+    L.o = at(p + "self_attn.o_proj.weight");
+    L.post_norm = at(p + "post_attention_layernorm.weight");
+    if (!c.is_moe_layer(l)) {
+      L.mlp_gate = at(p + "mlp.gate_proj.weight");
+      L.mlp_up = at(p + "mlp.up_proj.weight");
+      L.mlp_down = at(p + "mlp.down_proj.weight");
+      continue;
+    }
+    L.router = at(p + "mlp.gate.weight");
+    L.experts_gate = at(p + "mlp.experts.0.gate_proj.weight");
+    L.experts_up = at(p + "mlp.experts.0.up_proj.weight");
+    L.experts_down = at(p + "mlp.experts.0.down_proj.weight");
+    if (c.n_shared_experts > 0) {
+      L.shared_gate = at(p + "mlp.shared_experts.gate_proj.weight");
+      L.shared_up = at(p + "mlp.shared_experts.up_proj.weight");
+      L.shared_down = at(p + "mlp.shared_experts.down_proj.weight");
+    }
+  }
+  return t;
+}
+
+}  // namespace moe::model

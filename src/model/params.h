@@ -1,0 +1,70 @@
+// Parameter layout: every parameter of a model in one contiguous fp32 block, named with its
+// Hugging Face DeepSeek name. Routed experts of a layer are stacked ([E,F,H] for gate, [E,F,H] for
+// up, [E,H,F] for down) so the grouped GEMM reads them in place, while each expert still has its
+// own name (model.layers.3.mlp.experts.5.up_proj.weight). Gradients and Adam moments use the same
+// layout; ModelTensors names the pieces of any such block.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "model/config.h"
+
+namespace moe::model {
+
+struct ParamSpec {
+  std::string name;             // Hugging Face name
+  std::vector<int64_t> shape;
+  size_t offset = 0;            // elements from the start of the block
+  size_t numel = 0;
+  bool decay = true;            // AdamW weight decay: matrices and embeddings yes, norm weights no
+  bool is_expert = false;       // a routed expert's weight (sharded by expert parallelism later)
+};
+
+class ParamLayout {
+ public:
+  explicit ParamLayout(const ModelConfig& c);
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  size_t total() const { return total_; }
+  const ParamSpec& find(const std::string& name) const;  // throws naming the parameter
+  bool contains(const std::string& name) const { return index_.count(name) != 0; }
+
+ private:
+  void add(std::string name, std::vector<int64_t> shape, bool decay, bool is_expert = false);
+  std::vector<ParamSpec> specs_;
+  std::unordered_map<std::string, size_t> index_;
+  size_t total_ = 0;
+};
+
+// Pointers into one block (weights, gradients or optimizer moments).
+struct LayerTensors {
+  float* input_norm = nullptr;   // [H]
+  float* q = nullptr;            // [H,H]
+  float* k = nullptr;            // [H,H]
+  float* v = nullptr;            // [H,H]
+  float* o = nullptr;            // [H,H]
+  float* post_norm = nullptr;    // [H]
+  // dense layer
+  float* mlp_gate = nullptr;     // [I,H]
+  float* mlp_up = nullptr;       // [I,H]
+  float* mlp_down = nullptr;     // [H,I]
+  // MoE layer
+  float* router = nullptr;       // [E,H]
+  float* experts_gate = nullptr; // [E,F,H]
+  float* experts_up = nullptr;   // [E,F,H]
+  float* experts_down = nullptr; // [E,H,F]
+  float* shared_gate = nullptr;  // [Fs,H]
+  float* shared_up = nullptr;    // [Fs,H]
+  float* shared_down = nullptr;  // [H,Fs]
+};
+struct ModelTensors {
+  float* embed = nullptr;        // [V,H]
+  std::vector<LayerTensors> layers;
+  float* norm = nullptr;         // [H]
+  float* lm_head = nullptr;      // [V,H]
+};
+ModelTensors bind_tensors(const ParamLayout& layout, const ModelConfig& c, float* base);
+
+}  // namespace moe::model

@@ -1,0 +1,47 @@
+#include "train/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/adamw.h"
+
+namespace moe::train {
+
+double learning_rate(const OptimConfig& o, int s) {
+  if (o.warmup_steps > 0 && s < o.warmup_steps)
+    return static_cast<double>(o.lr) * (s + 1) / o.warmup_steps;
+  double p = static_cast<double>(s - o.warmup_steps) / std::max(1, o.total_steps - o.warmup_steps);
+  p = std::clamp(p, 0.0, 1.0);
+  return o.min_lr + 0.5 * (static_cast<double>(o.lr) - o.min_lr) * (1.0 + std::cos(M_PI * p));
+}
+
+AdamW::AdamW(const model::ParamLayout& layout, OptimConfig cfg) : layout_(layout), cfg_(cfg) {
+  m_.resize(layout.total());
+  v_.resize(layout.total());
+}
+
+double AdamW::step(float* params, const float* grads, int s) {
+  // Global norm over all gradients, summed per tensor in layout order (a fixed order).
+  double sq = 0.0;
+  for (const model::ParamSpec& p : layout_.specs()) sq += kernels::sum_squares(grads + p.offset, p.numel);
+  const double norm = std::sqrt(sq);
+  float scale = 1.0f;
+  if (cfg_.grad_clip > 0.0f) {
+    // torch: clip_coef = max_norm / (total_norm + 1e-6), applied when < 1, in float32.
+    float coef = static_cast<float>(cfg_.grad_clip / (norm + 1e-6));
+    if (coef < 1.0f) scale = coef;
+  }
+  kernels::AdamWParams hp;
+  hp.lr = static_cast<float>(learning_rate(cfg_, s));
+  hp.beta1 = cfg_.beta1;
+  hp.beta2 = cfg_.beta2;
+  hp.eps = cfg_.eps;
+  for (const model::ParamSpec& p : layout_.specs()) {
+    hp.weight_decay = p.decay ? cfg_.weight_decay : 0.0f;
+    kernels::adamw_update(params + p.offset, grads + p.offset, m_.data() + p.offset,
+                          v_.data() + p.offset, p.numel, hp, s + 1, scale);
+  }
+  return norm;
+}
+
+}  // namespace moe::train

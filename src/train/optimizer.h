@@ -1,0 +1,45 @@
+// AdamW over a model's flat parameter block (decay only where ParamSpec::decay), the learning-rate
+// schedule (linear warm-up then cosine decay to min_lr) and global-norm gradient clipping.
+// The arithmetic matches torch.optim.AdamW + torch.nn.utils.clip_grad_norm_ (the reference test
+// checks the first 10 losses against PyTorch).
+#pragma once
+#include <vector>
+
+#include "core/buffer.h"
+#include "model/params.h"
+
+namespace moe::train {
+
+struct OptimConfig {
+  float lr = 3e-3f;
+  float min_lr = 3e-4f;
+  int warmup_steps = 20;
+  int total_steps = 1000;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+  float grad_clip = 1.0f;  // 0 = no clipping
+};
+
+// Learning rate of 0-based step s: lr·(s+1)/warmup during warm-up, then
+// min_lr + (lr − min_lr)·(1 + cos(π·p))/2 with p = (s − warmup)/(total − warmup) clipped to [0, 1].
+double learning_rate(const OptimConfig& o, int step);
+
+class AdamW {
+ public:
+  AdamW(const model::ParamLayout& layout, OptimConfig cfg);
+  // One update of params from grads (grads are read, not zeroed). Returns the global gradient
+  // norm before clipping. `step` is 0-based.
+  double step(float* params, const float* grads, int step);
+  const OptimConfig& config() const { return cfg_; }
+  Buffer<float>& m() { return m_; }
+  Buffer<float>& v() { return v_; }
+
+ private:
+  const model::ParamLayout& layout_;
+  OptimConfig cfg_;
+  Buffer<float> m_, v_;
+};
+
+}  // namespace moe::train

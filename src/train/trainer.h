@@ -1,0 +1,46 @@
+// The training loop of one process: data -> forward -> backward -> clip -> AdamW, with a live
+// progress line, one JSON line of metrics per step, periodic validation, and at the end the
+// weights as safetensors (Hugging Face DeepSeek names) plus config.json in the output folder.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/model.h"
+#include "train/optimizer.h"
+
+namespace moe::train {
+
+struct TrainOptions {
+  std::string preset = "tiny";
+  std::string config_path;      // a Hugging Face config.json; overrides preset when set
+  std::string data_path;        // text file, bytes are tokens; default: the built-in KJV corpus
+  std::string out_dir = "out";
+  int steps = 600;
+  int batch = 16;               // sequences per step
+  int seq_len = 128;
+  uint64_t seed = 1234;
+  OptimConfig optim;            // total_steps is set from steps
+  int eval_every = 100;         // validation every N steps (and at the end); 0 = only at the end
+  int eval_batches = 8;
+  int threads = 1;              // BLAS threads
+  bool progress = true;         // live progress line on stderr
+  model::MoeOptions moe;
+};
+
+struct TrainResult {
+  std::vector<double> losses;                      // total loss per step
+  std::vector<std::pair<int, double>> val_losses;  // (step, validation cross-entropy)
+  double tokens_per_s = 0.0;
+  double mfu = 0.0;
+  double peak_gflops = 0.0;
+  double seconds = 0.0;
+};
+
+// Default location of the built-in corpus: ./data/kjv.txt, else <source dir>/data/kjv.txt.
+std::string default_corpus_path();
+
+TrainResult run_training(const TrainOptions& opts);
+
+}  // namespace moe::train

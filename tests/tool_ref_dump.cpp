@@ -1,0 +1,96 @@
+// Writes everything the independent PyTorch reference (tests/reference/deepseek_ref.py) checks:
+// config.json, initial weights, a batch, the C++ logits / losses / every parameter gradient, and the
+// total losses of 10 AdamW steps. Usage: tool_ref_dump OUT_DIR [preset]
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "model/weights_io.h"
+#include "train/optimizer.h"
+
+using namespace moe;
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s OUT_DIR [preset]\n", argv[0]);
+    return 2;
+  }
+  try {
+    const std::string dir = argv[1];
+    const std::string preset = argc > 2 ? argv[2] : "test-moe";
+    std::filesystem::create_directories(dir);
+    const int B = 2, T = 16, steps = 10;
+    model::ModelConfig cfg = model::preset(preset);
+    model::Model m(cfg);
+    m.init_weights(42);
+    model::save_config(cfg, dir + "/config.json");
+    model::save_weights(m, dir + "/model.safetensors");
+
+    train::OptimConfig oc;
+    oc.lr = 1e-2f;
+    oc.min_lr = 1e-3f;
+    oc.warmup_steps = 3;
+    oc.total_steps = steps;
+    oc.weight_decay = 0.1f;
+    oc.grad_clip = 0.5f;
+    nlohmann::json tj = {{"batch", B},         {"seq_len", T},
+                         {"steps", steps},     {"lr", oc.lr},
+                         {"min_lr", oc.min_lr}, {"warmup_steps", oc.warmup_steps},
+                         {"total_steps", oc.total_steps}, {"beta1", oc.beta1},
+                         {"beta2", oc.beta2},  {"eps", oc.eps},
+                         {"weight_decay", oc.weight_decay}, {"grad_clip", oc.grad_clip}};
+    std::ofstream(dir + "/train.json") << tj.dump(2) << "\n";
+
+    Rng rng(7);
+    const size_t per = static_cast<size_t>(B) * (T + 1);
+    std::vector<int32_t> tokens(per), train_tokens(per * steps);
+    for (auto& t : tokens) t = static_cast<int32_t>(rng.below(cfg.vocab_size));
+    for (auto& t : train_tokens) t = static_cast<int32_t>(rng.below(cfg.vocab_size));
+    io::SafetensorsWriter bw;
+    bw.add_i32("tokens", {B, T + 1}, tokens.data());
+    bw.add_i32("train_tokens", {steps, B, T + 1}, train_tokens.data());
+    bw.write(dir + "/batch.safetensors");
+
+    // One forward + backward on `tokens`.
+    m.zero_grads();
+    model::LossParts lp = m.forward(tokens.data(), B, T);
+    std::vector<float> logits(m.logits(), m.logits() + static_cast<size_t>(B) * T * cfg.vocab_size);
+    m.backward();
+    float loss = static_cast<float>(lp.total), ce = static_cast<float>(lp.ce),
+          aux = static_cast<float>(lp.aux);
+    io::SafetensorsWriter ew;
+    ew.add_f32("logits", {B, T, cfg.vocab_size}, logits.data());
+    ew.add_f32("loss", {1}, &loss);
+    ew.add_f32("ce_loss", {1}, &ce);
+    ew.add_f32("aux_loss", {1}, &aux);
+    std::vector<float> grads(m.grads(), m.grads() + m.num_params());
+    for (const model::ParamSpec& s : m.layout().specs())
+      ew.add_f32("grad." + s.name, s.shape, grads.data() + s.offset);
+
+    // 10 AdamW steps from the same initial weights.
+    model::Model tm(cfg);
+    tm.init_weights(42);
+    train::AdamW opt(tm.layout(), oc);
+    std::vector<float> train_losses;
+    for (int s = 0; s < steps; ++s) {
+      tm.zero_grads();
+      train_losses.push_back(static_cast<float>(tm.forward(train_tokens.data() + s * per, B, T).total));
+      tm.backward();
+      opt.step(tm.params(), tm.grads(), s);
+    }
+    ew.add_f32("train_losses", {steps}, train_losses.data());
+    ew.write(dir + "/expected.safetensors");
+    std::printf("tool_ref_dump: wrote %s (loss %.6f, ce %.6f, aux %.6f)\n", dir.c_str(), lp.total,
+                lp.ce, lp.aux);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tool_ref_dump: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
