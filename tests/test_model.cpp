@@ -70,7 +70,7 @@ TEST(Config, ErrorsNameTheProblem) {
             std::string::npos);
   EXPECT_NE(err([](json& j) { j["num_experts_per_tok"] = 9; }).find("num_experts_per_tok (9) exceeds n_routed_experts (8)"),
             std::string::npos);
-  EXPECT_NE(err([](json& j) { j["num_attention_heads"] = 5; }).find("hidden_size (32) is not divisible by num_attention_heads (5)"),
+  EXPECT_NE(err([](json& j) { j["num_attention_heads"] = 5; j["num_key_value_heads"] = 5; }).find("hidden_size (32) is not divisible by num_attention_heads (5)"),
             std::string::npos);
   EXPECT_NE(err([](json& j) { j["scoring_func"] = "sigmoid"; }).find("scoring_func \"sigmoid\""),
             std::string::npos);

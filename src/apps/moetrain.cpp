@@ -17,6 +17,7 @@ namespace {
 
 void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   CLI::App* t = app.add_subcommand("train", "train a model (default: the tiny preset on the built-in corpus)");
+  t->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flag wins
   t->add_option("--preset", o.preset, "model preset: tiny, test-moe, test-dense")->capture_default_str();
   t->add_option("--config", o.config_path, "Hugging Face config.json (overrides --preset)");
   t->add_option("--data", o.data_path, "text file, one token per byte (default: data/kjv.txt)");
@@ -42,6 +43,7 @@ void add_bench_command(CLI::App& app, mixture::MoeBenchOptions& b, bool& json, i
   CLI::App* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
   CLI::App* m = bench->add_subcommand("moe-layer", "one MoE layer forward+backward: padding-free vs padded");
+  m->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   m->add_option("--tokens", b.tokens, "tokens T")->capture_default_str();
   m->add_option("--hidden", b.hidden, "hidden size H")->capture_default_str();
   m->add_option("--experts", b.experts, "routed experts E")->capture_default_str();

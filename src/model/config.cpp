@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -142,6 +143,18 @@ ModelConfig load_config(const std::string& path) {
   return config_from_json(j, path);
 }
 
+namespace {
+// 0.01f as 0.01, not 0.009999999776482582: shortest decimal that reads back as the same float.
+double float_json(float f) {
+  char buf[32];
+  for (int prec = 6; prec <= 9; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, f);
+    if (std::strtof(buf, nullptr) == f) break;
+  }
+  return std::strtod(buf, nullptr);
+}
+}  // namespace
+
 json config_to_json(const ModelConfig& c) {
   return json{{"architectures", {"DeepseekForCausalLM"}},
               {"model_type", c.model_type},
@@ -159,12 +172,12 @@ json config_to_json(const ModelConfig& c) {
               {"moe_layer_freq", c.moe_layer_freq},
               {"norm_topk_prob", c.norm_topk_prob},
               {"scoring_func", c.scoring_func},
-              {"aux_loss_alpha", c.aux_loss_alpha},
+              {"aux_loss_alpha", float_json(c.aux_loss_alpha)},
               {"seq_aux", c.seq_aux},
-              {"rope_theta", c.rope_theta},
-              {"rms_norm_eps", c.rms_norm_eps},
+              {"rope_theta", float_json(c.rope_theta)},
+              {"rms_norm_eps", float_json(c.rms_norm_eps)},
               {"max_position_embeddings", c.max_position_embeddings},
-              {"initializer_range", c.initializer_range},
+              {"initializer_range", float_json(c.initializer_range)},
               {"hidden_act", "silu"},
               {"attention_bias", false},
               {"tie_word_embeddings", false},
@@ -214,6 +227,12 @@ ModelConfig preset(const std::string& name) {
     c.first_k_dense_replace = 1;
     c.aux_loss_alpha = 0.01f;
     c.max_position_embeddings = 256;
+  } else if (name == "test-moe-seqaux") {
+    // test-moe with the other router branches: renormalised top-k weights, per-sequence aux loss.
+    c = preset("test-moe");
+    c.norm_topk_prob = true;
+    c.seq_aux = true;
+    return c;
   } else if (name == "test-dense") {
     c.hidden_size = 32;
     c.num_hidden_layers = 2;
@@ -229,7 +248,9 @@ ModelConfig preset(const std::string& name) {
   return c;
 }
 
-std::vector<std::string> preset_names() { return {"tiny", "test-moe", "test-dense"}; }
+std::vector<std::string> preset_names() {
+  return {"tiny", "test-moe", "test-moe-seqaux", "test-dense"};
+}
 
 ParamCounts count_params(const ModelConfig& c) {
   const long long H = c.hidden_size, V = c.vocab_size;

@@ -1,0 +1,360 @@
+// safetensors writer and validating reader (see safetensors.h for the layout).
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/error.h"
+
+namespace moe::io {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; this reader copies bytes as they are");
+
+namespace {
+
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // upstream safetensors refuses > 100 MB too
+const char* const kMetadataKey = "__metadata__";
+
+struct DtypeEntry {
+  const char* name;
+  size_t size;
+};
+constexpr DtypeEntry kDtypes[] = {{"F64", 8}, {"F32", 4},  {"F16", 2},     {"BF16", 2},
+                                  {"I64", 8}, {"I32", 4},  {"I16", 2},     {"I8", 1},
+                                  {"U64", 8}, {"U32", 4},  {"U16", 2},     {"U8", 1},
+                                  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+
+// numel of a shape, or -1 if a dim is negative or the product would overflow int64.
+int64_t checked_numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return -1;
+    if (d != 0 && n > std::numeric_limits<int64_t>::max() / 16 / d) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+std::string errno_str(int err) { return std::strerror(err); }
+
+}  // namespace
+
+bool is_known_dtype(const std::string& dtype) {
+  for (const auto& d : kDtypes)
+    if (dtype == d.name) return true;
+  return false;
+}
+
+size_t dtype_size(const std::string& dtype) {
+  for (const auto& d : kDtypes)
+    if (dtype == d.name) return d.size;
+  throw Error(str_cat("unknown safetensors dtype \"", dtype, "\""));
+}
+
+int64_t TensorInfo::numel() const { return checked_numel(shape); }
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+
+void SafetensorsWriter::add(const std::string& name, const std::string& dtype,
+                            const std::vector<int64_t>& shape, const void* data, size_t bytes) {
+  MOE_CHECK(!name.empty() && name != kMetadataKey, "safetensors writer: invalid tensor name \"",
+            name, "\"");
+  MOE_CHECK(is_known_dtype(dtype), "safetensors writer: tensor ", name, ": unknown dtype \"",
+            dtype, "\"");
+  int64_t n = checked_numel(shape);
+  MOE_CHECK(n >= 0, "safetensors writer: tensor ", name, ": invalid shape ", shape_str(shape));
+  MOE_CHECK(static_cast<uint64_t>(n) * dtype_size(dtype) == bytes, "safetensors writer: tensor ",
+            name, ": ", bytes, " bytes given, shape ", shape_str(shape), " of ", dtype, " needs ",
+            static_cast<uint64_t>(n) * dtype_size(dtype));
+  MOE_CHECK(data != nullptr || bytes == 0, "safetensors writer: tensor ", name, ": null data");
+  for (const auto& e : entries_)
+    MOE_CHECK(e.info.name != name, "safetensors writer: tensor \"", name, "\" added twice");
+  TensorInfo info{name, dtype, shape, data_bytes_, data_bytes_ + bytes};
+  entries_.push_back({std::move(info), data});
+  data_bytes_ += bytes;
+}
+
+void SafetensorsWriter::add_f32(const std::string& name, const std::vector<int64_t>& shape,
+                                const float* data) {
+  int64_t n = checked_numel(shape);
+  MOE_CHECK(n >= 0, "safetensors writer: tensor ", name, ": invalid shape ", shape_str(shape));
+  add(name, "F32", shape, data, static_cast<size_t>(n) * sizeof(float));
+}
+
+void SafetensorsWriter::add_i32(const std::string& name, const std::vector<int64_t>& shape,
+                                const int32_t* data) {
+  int64_t n = checked_numel(shape);
+  MOE_CHECK(n >= 0, "safetensors writer: tensor ", name, ": invalid shape ", shape_str(shape));
+  add(name, "I32", shape, data, static_cast<size_t>(n) * sizeof(int32_t));
+}
+
+void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
+  metadata_[key] = value;
+}
+
+std::string SafetensorsWriter::header_bytes() const {
+  // ordered_json keeps "__metadata__" first and the tensors in the order they were added.
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  if (!metadata_.empty()) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata_) m[k] = v;
+    h[kMetadataKey] = std::move(m);
+  }
+  for (const auto& e : entries_) {
+    nlohmann::ordered_json t = nlohmann::ordered_json::object();
+    t["dtype"] = e.info.dtype;
+    t["shape"] = e.info.shape;
+    t["data_offsets"] = {e.info.begin, e.info.end};
+    h[e.info.name] = std::move(t);
+  }
+  std::string json = h.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');  // data section starts 8-byte aligned
+  uint64_t n = json.size();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + json;
+}
+
+void SafetensorsWriter::write(const std::string& path) const {
+  const std::string tmp = path + ".tmp";
+  const std::string header = header_bytes();
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f)
+    throw Error(str_cat("cannot write safetensors file ", path, ": cannot create ", tmp, ": ",
+                        errno_str(errno)));
+  auto fail = [&](const char* what, int err) {
+    if (f) std::fclose(f);
+    std::remove(tmp.c_str());
+    throw Error(str_cat("cannot write safetensors file ", path, ": ", what, " ", tmp,
+                        " failed: ", errno_str(err)));
+  };
+  if (std::fwrite(header.data(), 1, header.size(), f) != header.size()) fail("writing", errno);
+  for (const auto& e : entries_) {
+    size_t bytes = e.info.end - e.info.begin;
+    if (bytes && std::fwrite(e.data, 1, bytes, f) != bytes) fail("writing", errno);
+  }
+  if (std::fflush(f) != 0) fail("flushing", errno);
+  if (::fsync(::fileno(f)) != 0 && errno != EINVAL) fail("syncing", errno);
+  int rc = std::fclose(f);
+  f = nullptr;
+  if (rc != 0) fail("closing", errno);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    std::remove(tmp.c_str());
+    throw Error(str_cat("cannot write safetensors file ", path, ": rename from ", tmp,
+                        " failed: ", errno_str(err)));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reader
+
+struct SafetensorsFile::Mapping {
+  void* addr = nullptr;
+  size_t size = 0;
+  ~Mapping() {
+    if (addr) ::munmap(addr, size);
+  }
+};
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  auto bad = [&](const auto&... what) { return Error(str_cat("safetensors file ", path, ": ", what...)); };
+
+  SafetensorsFile sf;
+  sf.path_ = path;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw bad("cannot open: ", errno_str(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw bad("cannot stat: ", errno_str(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw bad("not a regular file");
+  }
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < 8) {
+    ::close(fd);
+    throw bad("file is ", file_size, " bytes, shorter than the 8-byte header length field");
+  }
+  sf.map_ = std::make_shared<Mapping>();
+  void* addr = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  int map_err = errno;
+  ::close(fd);
+  if (addr == MAP_FAILED) throw bad("cannot map: ", errno_str(map_err));
+  sf.map_->addr = addr;
+  sf.map_->size = file_size;
+  const auto* bytes = static_cast<const uint8_t*>(addr);
+
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(bytes[i]) << (8 * i);
+  if (n > kMaxHeaderBytes)
+    throw bad("header length ", n, " exceeds the limit of ", kMaxHeaderBytes, " bytes");
+  if (n > file_size - 8)
+    throw bad("header length ", n, " exceeds the ", file_size - 8,
+              " bytes that follow the length field");
+  const uint64_t data_size = file_size - 8 - n;
+  sf.data_section_ = bytes + 8 + n;
+
+  // Parse, noting duplicate top-level keys (nlohmann keeps only the last one silently).
+  std::set<std::string> seen;
+  std::string duplicate;
+  nlohmann::json h;
+  try {
+    h = nlohmann::json::parse(
+        reinterpret_cast<const char*>(bytes + 8), reinterpret_cast<const char*>(bytes + 8 + n),
+        [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+          if (ev == nlohmann::json::parse_event_t::key && depth == 1 && duplicate.empty()) {
+            std::string k = parsed.get<std::string>();
+            if (!seen.insert(k).second) duplicate = k;
+          }
+          return true;
+        });
+  } catch (const nlohmann::json::exception& e) {
+    throw bad("header is not valid JSON: ", e.what());
+  }
+  if (!h.is_object()) throw bad("header is not a JSON object");
+  if (!duplicate.empty()) throw bad("tensor name \"", duplicate, "\" appears twice in the header");
+
+  for (auto it = h.begin(); it != h.end(); ++it) {
+    const std::string& name = it.key();
+    const nlohmann::json& v = it.value();
+    if (name == kMetadataKey) {
+      if (!v.is_object()) throw bad("__metadata__ is not an object");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string())
+          throw bad("__metadata__ value of \"", m.key(), "\" is not a string");
+        sf.metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    auto tbad = [&](const auto&... what) { return bad("tensor \"", name, "\": ", what...); };
+    if (!v.is_object()) throw tbad("entry is not an object");
+    for (const char* key : {"dtype", "shape", "data_offsets"})
+      if (!v.contains(key)) throw tbad("missing \"", key, "\"");
+    TensorInfo info;
+    info.name = name;
+    if (!v["dtype"].is_string()) throw tbad("\"dtype\" is not a string");
+    info.dtype = v["dtype"].get<std::string>();
+    if (!is_known_dtype(info.dtype)) throw tbad("unknown dtype \"", info.dtype, "\"");
+    if (!v["shape"].is_array()) throw tbad("\"shape\" is not an array");
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_integer()) throw tbad("\"shape\" holds a non-integer ", d.dump());
+      if (d.is_number_unsigned()) {
+        uint64_t u = d.get<uint64_t>();
+        if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+          throw tbad("dimension ", u, " is too large");
+        info.shape.push_back(static_cast<int64_t>(u));
+      } else {
+        int64_t s = d.get<int64_t>();
+        if (s < 0) throw tbad("negative dimension ", s, " in shape ", v["shape"].dump());
+        info.shape.push_back(s);
+      }
+    }
+    const auto& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+        !off[1].is_number_unsigned())
+      throw tbad("\"data_offsets\" is not a pair of non-negative integers: ", off.dump());
+    info.begin = off[0].get<uint64_t>();
+    info.end = off[1].get<uint64_t>();
+    if (info.begin > info.end)
+      throw tbad("data_offsets begin ", info.begin, " > end ", info.end);
+    if (info.end > data_size)
+      throw tbad("data_offsets [", info.begin, ", ", info.end,
+                 "] out of bounds: the data section has ", data_size, " bytes");
+    int64_t numel = checked_numel(info.shape);
+    if (numel < 0) throw tbad("shape ", shape_str(info.shape), " is too large");
+    uint64_t want = static_cast<uint64_t>(numel) * dtype_size(info.dtype);
+    if (info.end - info.begin != want)
+      throw tbad("data_offsets [", info.begin, ", ", info.end, "] span ", info.end - info.begin,
+                 " bytes but shape ", shape_str(info.shape), " of ", info.dtype, " needs ", want);
+    sf.tensors_.push_back(std::move(info));
+  }
+
+  // Tensors must tile the data section exactly, as upstream safetensors requires: no overlap,
+  // no gap, no trailing bytes.
+  std::sort(sf.tensors_.begin(), sf.tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t pos = 0;
+  for (size_t i = 0; i < sf.tensors_.size(); ++i) {
+    const TensorInfo& t = sf.tensors_[i];
+    if (t.begin < pos)
+      throw bad("tensors \"", sf.tensors_[i - 1].name, "\" and \"", t.name,
+                "\" overlap (", t.name, " begins at ", t.begin, ", before byte ", pos, ")");
+    if (t.begin > pos)
+      throw bad("gap in the data section: bytes [", pos, ", ", t.begin, ") belong to no tensor");
+    pos = t.end;
+    sf.index_[t.name] = i;
+  }
+  if (pos != data_size)
+    throw bad("the data section has ", data_size, " bytes but the tensors cover only ", pos);
+  return sf;
+}
+
+const TensorInfo& SafetensorsFile::info(const std::string& name) const {
+  auto it = index_.find(name);
+  MOE_CHECK(it != index_.end(), "safetensors file ", path_, ": no tensor named \"", name, "\"");
+  return tensors_[it->second];
+}
+
+const void* SafetensorsFile::data(const std::string& name) const {
+  return data_section_ + info(name).begin;
+}
+
+void SafetensorsFile::read(const std::string& name, const std::string& dtype, void* dst,
+                           const std::vector<int64_t>& expected_shape) const {
+  const TensorInfo& t = info(name);
+  MOE_CHECK(t.dtype == dtype, "safetensors file ", path_, ": tensor \"", name, "\" has dtype ",
+            t.dtype, ", expected ", dtype);
+  MOE_CHECK(t.shape == expected_shape, "safetensors file ", path_, ": tensor \"", name,
+            "\" has shape ", shape_str(t.shape), ", expected ", shape_str(expected_shape));
+  if (t.end > t.begin) std::memcpy(dst, data_section_ + t.begin, t.end - t.begin);
+}
+
+void SafetensorsFile::read_f32(const std::string& name, float* dst,
+                               const std::vector<int64_t>& expected_shape) const {
+  read(name, "F32", dst, expected_shape);
+}
+
+void SafetensorsFile::read_i32(const std::string& name, int32_t* dst,
+                               const std::vector<int64_t>& expected_shape) const {
+  read(name, "I32", dst, expected_shape);
+}
+
+std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
+  const TensorInfo& t = info(name);
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  read(name, "F32", out.data(), t.shape);
+  return out;
+}
+
+std::vector<int32_t> SafetensorsFile::read_i32(const std::string& name) const {
+  const TensorInfo& t = info(name);
+  std::vector<int32_t> out(static_cast<size_t>(t.numel()));
+  read(name, "I32", out.data(), t.shape);
+  return out;
+}
+
+}  // namespace moe::io

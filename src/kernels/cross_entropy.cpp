@@ -1,0 +1,51 @@
+// Softmax cross-entropy, max-subtracted. See cross_entropy.h.
+#include "kernels/cross_entropy.h"
+
+#include <cmath>
+#include <cstddef>
+
+#include "core/error.h"
+
+namespace moe::kernels {
+
+double cross_entropy_forward(float* losses, float* probs, const float* logits,
+                             const int32_t* targets, int N, int V) {
+  MOE_CHECK(N >= 0 && V > 0, "cross_entropy_forward: N=", N, " V=", V);
+  double total = 0.0;
+  for (int n = 0; n < N; ++n) {
+    int32_t target = targets[n];
+    MOE_CHECK(target >= 0 && target < V, "cross_entropy_forward: target ", target, " of row ", n,
+              " is outside the vocabulary [0, ", V, ")");
+    const float* x = logits + static_cast<size_t>(n) * V;
+    float* p = probs + static_cast<size_t>(n) * V;
+    float mx = x[0];
+    for (int j = 1; j < V; ++j) mx = x[j] > mx ? x[j] : mx;
+    double sum = 0.0;
+    for (int j = 0; j < V; ++j) {
+      p[j] = std::exp(x[j] - mx);
+      sum += p[j];
+    }
+    float inv = static_cast<float>(1.0 / sum);
+    for (int j = 0; j < V; ++j) p[j] *= inv;
+    // loss = logsumexp(x) - x[target] = log(sum) + max - x[target]
+    double loss = std::log(sum) + (static_cast<double>(mx) - x[target]);
+    losses[n] = static_cast<float>(loss);
+    total += loss;
+  }
+  return N > 0 ? total / N : 0.0;
+}
+
+void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets, int N,
+                            int V, float scale) {
+  MOE_CHECK(N >= 0 && V > 0, "cross_entropy_backward: N=", N, " V=", V);
+  for (int n = 0; n < N; ++n) {
+    const float* p = probs + static_cast<size_t>(n) * V;
+    float* d = dlogits + static_cast<size_t>(n) * V;
+    int32_t t = targets[n];
+    float d_target = d[t];
+    for (int j = 0; j < V; ++j) d[j] += scale * p[j];
+    d[t] = d_target + scale * (p[t] - 1.0f);  // one rounding, as scale·(p - onehot)
+  }
+}
+
+}  // namespace moe::kernels

@@ -1,0 +1,469 @@
+#!/usr/bin/env python3
+"""Independent PyTorch reference for moetrain's DeepSeek-MoE model.
+
+Usage: deepseek_ref.py DUMP_DIR [--tol 1e-4] [--dtype float32|float64]
+
+DUMP_DIR is written by the C++ program tool_ref_dump:
+  config.json           Hugging Face DeepSeek-MoE config (model_type "deepseek")
+  model.safetensors     initial weights, F32, Hugging Face names
+  train.json            batch, seq_len, steps, lr, min_lr, warmup_steps, total_steps, beta1, beta2,
+                        eps, weight_decay, grad_clip
+  batch.safetensors     "tokens" I32 [B, T+1]; "train_tokens" I32 [steps, B, T+1]
+  expected.safetensors  what the C++ code computed: "logits" [B,T,V], "loss", "ce_loss",
+                        "aux_loss" [1], "grad.<param>" for every parameter, "train_losses" [steps]
+
+This file rebuilds the model from the description of the math (plain torch functions, autograd for
+gradients), recomputes all of it and compares. Error of a tensor:
+    error = max|cpp - torch| / max(max|torch|, 1e-12)
+and every check must have error <= tol. Exit code 0 only if every check passes.
+
+The safetensors files are parsed here with struct + json (not the safetensors package), so the
+C++ writer is checked by an independent reader as well.
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import torch
+import torch.nn.functional as F
+
+# ------------------------------------------------------------------------------------------------
+# safetensors, parsed by hand
+
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}
+
+
+def load_safetensors(path):
+    """Returns ({name: tensor}, metadata). Tensors are copies (own their memory)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 8:
+        raise ValueError(f"{path}: {len(raw)} bytes, shorter than the header length field")
+    (n,) = struct.unpack("<Q", raw[:8])
+    if 8 + n > len(raw):
+        raise ValueError(f"{path}: header length {n} exceeds the file")
+    header = json.loads(raw[8:8 + n].decode("utf-8"))
+    data = memoryview(raw)[8 + n:]
+    metadata = header.pop("__metadata__", {})
+    out = {}
+    for name, t in header.items():
+        if t["dtype"] not in _DTYPES:
+            raise ValueError(f"{path}: tensor {name}: unsupported dtype {t['dtype']}")
+        begin, end = t["data_offsets"]
+        dtype = _DTYPES[t["dtype"]]
+        shape = list(t["shape"])
+        numel = math.prod(shape)
+        itemsize = torch.tensor([], dtype=dtype).element_size()
+        if end - begin != numel * itemsize or end > len(data):
+            raise ValueError(f"{path}: tensor {name}: offsets [{begin}, {end}] do not fit "
+                             f"shape {shape} of {t['dtype']}")
+        if numel == 0:
+            out[name] = torch.zeros(shape, dtype=dtype)
+        else:
+            buf = bytearray(data[begin:end])  # writable copy: frombuffer warns on read-only memory
+            out[name] = torch.frombuffer(buf, dtype=dtype).reshape(shape).clone()
+    return out, metadata
+
+
+def save_safetensors(path, tensors, metadata=None):
+    """Writes {name: tensor} (contiguous, little-endian) in insertion order. Used by self-tests."""
+    rev = {v: k for k, v in _DTYPES.items()}
+    header, blobs, pos = {}, [], 0
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    for name, t in tensors.items():
+        b = t.detach().contiguous().cpu().numpy().tobytes()
+        header[name] = {"dtype": rev[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [pos, pos + len(b)]}
+        blobs.append(b)
+        pos += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+# ------------------------------------------------------------------------------------------------
+# Model (Hugging Face DeepSeek-MoE, v1: softmax router, shared experts, dense first layers)
+
+class Config:
+    def __init__(self, d):
+        self.raw = d
+        self.vocab_size = int(d["vocab_size"])
+        self.hidden_size = int(d["hidden_size"])
+        self.num_layers = int(d["num_hidden_layers"])
+        self.num_heads = int(d["num_attention_heads"])
+        self.num_kv_heads = int(d.get("num_key_value_heads") or self.num_heads)
+        self.intermediate_size = int(d["intermediate_size"])
+        self.moe_intermediate_size = int(d.get("moe_intermediate_size") or 0)
+        self.n_routed_experts = d.get("n_routed_experts")
+        self.n_shared_experts = int(d.get("n_shared_experts") or 0)
+        self.top_k = int(d.get("num_experts_per_tok") or 0)
+        self.first_k_dense_replace = int(d.get("first_k_dense_replace", 0))
+        self.moe_layer_freq = int(d.get("moe_layer_freq", 1))
+        self.norm_topk_prob = bool(d.get("norm_topk_prob", False))
+        self.scoring_func = d.get("scoring_func", "softmax")
+        self.aux_loss_alpha = float(d.get("aux_loss_alpha", 0.001))
+        self.seq_aux = bool(d.get("seq_aux", True))
+        self.rope_theta = float(d.get("rope_theta", 10000.0))
+        self.rms_norm_eps = float(d.get("rms_norm_eps", 1e-6))
+        self.tie_word_embeddings = bool(d.get("tie_word_embeddings", False))
+        problems = []
+        if self.hidden_size % self.num_heads:
+            problems.append(f"hidden_size {self.hidden_size} is not a multiple of "
+                            f"num_attention_heads {self.num_heads}")
+        if self.num_kv_heads != self.num_heads:
+            problems.append("num_key_value_heads != num_attention_heads is not supported")
+        if self.scoring_func != "softmax":
+            problems.append(f"scoring_func {self.scoring_func!r} is not supported (softmax only)")
+        if self.tie_word_embeddings:
+            problems.append("tie_word_embeddings = true is not supported")
+        if d.get("rope_scaling"):
+            problems.append("rope_scaling is not supported")
+        if d.get("attention_bias"):
+            problems.append("attention_bias is not supported")
+        if problems:
+            raise ValueError("config.json: " + "; ".join(problems))
+        self.head_dim = self.hidden_size // self.num_heads
+
+    def is_moe_layer(self, i):
+        # Hugging Face DeepseekDecoderLayer's rule.
+        return (self.n_routed_experts is not None and self.n_routed_experts > 0
+                and i >= self.first_k_dense_replace and i % self.moe_layer_freq == 0)
+
+    def param_shapes(self):
+        """{name: shape} of every parameter, in model order."""
+        V, H, I = self.vocab_size, self.hidden_size, self.intermediate_size
+        shapes = {"model.embed_tokens.weight": [V, H]}
+        for i in range(self.num_layers):
+            p = f"model.layers.{i}."
+            shapes[p + "input_layernorm.weight"] = [H]
+            for n in "qkvo":
+                shapes[p + f"self_attn.{n}_proj.weight"] = [H, H]
+            shapes[p + "post_attention_layernorm.weight"] = [H]
+            if self.is_moe_layer(i):
+                E, Fm = int(self.n_routed_experts), self.moe_intermediate_size
+                shapes[p + "mlp.gate.weight"] = [E, H]
+                for e in range(E):
+                    q = p + f"mlp.experts.{e}."
+                    shapes[q + "gate_proj.weight"] = [Fm, H]
+                    shapes[q + "up_proj.weight"] = [Fm, H]
+                    shapes[q + "down_proj.weight"] = [H, Fm]
+                if self.n_shared_experts > 0:
+                    Fs = Fm * self.n_shared_experts
+                    q = p + "mlp.shared_experts."
+                    shapes[q + "gate_proj.weight"] = [Fs, H]
+                    shapes[q + "up_proj.weight"] = [Fs, H]
+                    shapes[q + "down_proj.weight"] = [H, Fs]
+            else:
+                shapes[p + "mlp.gate_proj.weight"] = [I, H]
+                shapes[p + "mlp.up_proj.weight"] = [I, H]
+                shapes[p + "mlp.down_proj.weight"] = [H, I]
+        shapes["model.norm.weight"] = [H]
+        shapes["lm_head.weight"] = [V, H]
+        return shapes
+
+
+def rmsnorm(x, w, eps):
+    # x * rsqrt(mean(x^2) + eps) * w
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rotate_half(x):
+    d = x.shape[-1] // 2
+    return torch.cat((-x[..., d:], x[..., :d]), dim=-1)
+
+
+def rope_cos_sin(T, d, theta, dtype):
+    # inv_freq computed in float32 as Hugging Face does, angles p * inv_freq, duplicated to [T, d].
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    t = torch.arange(T, dtype=torch.float32)
+    freqs = torch.outer(t, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def attention(x, P, p, cfg):
+    B, T, H = x.shape
+    nh, d = cfg.num_heads, cfg.head_dim
+    q = F.linear(x, P[p + "q_proj.weight"]).view(B, T, nh, d).transpose(1, 2)  # [B, nh, T, d]
+    k = F.linear(x, P[p + "k_proj.weight"]).view(B, T, nh, d).transpose(1, 2)
+    v = F.linear(x, P[p + "v_proj.weight"]).view(B, T, nh, d).transpose(1, 2)
+    cos, sin = rope_cos_sin(T, d, cfg.rope_theta, x.dtype)
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    att = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(d)  # [B, nh, T, T]
+    causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+    att = att.masked_fill(causal, float("-inf")).softmax(dim=-1)
+    out = torch.matmul(att, v).transpose(1, 2).reshape(B, T, H)
+    return F.linear(out, P[p + "o_proj.weight"])
+
+
+def swiglu_mlp(x, P, p):
+    # down(silu(gate(x)) * up(x))
+    return F.linear(F.silu(F.linear(x, P[p + "gate_proj.weight"])) * F.linear(x, P[p + "up_proj.weight"]),
+                    P[p + "down_proj.weight"])
+
+
+def moe(x, P, p, cfg, diag):
+    """Returns (y [B,T,H], aux loss scalar). diag collects the top-k routing margin per layer."""
+    B, T, H = x.shape
+    E, k = int(cfg.n_routed_experts), cfg.top_k
+    xf = x.reshape(B * T, H)
+    logits = F.linear(xf, P[p + "gate.weight"])  # [N, E]
+    scores = logits.softmax(dim=-1)
+    topk_w, topk_idx = torch.topk(scores, k, dim=-1, sorted=True)  # [N, k]
+    if k < E:  # how close the k-th choice came to losing its place (a near-tie can flip routing)
+        top = torch.topk(scores.detach(), k + 1, dim=-1).values
+        diag.append((p + "gate", float((top[:, k - 1] - top[:, k]).min())))
+    if k > 1 and cfg.norm_topk_prob:
+        topk_w = topk_w / (topk_w.sum(dim=-1, keepdim=True) + 1e-20)
+    y = torch.zeros_like(xf)
+    for e in range(E):
+        tok, slot = (topk_idx == e).nonzero(as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        out = swiglu_mlp(xf[tok], P, p + f"experts.{e}.")
+        y = y.index_add(0, tok, out * topk_w[tok, slot].unsqueeze(-1))
+    if cfg.n_shared_experts > 0:
+        y = y + swiglu_mlp(xf, P, p + "shared_experts.")
+
+    aux = torch.zeros((), dtype=x.dtype)
+    if cfg.aux_loss_alpha > 0:
+        with torch.no_grad():  # ce comes from indices: no gradient
+            if cfg.seq_aux:
+                ce = torch.zeros(B, E, dtype=x.dtype)
+                ce.scatter_add_(1, topk_idx.view(B, T * k), torch.ones(B, T * k, dtype=x.dtype))
+                ce /= T * k / E
+            else:
+                ce = F.one_hot(topk_idx.view(-1), num_classes=E).to(x.dtype).mean(0)
+        if cfg.seq_aux:
+            aux = (ce * scores.view(B, T, E).mean(dim=1)).sum(dim=1).mean() * cfg.aux_loss_alpha
+        else:
+            fi = ce * E
+            Pi = scores.mean(0)
+            aux = (Pi * fi).sum() * cfg.aux_loss_alpha
+    return y.view(B, T, H), aux
+
+
+def forward(P, cfg, tokens):
+    """tokens [B, T+1] int -> (logits [B,T,V], total loss, ce loss, aux loss, routing margins)."""
+    inputs, targets = tokens[:, :-1].long(), tokens[:, 1:].long()
+    eps = cfg.rms_norm_eps
+    x = F.embedding(inputs, P["model.embed_tokens.weight"])
+    aux_total = torch.zeros((), dtype=x.dtype)
+    diag = []
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        h = x + attention(rmsnorm(x, P[p + "input_layernorm.weight"], eps), P, p + "self_attn.", cfg)
+        hn = rmsnorm(h, P[p + "post_attention_layernorm.weight"], eps)
+        if cfg.is_moe_layer(i):
+            m, aux = moe(hn, P, p + "mlp.", cfg, diag)
+            aux_total = aux_total + aux
+        else:
+            m = swiglu_mlp(hn, P, p + "mlp.")
+        x = h + m
+    x = rmsnorm(x, P["model.norm.weight"], eps)
+    logits = F.linear(x, P["lm_head.weight"])
+    ce = F.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1))
+    return logits, ce + aux_total, ce, aux_total, diag
+
+
+def lr_at(step, t):
+    """Linear warmup to lr, then cosine decay to min_lr (0-based step)."""
+    lr, min_lr, warmup, total = t["lr"], t["min_lr"], int(t["warmup_steps"]), int(t["total_steps"])
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min(max((step - warmup) / max(1, total - warmup), 0.0), 1.0)
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def make_params(weights, names, dtype):
+    return {n: weights[n].to(dtype).clone().requires_grad_(True) for n in names}
+
+
+def train(weights, names, cfg, t, train_tokens, dtype):
+    """AdamW steps on train_tokens[s]; returns the loss of each step, before its update."""
+    P = make_params(weights, names, dtype)
+    decay = [P[n] for n in names if P[n].dim() >= 2]
+    no_decay = [P[n] for n in names if P[n].dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": float(t["weight_decay"])},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=float(t["lr"]), betas=(float(t["beta1"]), float(t["beta2"])), eps=float(t["eps"]))
+    losses = []
+    for s in range(train_tokens.shape[0]):
+        opt.zero_grad(set_to_none=True)
+        _, loss, _, _, _ = forward(P, cfg, train_tokens[s])
+        loss.backward()
+        # An expert that got no token has no autograd gradient; it is a zero gradient (AdamW still
+        # decays its weights and moments and counts the step, as a dense optimizer does).
+        for p in P.values():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if float(t.get("grad_clip", 0.0)) > 0:
+            torch.nn.utils.clip_grad_norm_(list(P.values()), float(t["grad_clip"]))
+        for g in opt.param_groups:
+            g["lr"] = lr_at(s, t)
+        opt.step()
+        losses.append(float(loss))
+    return losses
+
+
+# ------------------------------------------------------------------------------------------------
+# Comparison
+
+class Report:
+    def __init__(self, tol):
+        self.tol = tol
+        self.rows = []  # (error, name, shape, max_ref, ok, note)
+
+    def compare(self, name, cpp, ref):
+        ref = ref.detach().to(torch.float64)
+        if cpp is None:
+            self.fail(name, "missing in expected.safetensors")
+            return
+        cpp = cpp.to(torch.float64)
+        if list(cpp.shape) != list(ref.shape):
+            self.fail(name, f"shape {list(cpp.shape)} != expected {list(ref.shape)}")
+            return
+        scale = max(float(ref.abs().max()) if ref.numel() else 0.0, 1e-12)
+        diff = float((cpp - ref).abs().max()) if ref.numel() else 0.0
+        err = diff / scale
+        ok = err <= self.tol  # NaN compares False: a NaN fails
+        self.rows.append((err, name, list(ref.shape), scale, ok, ""))
+
+    def fail(self, name, note):
+        self.rows.append((float("inf"), name, [], 0.0, False, note))
+
+    def print_table(self, out=sys.stdout):
+        def key(r):  # NaN first, then worst error first
+            return (0, 0.0, r[1]) if r[0] != r[0] else (1, -r[0], r[1])
+        rows = sorted(self.rows, key=key)
+        w = max([len(r[1]) for r in rows] + [4])
+        print(f"{'name':<{w}}  {'shape':<16} {'max|torch|':>11} {'error':>10}  status", file=out)
+        for err, name, shape, scale, ok, note in rows:
+            shape_s = "x".join(map(str, shape)) if shape else "-"
+            err_s = f"{err:10.3e}"
+            status = "ok" if ok else "FAIL"
+            print(f"{name:<{w}}  {shape_s:<16} {scale:11.4e} {err_s}  {status}"
+                  + (f"  ({note})" if note else ""), file=out)
+
+    def counts(self):
+        passed = sum(1 for r in self.rows if r[4])
+        return passed, len(self.rows) - passed
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    ap.add_argument("dump_dir")
+    ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                    help="precision of the torch side (float64 to see the C++ round-off alone)")
+    args = ap.parse_args(argv)
+    D = args.dump_dir
+    dtype = getattr(torch, args.dtype)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+
+    try:
+        with open(os.path.join(D, "config.json")) as f:
+            cfg = Config(json.load(f))
+        with open(os.path.join(D, "train.json")) as f:
+            tcfg = json.load(f)
+        weights, _ = load_safetensors(os.path.join(D, "model.safetensors"))
+        batch, _ = load_safetensors(os.path.join(D, "batch.safetensors"))
+        expected, _ = load_safetensors(os.path.join(D, "expected.safetensors"))
+        tokens = batch["tokens"]
+    except (OSError, ValueError, KeyError) as e:  # JSONDecodeError is a ValueError
+        print(f"cannot read the dump in {D}: {type(e).__name__}: {e}")
+        print("torch reference: 0 checks passed, 1 failed")
+        return 1
+
+    rep = Report(args.tol)
+    shapes = cfg.param_shapes()
+    names = list(shapes)
+
+    # Parameter names: the file and the model must agree both ways, with the same shapes.
+    for n in names:
+        if n not in weights:
+            rep.fail(n, "parameter missing from model.safetensors")
+        elif list(weights[n].shape) != shapes[n]:
+            rep.fail(n, f"model.safetensors shape {list(weights[n].shape)} != config's {shapes[n]}")
+        elif weights[n].dtype != torch.float32:
+            rep.fail(n, f"model.safetensors dtype {weights[n].dtype}, expected F32")
+    for n in weights:
+        if n not in shapes:
+            rep.fail(n, "model.safetensors holds a tensor the model does not have")
+    grad_names = {n[len("grad."):] for n in expected if n.startswith("grad.")}
+    for n in sorted(grad_names - set(shapes)):
+        rep.fail("grad." + n, "expected.safetensors holds a gradient of no parameter")
+    if any(not r[4] for r in rep.rows):
+        rep.print_table()
+        print(f"torch reference: {rep.counts()[0]} checks passed, {rep.counts()[1]} failed "
+              "(parameter names or shapes do not match the config)")
+        return 1
+
+    B, T1 = tokens.shape
+    if int(tcfg.get("batch", B)) != B or int(tcfg.get("seq_len", T1 - 1)) != T1 - 1:
+        rep.fail("tokens", f"batch.safetensors tokens {list(tokens.shape)} disagree with train.json "
+                 f"batch {tcfg.get('batch')} seq_len {tcfg.get('seq_len')}")
+
+    # One forward/backward on "tokens".
+    P = make_params(weights, names, dtype)
+    logits, loss, ce, aux, margins = forward(P, cfg, tokens)
+    grads = torch.autograd.grad(loss, [P[n] for n in names], allow_unused=True)
+    rep.compare("logits", expected.get("logits"), logits)
+    rep.compare("loss", expected.get("loss"), loss.reshape(1))
+    rep.compare("ce_loss", expected.get("ce_loss"), ce.reshape(1))
+    rep.compare("aux_loss", expected.get("aux_loss"), aux.reshape(1))
+    for n, g in zip(names, grads):
+        rep.compare("grad." + n, expected.get("grad." + n), torch.zeros_like(P[n]) if g is None else g)
+
+    # Training steps from the same initial weights.
+    train_tokens = batch.get("train_tokens")
+    steps = int(tcfg.get("steps", 10))
+    if train_tokens is None or train_tokens.shape[0] != steps:
+        rep.fail("train_tokens", f"batch.safetensors train_tokens "
+                 f"{None if train_tokens is None else list(train_tokens.shape)}, "
+                 f"expected [{steps}, B, T+1]")
+        ref_losses = None
+    else:
+        ref_losses = train(weights, names, cfg, tcfg, train_tokens, dtype)
+        cpp_losses = expected.get("train_losses")
+        if cpp_losses is None or cpp_losses.numel() != steps:
+            rep.fail("train_losses", "missing or wrong length in expected.safetensors")
+        else:
+            for s in range(steps):
+                rep.compare(f"train_loss[{s}]", cpp_losses[s:s + 1], torch.tensor([ref_losses[s]]))
+
+    print(f"torch reference ({args.dtype}) in {D}: {cfg.num_layers} layers, H={cfg.hidden_size}, "
+          f"heads={cfg.num_heads}, E={cfg.n_routed_experts}, k={cfg.top_k}, "
+          f"F={cfg.moe_intermediate_size}, shared={cfg.n_shared_experts}, V={cfg.vocab_size}, "
+          f"B={B}, T={T1 - 1}")
+    print(f"error = max|cpp - torch| / max(max|torch|, 1e-12), per tensor; pass if <= {args.tol:g}")
+    rep.print_table()
+    print(f"loss: torch {float(loss):.7f} cpp "
+          f"{float(expected['loss'][0]) if 'loss' in expected else float('nan'):.7f}")
+    if ref_losses is not None:
+        print("train losses (torch): " + " ".join(f"{v:.5f}" for v in ref_losses))
+    for name, m in margins:
+        warn = "  <- near-tie: routing may legitimately differ" if m < 1e-5 else ""
+        print(f"routing margin (k-th minus (k+1)-th score, min over tokens) {name}: {m:.3e}{warn}")
+    passed, failed = rep.counts()
+    print(f"torch reference: {passed} checks passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

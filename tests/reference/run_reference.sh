@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs the PyTorch reference check: the C++ dump tool writes weights, a batch, logits, loss, every
+# gradient and 10 training losses into OUTDIR; deepseek_ref.py recomputes them in PyTorch and
+# compares. Exit code is non-zero if either step fails.
+# Usage: run_reference.sh DUMP_TOOL PYTHON OUTDIR [PRESET]
+set -euo pipefail
+if [[ $# -lt 3 || $# -gt 4 ]]; then
+  echo "usage: $0 DUMP_TOOL PYTHON OUTDIR [PRESET]" >&2
+  exit 2
+fi
+dump_tool=$1
+python=$2
+outdir=$3
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+mkdir -p "$outdir"
+# Stale files from an earlier run must not be compared (only the known names are removed).
+rm -f "$outdir"/config.json "$outdir"/train.json "$outdir"/model.safetensors \
+  "$outdir"/batch.safetensors "$outdir"/expected.safetensors
+"$dump_tool" "$outdir" ${4:+"$4"}
+"$python" "$here/deepseek_ref.py" "$outdir"

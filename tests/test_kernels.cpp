@@ -1,0 +1,670 @@
+// Correctness of the CPU kernels, test-backend-ops style: every op is described once in kOps
+// (inputs, kernel forward, naive reference, kernel backward, error bounds) and that one description
+// runs three ways: forward against the naive loop, every backward against central finite
+// differences of L = Σ out·R (fixed random R), and the += convention (backward twice = 2×).
+// Errors are normalised: ||a - b|| / ||b||. Integer inputs (tokens, targets, offsets) are fixed in
+// the op's closure; every float input is differentiated.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu_mlp.h"
+
+namespace {
+
+using namespace moe;
+using namespace moe::kernels;
+using Vec = std::vector<float>;
+using Tensors = std::vector<Vec>;
+
+Vec randn(Rng& rng, size_t n, double scale) {
+  Vec v(n);
+  for (auto& x : v) x = static_cast<float>(rng.normal() * scale);
+  return v;
+}
+
+double norm_err(const Vec& a, const Vec& ref) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / (den > 0 ? den : 1e-30));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Naive references: plain loops in double, no BLAS, written independently of src/kernels.
+
+// y[T,out] = x[T,in] · w[out,in]^T
+Vec ref_linear(const Vec& x, const Vec& w, int T, int in, int out) {
+  Vec y(static_cast<size_t>(T) * out);
+  for (int t = 0; t < T; ++t)
+    for (int o = 0; o < out; ++o) {
+      double s = 0.0;
+      for (int i = 0; i < in; ++i) s += static_cast<double>(x[t * in + i]) * w[o * in + i];
+      y[t * out + o] = static_cast<float>(s);
+    }
+  return y;
+}
+
+double silu(double z) { return z / (1.0 + std::exp(-z)); }
+
+Vec ref_swiglu(const Vec& g, const Vec& u) {
+  Vec h(g.size());
+  for (size_t i = 0; i < g.size(); ++i) h[i] = static_cast<float>(silu(g[i]) * u[i]);
+  return h;
+}
+
+Vec ref_rmsnorm(const Vec& x, const Vec& w, int rows, int dim, double eps) {
+  Vec out(x.size());
+  for (int r = 0; r < rows; ++r) {
+    double ss = 0.0;
+    for (int j = 0; j < dim; ++j) ss += static_cast<double>(x[r * dim + j]) * x[r * dim + j];
+    double rs = 1.0 / std::sqrt(ss / dim + eps);
+    for (int j = 0; j < dim; ++j) out[r * dim + j] = static_cast<float>(x[r * dim + j] * rs * w[j]);
+  }
+  return out;
+}
+
+// HF rotate_half with the angle computed directly: p · theta^(-2i/d)
+Vec ref_rope(const Vec& x, int B, int T, int nh, int hd, double theta) {
+  Vec out(x.size());
+  int half = hd / 2;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < nh; ++h) {
+        size_t base = ((static_cast<size_t>(b) * T + t) * nh + h) * hd;
+        for (int i = 0; i < half; ++i) {
+          double a = t * std::pow(theta, -2.0 * i / hd);
+          double x1 = x[base + i], x2 = x[base + i + half];
+          out[base + i] = static_cast<float>(x1 * std::cos(a) - x2 * std::sin(a));
+          out[base + i + half] = static_cast<float>(x2 * std::cos(a) + x1 * std::sin(a));
+        }
+      }
+  return out;
+}
+
+Vec ref_attention(const Vec& q, const Vec& k, const Vec& v, int B, int T, int nh, int hd) {
+  int C = nh * hd;
+  Vec out(q.size());
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < nh; ++h)
+      for (int t = 0; t < T; ++t) {
+        std::vector<double> p(t + 1);
+        double mx = -1e300, sum = 0.0;
+        for (int s = 0; s <= t; ++s) {
+          double d = 0.0;
+          for (int j = 0; j < hd; ++j)
+            d += static_cast<double>(q[(b * T + t) * C + h * hd + j]) *
+                 k[(b * T + s) * C + h * hd + j];
+          p[s] = d / std::sqrt(static_cast<double>(hd));
+          mx = std::max(mx, p[s]);
+        }
+        for (int s = 0; s <= t; ++s) sum += p[s] = std::exp(p[s] - mx);
+        for (int j = 0; j < hd; ++j) {
+          double o = 0.0;
+          for (int s = 0; s <= t; ++s) o += p[s] / sum * v[(b * T + s) * C + h * hd + j];
+          out[(b * T + t) * C + h * hd + j] = static_cast<float>(o);
+        }
+      }
+  return out;
+}
+
+Vec ref_mlp(const Vec& x, const float* gate, const float* up, const float* down, int N, int H,
+            int F) {
+  Vec gw(gate, gate + F * H), uw(up, up + F * H), dw(down, down + H * F);
+  Vec g = ref_linear(x, gw, N, H, F), u = ref_linear(x, uw, N, H, F);
+  return ref_linear(ref_swiglu(g, u), dw, N, F, H);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The op table.
+
+struct OpCase {
+  std::string name;
+  std::function<Tensors(Rng&)> make_inputs;
+  std::function<Vec(const Tensors&)> forward;    // the kernel
+  std::function<Vec(const Tensors&)> reference;  // naive loops
+  // Adds dL/d(input i) into grads[i] (sized like the inputs) given dL/dout.
+  std::function<void(Tensors& grads, const Tensors& in, const Vec& dout)> backward;
+  double fwd_tol = 1e-6;   // ||kernel - reference|| / ||reference||
+  double grad_tol = 2e-3;  // ||analytic - numeric|| / ||numeric|| (measured: 1e-6 .. 3e-4)
+  double fd_h = 1e-2;      // central-difference step
+};
+
+// Shapes of the table entries (small: every input element is finite-differenced).
+constexpr int kLinT = 5, kLinIn = 7, kLinOut = 6;
+constexpr int kNormRows = 4, kNormDim = 16;
+constexpr int kRopeB = 2, kRopeT = 5, kRopeHeads = 2, kRopeHd = 8;
+constexpr double kTheta = 10000.0;
+constexpr int kAttB = 2, kAttT = 5, kAttHeads = 2, kAttHd = 4;
+constexpr int kEmbVocab = 7, kEmbDim = 5;
+const std::vector<int32_t> kEmbTokens = {3, 0, 3, 6, 1, 3};
+constexpr int kCeV = 9;
+const std::vector<int32_t> kCeTargets = {2, 8, 0, 5};
+constexpr int kMlpN = 5, kMlpH = 8, kMlpF = 6;
+// Uneven segments 3,0,5,1,4,0: an empty expert in the middle and at the end.
+const std::vector<int32_t> kGroupOffsets = {0, 3, 3, 8, 9, 13, 13};
+constexpr int kGroupE = 6;
+
+std::vector<OpCase> make_ops() {
+  std::vector<OpCase> ops;
+
+  ops.push_back(
+      OpCase{"linear",
+             [](Rng& r) {
+               return Tensors{randn(r, kLinT * kLinIn, 1.0), randn(r, kLinOut * kLinIn, 0.4)};
+             },
+             [](const Tensors& in) {
+               Vec y(kLinT * kLinOut);
+               linear_forward(y.data(), in[0].data(), in[1].data(), kLinT, kLinIn, kLinOut);
+               return y;
+             },
+             [](const Tensors& in) { return ref_linear(in[0], in[1], kLinT, kLinIn, kLinOut); },
+             [](Tensors& d, const Tensors& in, const Vec& dy) {
+               linear_backward(d[0].data(), d[1].data(), dy.data(), in[0].data(), in[1].data(),
+                               kLinT, kLinIn, kLinOut);
+             }});
+
+  ops.push_back(
+      OpCase{"rmsnorm",
+             [](Rng& r) {
+               Vec w = randn(r, kNormDim, 0.3);
+               for (auto& x : w) x += 1.0f;
+               return Tensors{randn(r, kNormRows * kNormDim, 1.0), w};
+             },
+             [](const Tensors& in) {
+               Vec out(in[0].size()), rstd(kNormRows);
+               rmsnorm_forward(out.data(), rstd.data(), in[0].data(), in[1].data(), kNormRows,
+                               kNormDim, 1e-5f);
+               return out;
+             },
+             [](const Tensors& in) { return ref_rmsnorm(in[0], in[1], kNormRows, kNormDim, 1e-5); },
+             [](Tensors& d, const Tensors& in, const Vec& dout) {
+               Vec out(in[0].size()), rstd(kNormRows);
+               rmsnorm_forward(out.data(), rstd.data(), in[0].data(), in[1].data(), kNormRows,
+                               kNormDim, 1e-5f);
+               rmsnorm_backward(d[0].data(), d[1].data(), dout.data(), in[0].data(), in[1].data(),
+                                rstd.data(), kNormRows, kNormDim);
+             }});
+
+  ops.push_back(OpCase{
+      "rope", [](Rng& r) { return Tensors{randn(r, kRopeB * kRopeT * kRopeHeads * kRopeHd, 1.0)}; },
+      [](const Tensors& in) {
+        RopeTable table = make_rope_table(kRopeT + 3, kRopeHd, kTheta);  // longer than T on purpose
+        Vec x = in[0];
+        rope_forward(x.data(), table, kRopeB, kRopeT, kRopeHeads, kRopeHd);
+        return x;
+      },
+      [](const Tensors& in) {
+        return ref_rope(in[0], kRopeB, kRopeT, kRopeHeads, kRopeHd, kTheta);
+      },
+      [](Tensors& d, const Tensors& in, const Vec& dout) {
+        RopeTable table = make_rope_table(kRopeT, kRopeHd, kTheta);
+        Vec dx = dout;  // rope_backward rotates in place; the += is ours
+        rope_backward(dx.data(), table, kRopeB, kRopeT, kRopeHeads, kRopeHd);
+        add_inplace(d[0].data(), dx.data(), dx.size());
+      },
+      2e-6});
+
+  ops.push_back(OpCase{"attention",
+                       [](Rng& r) {
+                         size_t n = kAttB * kAttT * kAttHeads * kAttHd;
+                         return Tensors{randn(r, n, 1.0), randn(r, n, 1.0), randn(r, n, 1.0)};
+                       },
+                       [](const Tensors& in) {
+                         Vec out(in[0].size()), att(kAttB * kAttHeads * kAttT * kAttT);
+                         attention_forward(out.data(), att.data(), in[0].data(), in[1].data(),
+                                           in[2].data(), kAttB, kAttT, kAttHeads, kAttHd);
+                         return out;
+                       },
+                       [](const Tensors& in) {
+                         return ref_attention(in[0], in[1], in[2], kAttB, kAttT, kAttHeads, kAttHd);
+                       },
+                       [](Tensors& d, const Tensors& in, const Vec& dout) {
+                         Vec out(in[0].size()), att(kAttB * kAttHeads * kAttT * kAttT),
+                             scratch(kAttT * kAttT);
+                         attention_forward(out.data(), att.data(), in[0].data(), in[1].data(),
+                                           in[2].data(), kAttB, kAttT, kAttHeads, kAttHd);
+                         attention_backward(d[0].data(), d[1].data(), d[2].data(), dout.data(),
+                                            in[0].data(), in[1].data(), in[2].data(), att.data(),
+                                            kAttB, kAttT, kAttHeads, kAttHd, scratch.data());
+                       },
+                       1e-6, 2e-3, 1e-3});
+
+  ops.push_back(OpCase{"swiglu",
+                       [](Rng& r) {
+                         return Tensors{randn(r, 50, 2.0), randn(r, 50, 1.0)};
+                       },
+                       [](const Tensors& in) {
+                         Vec h(in[0].size());
+                         swiglu_forward(h.data(), in[0].data(), in[1].data(), h.size());
+                         return h;
+                       },
+                       [](const Tensors& in) { return ref_swiglu(in[0], in[1]); },
+                       [](Tensors& d, const Tensors& in, const Vec& dh) {
+                         swiglu_backward(d[0].data(), d[1].data(), dh.data(), in[0].data(),
+                                         in[1].data(), dh.size());
+                       },
+                       1e-6, 2e-3, 1e-3});
+
+  ops.push_back(OpCase{
+      "embedding", [](Rng& r) { return Tensors{randn(r, kEmbVocab * kEmbDim, 1.0)}; },
+      [](const Tensors& in) {
+        Vec out(kEmbTokens.size() * kEmbDim);
+        embedding_forward(out.data(), kEmbTokens.data(), in[0].data(),
+                          static_cast<int>(kEmbTokens.size()), kEmbDim);
+        return out;
+      },
+      [](const Tensors& in) {
+        Vec out;
+        for (int32_t t : kEmbTokens)
+          out.insert(out.end(), in[0].begin() + t * kEmbDim, in[0].begin() + (t + 1) * kEmbDim);
+        return out;
+      },
+      [](Tensors& d, const Tensors&, const Vec& dout) {
+        embedding_backward(d[0].data(), dout.data(), kEmbTokens.data(),
+                           static_cast<int>(kEmbTokens.size()), kEmbDim);
+      },
+      0.0});
+
+  ops.push_back(OpCase{
+      "cross_entropy", [](Rng& r) { return Tensors{randn(r, kCeTargets.size() * kCeV, 2.0)}; },
+      [](const Tensors& in) {
+        int N = static_cast<int>(kCeTargets.size());
+        Vec losses(N), probs(in[0].size());
+        cross_entropy_forward(losses.data(), probs.data(), in[0].data(), kCeTargets.data(), N,
+                              kCeV);
+        return losses;
+      },
+      [](const Tensors& in) {
+        Vec losses;
+        for (size_t n = 0; n < kCeTargets.size(); ++n) {
+          const float* x = in[0].data() + n * kCeV;
+          double mx = *std::max_element(x, x + kCeV), s = 0.0;
+          for (int j = 0; j < kCeV; ++j) s += std::exp(x[j] - mx);
+          losses.push_back(static_cast<float>(mx + std::log(s) - x[kCeTargets[n]]));
+        }
+        return losses;
+      },
+      [](Tensors& d, const Tensors& in, const Vec& dloss) {
+        int N = static_cast<int>(kCeTargets.size());
+        Vec losses(N), probs(in[0].size());
+        cross_entropy_forward(losses.data(), probs.data(), in[0].data(), kCeTargets.data(), N,
+                              kCeV);
+        // dL/dlogits_n = dloss_n · (p_n - onehot): one call per row, scale = dloss_n
+        for (int n = 0; n < N; ++n)
+          cross_entropy_backward(d[0].data() + n * kCeV, probs.data() + n * kCeV,
+                                 kCeTargets.data() + n, 1, kCeV, dloss[n]);
+      },
+      1e-6, 2e-3, 1e-3});
+
+  ops.push_back(OpCase{
+      "swiglu_mlp",
+      [](Rng& r) {
+        return Tensors{randn(r, kMlpN * kMlpH, 1.0), randn(r, kMlpF * kMlpH, 0.5),
+                       randn(r, kMlpF * kMlpH, 0.5), randn(r, kMlpH * kMlpF, 0.5)};
+      },
+      [](const Tensors& in) {
+        Vec y(kMlpN * kMlpH), g(kMlpN * kMlpF), u(g.size()), h(g.size());
+        swiglu_mlp_forward(y.data(), g.data(), u.data(), h.data(), in[0].data(),
+                           {in[1].data(), in[2].data(), in[3].data()}, kMlpN, kMlpH, kMlpF);
+        return y;
+      },
+      [](const Tensors& in) {
+        return ref_mlp(in[0], in[1].data(), in[2].data(), in[3].data(), kMlpN, kMlpH, kMlpF);
+      },
+      [](Tensors& d, const Tensors& in, const Vec& dy) {
+        Vec y(kMlpN * kMlpH), g(kMlpN * kMlpF), u(g.size()), h(g.size()), scratch(2 * g.size());
+        MlpWeights w{in[1].data(), in[2].data(), in[3].data()};
+        swiglu_mlp_forward(y.data(), g.data(), u.data(), h.data(), in[0].data(), w, kMlpN, kMlpH,
+                           kMlpF);
+        swiglu_mlp_backward(d[0].data(), {d[1].data(), d[2].data(), d[3].data()}, dy.data(),
+                            in[0].data(), g.data(), u.data(), h.data(), w, kMlpN, kMlpH, kMlpF,
+                            scratch.data());
+      },
+      1e-6, 2e-3, 1e-3});
+
+  ops.push_back(OpCase{
+      "grouped_swiglu",
+      [](Rng& r) {
+        int R = kGroupOffsets.back(), fh = kMlpF * kMlpH;
+        return Tensors{randn(r, R * kMlpH, 1.0), randn(r, kGroupE * fh, 0.5),
+                       randn(r, kGroupE * fh, 0.5), randn(r, kGroupE * fh, 0.5)};
+      },
+      [](const Tensors& in) {
+        int R = kGroupOffsets.back();
+        Vec y(R * kMlpH), g(R * kMlpF), u(g.size()), h(g.size());
+        grouped_swiglu_forward(y.data(), g.data(), u.data(), h.data(), in[0].data(),
+                               kGroupOffsets.data(), kGroupE,
+                               {in[1].data(), in[2].data(), in[3].data()}, kMlpH, kMlpF);
+        return y;
+      },
+      [](const Tensors& in) {
+        Vec y;
+        int fh = kMlpF * kMlpH;
+        for (int e = 0; e < kGroupE; ++e) {
+          int r0 = kGroupOffsets[e], n = kGroupOffsets[e + 1] - r0;
+          Vec x(in[0].begin() + r0 * kMlpH, in[0].begin() + (r0 + n) * kMlpH);
+          Vec ye = ref_mlp(x, in[1].data() + e * fh, in[2].data() + e * fh, in[3].data() + e * fh,
+                           n, kMlpH, kMlpF);
+          y.insert(y.end(), ye.begin(), ye.end());
+        }
+        return y;
+      },
+      [](Tensors& d, const Tensors& in, const Vec& dy) {
+        int R = kGroupOffsets.back();
+        Vec y(R * kMlpH), g(R * kMlpF), u(g.size()), h(g.size()), scratch(2 * g.size());
+        MlpWeights w{in[1].data(), in[2].data(), in[3].data()};
+        grouped_swiglu_forward(y.data(), g.data(), u.data(), h.data(), in[0].data(),
+                               kGroupOffsets.data(), kGroupE, w, kMlpH, kMlpF);
+        grouped_swiglu_backward(d[0].data(), {d[1].data(), d[2].data(), d[3].data()}, dy.data(),
+                                in[0].data(), g.data(), u.data(), h.data(), kGroupOffsets.data(),
+                                kGroupE, w, kMlpH, kMlpF, scratch.data());
+      },
+      1e-6, 2e-3, 1e-3});
+
+  return ops;
+}
+
+const std::vector<OpCase>& ops() {
+  static const std::vector<OpCase> table = make_ops();
+  return table;
+}
+
+class KernelOp : public ::testing::TestWithParam<size_t> {
+ protected:
+  const OpCase& op() const { return ops()[GetParam()]; }
+  Tensors inputs() const {
+    Rng rng(1234 + GetParam());
+    return op().make_inputs(rng);
+  }
+  Tensors zeros_like(const Tensors& t) const {
+    Tensors z;
+    for (const auto& v : t) z.emplace_back(v.size(), 0.0f);
+    return z;
+  }
+  Vec weights_R(size_t n) const {
+    Rng rng(99 + GetParam());
+    return randn(rng, n, 1.0);
+  }
+};
+
+TEST_P(KernelOp, ForwardMatchesNaiveReference) {
+  Tensors in = inputs();
+  Vec out = op().forward(in), ref = op().reference(in);
+  ASSERT_EQ(out.size(), ref.size());
+  EXPECT_LE(norm_err(out, ref), op().fwd_tol);
+}
+
+TEST_P(KernelOp, BackwardMatchesFiniteDifferences) {
+  Tensors in = inputs();
+  Vec R = weights_R(op().forward(in).size());
+  auto loss = [&](const Tensors& x) {  // L = Σ out·R, summed in double
+    Vec out = op().forward(x);
+    double L = 0.0;
+    for (size_t i = 0; i < out.size(); ++i) L += static_cast<double>(out[i]) * R[i];
+    return L;
+  };
+  Tensors grads = zeros_like(in);
+  op().backward(grads, in, R);
+  const double h = op().fd_h;
+  for (size_t t = 0; t < in.size(); ++t) {
+    Vec numeric(in[t].size());
+    for (size_t i = 0; i < in[t].size(); ++i) {
+      Tensors x = in;
+      x[t][i] = in[t][i] + static_cast<float>(h);
+      double lp = loss(x);
+      x[t][i] = in[t][i] - static_cast<float>(h);
+      double lm = loss(x);
+      numeric[i] = static_cast<float>((lp - lm) / (2 * h));
+    }
+    EXPECT_LE(norm_err(grads[t], numeric), op().grad_tol) << "input " << t;
+  }
+}
+
+TEST_P(KernelOp, BackwardAddsIntoGradients) {
+  Tensors in = inputs();
+  Vec R = weights_R(op().forward(in).size());
+  Tensors once = zeros_like(in), twice = zeros_like(in);
+  op().backward(once, in, R);
+  op().backward(twice, in, R);
+  op().backward(twice, in, R);
+  for (size_t t = 0; t < in.size(); ++t) {
+    Vec doubled = once[t];
+    for (auto& x : doubled) x *= 2.0f;
+    EXPECT_LE(norm_err(twice[t], doubled), 1e-6) << "input " << t;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, KernelOp, ::testing::Range<size_t>(0, ops().size()),
+                         [](const ::testing::TestParamInfo<size_t>& info) {
+                           return ops()[info.param].name;
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// Checks that do not fit the table.
+
+Vec ref_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const Vec& A, int lda,
+             const Vec& B, int ldb, float beta, const Vec& C0, int ldc) {
+  Vec C = C0;
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double s = 0.0;
+      for (int k = 0; k < K; ++k)
+        s += static_cast<double>(ta ? A[k * lda + i] : A[i * lda + k]) *
+             (tb ? B[j * ldb + k] : B[k * ldb + j]);
+      C[i * ldc + j] = static_cast<float>(alpha * s + beta * C0[i * ldc + j]);
+    }
+  return C;
+}
+
+TEST(Gemm, AllTransposesAndStridesMatchNaive) {
+  Rng rng(7);
+  const int M = 5, N = 4, K = 6, pad = 3;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (bool strided : {false, true}) {
+        int lda = (ta ? M : K) + (strided ? pad : 0), ldb = (tb ? K : N) + (strided ? pad : 0);
+        int ldc = N + (strided ? pad : 0);
+        Vec A = randn(rng, (ta ? K : M) * lda, 1.0), B = randn(rng, (tb ? N : K) * ldb, 1.0);
+        Vec C = randn(rng, M * ldc, 1.0);
+        Vec ref = ref_gemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 2.0f, C, ldc);
+        gemm(ta, tb, M, N, K, 0.5f, A.data(), strided ? lda : 0, B.data(), strided ? ldb : 0, 2.0f,
+             C.data(), strided ? ldc : 0);
+        EXPECT_LE(norm_err(C, ref), 1e-6) << "ta=" << ta << " tb=" << tb << " strided=" << strided;
+      }
+}
+
+TEST(Gemm, LinearAccumulateAddsAndZeroKClears) {
+  Rng rng(8);
+  Vec x = randn(rng, 3 * 4, 1.0), w = randn(rng, 2 * 4, 1.0), y0 = randn(rng, 3 * 2, 1.0);
+  Vec y = y0;
+  linear_forward(y.data(), x.data(), w.data(), 3, 4, 2, /*accumulate=*/true);
+  Vec ref = ref_linear(x, w, 3, 4, 2);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] += y0[i];
+  EXPECT_LE(norm_err(y, ref), 1e-6);
+  // K = 0 with beta = 0 must leave an exact zero, not stale memory.
+  Vec c(6, 7.0f);
+  gemm(false, false, 2, 3, 0, 1.0f, x.data(), 0, w.data(), 0, 0.0f, c.data(), 0);
+  for (float v : c) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(Gemm, ThreadsAndRoofline) {
+  int before = blas_threads();
+  set_blas_threads(1);
+  EXPECT_EQ(blas_threads(), 1);
+  set_blas_threads(before);
+  EXPECT_THROW(set_blas_threads(0), moe::Error);
+  EXPECT_GT(measure_gemm_gflops(64, 2), 0.0);
+}
+
+TEST(Rope, TableMatchesDirectFormula) {
+  const int hd = 16;
+  RopeTable t = make_rope_table(64, hd, 500000.0);
+  ASSERT_EQ(t.half, hd / 2);
+  ASSERT_EQ(t.cos.size(), 64u * (hd / 2));
+  for (int p : {0, 1, 7, 63})
+    for (int i = 0; i < hd / 2; ++i) {
+      double angle = p / std::pow(500000.0, 2.0 * i / hd);
+      EXPECT_NEAR(t.cos[p * t.half + i], std::cos(angle), 1e-7) << "p=" << p << " i=" << i;
+      EXPECT_NEAR(t.sin[p * t.half + i], std::sin(angle), 1e-7) << "p=" << p << " i=" << i;
+    }
+  EXPECT_EQ(t.cos[0], 1.0f);
+  EXPECT_EQ(t.sin[5], 0.0f);  // position 0 does not rotate
+}
+
+TEST(Rope, BackwardUndoesForwardAndChecksShapes) {
+  Rng rng(3);
+  RopeTable t = make_rope_table(6, 8, kTheta);
+  Vec x = randn(rng, 2 * 6 * 3 * 8, 1.0), y = x;
+  rope_forward(y.data(), t, 2, 6, 3, 8);
+  rope_backward(y.data(), t, 2, 6, 3, 8);
+  EXPECT_LE(norm_err(y, x), 1e-6);
+  EXPECT_THROW(rope_forward(y.data(), t, 1, 7, 3, 8), moe::Error);  // T > max_pos
+  EXPECT_THROW(rope_forward(y.data(), t, 1, 6, 3, 6), moe::Error);  // head_dim mismatch
+  EXPECT_THROW(make_rope_table(4, 7, kTheta), moe::Error);          // odd head_dim
+}
+
+TEST(Attention, ProbabilitiesAreCausalAndNormalised) {
+  Rng rng(4);
+  const int B = 1, T = 6, nh = 2, hd = 4;
+  Vec q = randn(rng, B * T * nh * hd, 1.0), k = q, v = q, out(q.size()), att(B * nh * T * T, -1.0f);
+  attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, nh, hd);
+  for (int h = 0; h < nh; ++h)
+    for (int t = 0; t < T; ++t) {
+      double s = 0.0;
+      for (int j = 0; j < T; ++j) {
+        float a = att[(h * T + t) * T + j];
+        if (j > t) {
+          EXPECT_EQ(a, 0.0f);
+        }
+        s += a;
+      }
+      EXPECT_NEAR(s, 1.0, 1e-6);
+    }
+}
+
+TEST(CrossEntropy, MeanLossAndTargetCheck) {
+  Rng rng(5);
+  const int N = 3, V = 11;
+  Vec logits = randn(rng, N * V, 3.0), losses(N), probs(N * V);
+  std::vector<int32_t> targets = {0, 10, 4};
+  double mean =
+      cross_entropy_forward(losses.data(), probs.data(), logits.data(), targets.data(), N, V);
+  double ref = 0.0;
+  for (int n = 0; n < N; ++n) {
+    double mx = -1e300, s = 0.0;
+    for (int j = 0; j < V; ++j) mx = std::max(mx, static_cast<double>(logits[n * V + j]));
+    for (int j = 0; j < V; ++j) s += std::exp(logits[n * V + j] - mx);
+    ref += (mx + std::log(s) - logits[n * V + targets[n]]) / N;
+    double psum = 0.0;
+    for (int j = 0; j < V; ++j) psum += probs[n * V + j];
+    EXPECT_NEAR(psum, 1.0, 1e-6);
+  }
+  EXPECT_NEAR(mean, ref, 1e-6);
+  targets[1] = V;
+  EXPECT_THROW(
+      cross_entropy_forward(losses.data(), probs.data(), logits.data(), targets.data(), N, V),
+      moe::Error);
+}
+
+// Grouped experts == the plain loop of swiglu_mlp per expert, forward and backward, on shapes big
+// enough for BLAS to block (uneven segments, empty first, middle and last experts).
+TEST(GroupedSwiglu, EqualsLoopOverExperts) {
+  const int H = 48, F = 40, E = 7;
+  const std::vector<int32_t> off = {0, 0, 37, 38, 38, 101, 160, 160};
+  const int R = off.back();
+  const size_t fh = static_cast<size_t>(F) * H;
+  Rng rng(6);
+  Vec x = randn(rng, R * H, 1.0), gate = randn(rng, E * fh, 0.2), up = randn(rng, E * fh, 0.2),
+      down = randn(rng, E * fh, 0.2), dy = randn(rng, R * H, 1.0);
+  MlpWeights w{gate.data(), up.data(), down.data()};
+
+  Vec y(R * H), g(R * F), u(R * F), h(R * F), scratch(2 * R * F);
+  Vec dx(R * H), dgate(E * fh), dup(E * fh), ddown(E * fh);
+  grouped_swiglu_forward(y.data(), g.data(), u.data(), h.data(), x.data(), off.data(), E, w, H, F);
+  grouped_swiglu_backward(dx.data(), {dgate.data(), dup.data(), ddown.data()}, dy.data(), x.data(),
+                          g.data(), u.data(), h.data(), off.data(), E, w, H, F, scratch.data());
+
+  Vec y2(R * H), dx2(R * H), dgate2(E * fh), dup2(E * fh), ddown2(E * fh);
+  for (int e = 0; e < E; ++e) {
+    int r0 = off[e], n = off[e + 1] - r0;
+    if (n == 0) continue;
+    Vec ge(n * F), ue(n * F), he(n * F), sc(2 * n * F);
+    MlpWeights we{gate.data() + e * fh, up.data() + e * fh, down.data() + e * fh};
+    swiglu_mlp_forward(y2.data() + r0 * H, ge.data(), ue.data(), he.data(), x.data() + r0 * H, we,
+                       n, H, F);
+    swiglu_mlp_backward(dx2.data() + r0 * H,
+                        {dgate2.data() + e * fh, dup2.data() + e * fh, ddown2.data() + e * fh},
+                        dy.data() + r0 * H, x.data() + r0 * H, ge.data(), ue.data(), he.data(), we,
+                        n, H, F, sc.data());
+  }
+  EXPECT_LE(norm_err(y, y2), 1e-6);
+  EXPECT_LE(norm_err(dx, dx2), 1e-6);
+  EXPECT_LE(norm_err(dgate, dgate2), 1e-6);
+  EXPECT_LE(norm_err(dup, dup2), 1e-6);
+  EXPECT_LE(norm_err(ddown, ddown2), 1e-6);
+  // Weights of empty experts get no gradient.
+  for (size_t i = 0; i < fh; ++i) ASSERT_EQ(dgate[i], 0.0f);
+  for (size_t i = 6 * fh; i < 7 * fh; ++i) ASSERT_EQ(ddown[i], 0.0f);
+
+  std::vector<int32_t> bad = off;
+  bad[3] = 30;  // offsets must not decrease
+  EXPECT_THROW(grouped_swiglu_forward(y.data(), g.data(), u.data(), h.data(), x.data(), bad.data(),
+                                      E, w, H, F),
+               moe::Error);
+}
+
+// Two AdamW steps on two parameters, worked by hand (lr 0.1, betas 0.9/0.999, eps 1e-8, wd 0.1,
+// grad_scale 0.5). Parameter 0, raw grads 1 then -2, so g' = 0.5 then -1:
+//   step 1: p = 1·(1 - 0.01) = 0.99; m = 0.05; v = 0.001·0.25 = 2.5e-4;
+//           denom = sqrt(2.5e-4)/sqrt(0.001) + 1e-8 = 0.50000001; p -= (0.1/0.1)·0.05/denom ->
+//           0.890000002
+//   step 2: p = 0.890000002·0.99; m = 0.045 - 0.1 = -0.055; v = 2.4975e-4 + 1e-3 = 1.24975e-3;
+//           bc1 = 0.19, bc2 = 0.001999; denom = sqrt(v/bc2) + 1e-8 = 0.7906880609;
+//           p -= (0.1/0.19)·(-0.055)/denom -> 0.9177103542
+// Parameter 1 (raw grads -4 then 6) the same way: 1.0899999995, then 1.0543298180.
+TEST(AdamW, TwoStepsByHand) {
+  AdamWParams hp;
+  hp.lr = 0.1f;
+  hp.beta1 = 0.9f;
+  hp.beta2 = 0.999f;
+  hp.eps = 1e-8f;
+  hp.weight_decay = 0.1f;
+  Vec p = {1.0f, 1.0f}, m(2, 0.0f), v(2, 0.0f);
+  Vec g1 = {1.0f, -4.0f}, g2 = {-2.0f, 6.0f};
+  adamw_update(p.data(), g1.data(), m.data(), v.data(), 2, hp, 1, 0.5f);
+  EXPECT_NEAR(p[0], 0.8900000020, 1e-6);
+  EXPECT_NEAR(p[1], 1.0899999995, 1e-6);
+  EXPECT_NEAR(m[0], 0.05, 1e-8);
+  EXPECT_NEAR(v[1], 0.004, 1e-9);
+  adamw_update(p.data(), g2.data(), m.data(), v.data(), 2, hp, 2, 0.5f);
+  EXPECT_NEAR(p[0], 0.9177103542, 1e-6);
+  EXPECT_NEAR(p[1], 1.0543298180, 1e-6);
+  EXPECT_NEAR(m[0], -0.055, 1e-8);
+  EXPECT_NEAR(v[0], 1.24975e-3, 1e-9);
+  EXPECT_THROW(adamw_update(p.data(), g2.data(), m.data(), v.data(), 2, hp, 0, 1.0f), moe::Error);
+}
+
+TEST(AdamW, SumSquaresInDouble) {
+  Vec x(1000, 0.1f);
+  x[0] = 3.0f;
+  double expect = 9.0 + 999.0 * static_cast<double>(0.1f) * 0.1f;
+  EXPECT_NEAR(sum_squares(x.data(), x.size()), expect, 1e-12);
+}
+
+}  // namespace
