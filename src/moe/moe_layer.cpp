@@ -1,0 +1,239 @@
+// The MoE block as a straight line of named steps. See moe_layer.h.
+//   forward:  route -> layout -> dispatch (gather) -> experts -> combine -> + shared experts
+//   backward: shared' -> combine' -> experts' -> dispatch' (scatter-add) -> route'
+// Only dispatch and combine will communicate (expert parallelism inserts an exchange between the
+// gather and the experts, and between the experts and the combine); every other step must stay
+// local. On one rank nothing communicates yet. The padded baseline runs the same steps with the
+// [E·C] padded layout and expert offsets e·C.
+// Legend: T tokens, H hidden, F expert ffn, Fs shared ffn, E experts, k slots, N expert-buffer rows
+// (R kept rows, or E·C when padded).
+#include "moe/moe_layer.h"
+
+#include <cstdlib>
+#include <new>
+
+#include "core/error.h"
+#include "core/timer.h"
+#include "moe/bench_moe_layer.h"
+#include "moe/dispatch.h"
+
+namespace moe::mixture {
+namespace {
+
+thread_local MoeStepTimes* g_step_times = nullptr;
+
+// Adds the wall time of one step to a field of the installed recorder (no-op without one).
+class StepTimer {
+ public:
+  explicit StepTimer(double MoeStepTimes::*field)
+      : field_(field), start_(g_step_times ? now_seconds() : 0.0) {}
+  ~StepTimer() {
+    if (g_step_times) g_step_times->*field_ += now_seconds() - start_;
+  }
+  StepTimer(const StepTimer&) = delete;
+  StepTimer& operator=(const StepTimer&) = delete;
+
+ private:
+  double MoeStepTimes::*field_;
+  double start_;
+};
+
+// Zero-filled float scratch for backward, not charged to any tracker. calloc: large blocks come
+// straight from the OS already zeroed, so pages are only touched where they are written.
+class Scratch {
+ public:
+  explicit Scratch(size_t n) {
+    if (n == 0) return;
+    p_ = static_cast<float*>(std::calloc(n, sizeof(float)));
+    if (!p_) throw std::bad_alloc();
+  }
+  ~Scratch() { std::free(p_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  float* get() const { return p_; }
+
+ private:
+  float* p_ = nullptr;
+};
+
+// Reuses an activation buffer of the right size (every element is rewritten by forward, so a
+// model that keeps its MoeActivations across steps pays no allocation or page faults after the
+// first); reallocates, charged to tracker, otherwise. A reused buffer stays charged to the tracker
+// it was first allocated with.
+template <class B>
+void ensure(B& buf, size_t n, MemTracker* tracker) {
+  if (buf.size() != n) buf.resize(n, tracker);
+}
+
+RouterConfig router_config(const MoeConfig& cfg) {
+  return {cfg.num_experts, cfg.top_k, cfg.norm_topk_prob, cfg.aux_loss_alpha, cfg.seq_aux};
+}
+
+// The capacity factor the layouts use: the padded path always has one (1.0 unless set).
+float effective_capacity_factor(const MoeConfig& cfg) {
+  if (cfg.padded && cfg.capacity_factor <= 0.0f) return 1.0f;
+  return cfg.capacity_factor;
+}
+
+void validate(const MoeConfig& cfg, int T, int num_seqs) {
+  MOE_CHECK(cfg.hidden > 0 && cfg.ffn > 0, "moe layer: hidden=", cfg.hidden, " ffn=", cfg.ffn,
+            " must be > 0");
+  MOE_CHECK(cfg.num_experts > 0, "moe layer: num_experts=", cfg.num_experts, " must be > 0");
+  MOE_CHECK(cfg.top_k >= 1 && cfg.top_k <= cfg.num_experts, "moe layer: top_k=", cfg.top_k,
+            " must be in [1, num_experts=", cfg.num_experts, "]");
+  MOE_CHECK(cfg.shared_ffn >= 0, "moe layer: shared_ffn=", cfg.shared_ffn, " must be >= 0");
+  MOE_CHECK(cfg.capacity_factor >= 0.0f, "moe layer: capacity_factor=", cfg.capacity_factor,
+            " must be >= 0 (0 = dropless)");
+  MOE_CHECK(T >= 0, "moe layer: T=", T);
+  MOE_CHECK(num_seqs >= 1, "moe layer: num_seqs=", num_seqs, " must be >= 1");
+}
+
+size_t expert_rows(const MoeActivations& act, const MoeConfig& cfg) {
+  return cfg.padded ? act.padded_layout.num_rows() : static_cast<size_t>(act.layout.num_rows);
+}
+const int32_t* expert_offsets(const MoeActivations& act, const MoeConfig& cfg) {
+  return cfg.padded ? act.padded_layout.offsets_E1.data() : act.layout.offsets_E1.data();
+}
+
+}  // namespace
+
+MoeStepTimes* set_moe_step_times(MoeStepTimes* times) {
+  MoeStepTimes* old = g_step_times;
+  g_step_times = times;
+  return old;
+}
+
+void moe_forward(float* y, MoeActivations& act, const float* x, const MoeWeights& w,
+                 const MoeConfig& cfg, int T, int num_seqs, MemTracker* tracker) {
+  validate(cfg, T, num_seqs);
+  const int H = cfg.hidden, F = cfg.ffn, E = cfg.num_experts, k = cfg.top_k, Fs = cfg.shared_ffn;
+  const float cf = effective_capacity_factor(cfg);
+
+  {  // 1. route: scores, top-k, combine weights, aux loss. Local (no communication).
+    StepTimer st(&MoeStepTimes::route);
+    router_forward(act.routing, x, w.gate_EH, T, H, router_config(cfg), num_seqs, tracker);
+    act.aux_loss = act.routing.aux_loss;
+  }
+  {  // 2. layout: sort pairs by expert (and drop beyond capacity). Local: a pure function.
+    StepTimer st(&MoeStepTimes::layout);
+    const int32_t* idx = act.routing.topk_idx_TK.data();
+    act.layout = build_dispatch_layout(idx, T, k, E, cf, kDefaultMinCapacity, tracker);
+    if (cfg.padded) {
+      act.padded_layout = build_padded_layout(idx, T, k, E, cf, kDefaultMinCapacity, tracker);
+    } else {
+      act.padded_layout = PaddedLayout{};
+    }
+  }
+  const size_t N = expert_rows(act, cfg);
+  ensure(act.x_rows, N * H, tracker);
+  ensure(act.g, N * F, tracker);
+  ensure(act.u, N * F, tracker);
+  ensure(act.h, N * F, tracker);
+  ensure(act.y_rows, N * H, tracker);
+  {  // 3. dispatch: gather token rows into expert order. Local copy now; under expert
+     //    parallelism the row exchange (alltoallv) goes right after this gather.
+    StepTimer st(&MoeStepTimes::dispatch);
+    if (cfg.padded) {
+      padded_dispatch_forward(act.x_rows.data(), x, act.padded_layout, H);
+    } else {
+      gather_rows_forward(act.x_rows.data(), x, act.layout, H);
+    }
+  }
+  {  // 4. experts: grouped SwiGLU over the expert segments. Local (no communication).
+    StepTimer st(&MoeStepTimes::experts);
+    kernels::grouped_swiglu_forward(act.y_rows.data(), act.g.data(), act.u.data(), act.h.data(),
+                                    act.x_rows.data(), expert_offsets(act, cfg), E, w.experts, H,
+                                    F);
+  }
+  {  // 5. combine: y[t] = sum_j w_tj · y_row. Local now; under expert parallelism the rows'
+     //    way back (the reverse exchange) goes right before this step.
+    StepTimer st(&MoeStepTimes::combine);
+    const float* wt = act.routing.topk_weight_TK.data();
+    if (cfg.padded) {
+      padded_combine_forward(y, act.y_rows.data(), wt, act.padded_layout, H, false);
+    } else {
+      combine_forward(y, act.y_rows.data(), wt, act.layout, H, false);
+    }
+  }
+  // 6. shared experts on every token: y += shared(x). Local (replicated in the EP group).
+  if (Fs > 0) {
+    StepTimer st(&MoeStepTimes::shared);
+    ensure(act.shared_g, static_cast<size_t>(T) * Fs, tracker);
+    ensure(act.shared_u, static_cast<size_t>(T) * Fs, tracker);
+    ensure(act.shared_h, static_cast<size_t>(T) * Fs, tracker);
+    kernels::swiglu_mlp_forward(y, act.shared_g.data(), act.shared_u.data(), act.shared_h.data(),
+                                x, w.shared, T, H, Fs, /*accumulate=*/true);
+  } else {
+    act.shared_g.release();
+    act.shared_u.release();
+    act.shared_h.release();
+  }
+}
+
+void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_grad,
+                  const MoeActivations& act, const float* x, const MoeWeights& w,
+                  const MoeConfig& cfg, int T, int num_seqs) {
+  validate(cfg, T, num_seqs);
+  const int H = cfg.hidden, F = cfg.ffn, E = cfg.num_experts, k = cfg.top_k, Fs = cfg.shared_ffn;
+  MOE_CHECK(act.routing.T == T && act.routing.E == E && act.routing.k == k,
+            "moe_backward: activations were made for T=", act.routing.T, " E=", act.routing.E,
+            " k=", act.routing.k, ", called with T=", T, " E=", E, " k=", k);
+  MOE_CHECK(cfg.padded == (act.padded_layout.E == E), "moe_backward: cfg.padded=", cfg.padded,
+            " does not match the layout the forward built");
+  const size_t N = expert_rows(act, cfg);
+
+  // 6'. shared experts: dx += shared'(dy). Local.
+  if (Fs > 0) {
+    StepTimer st(&MoeStepTimes::shared_bwd);
+    Scratch scratch(2 * static_cast<size_t>(T) * Fs);
+    kernels::swiglu_mlp_backward(dx, grads.shared, dy, x, act.shared_g.data(),
+                                 act.shared_u.data(), act.shared_h.data(), w.shared, T, H, Fs,
+                                 scratch.get());
+  }
+
+  // 5'. combine': dy_rows[row] = w · dy[t] (a dispatch of dy), dweight = dot(y_row, dy[t]).
+  //     Under expert parallelism the exchange of dy_rows to the experts goes right after this.
+  Scratch dy_rows(N * H);
+  Scratch dweight(static_cast<size_t>(T) * k);
+  {
+    StepTimer st(&MoeStepTimes::combine_bwd);
+    const float* wt = act.routing.topk_weight_TK.data();
+    if (cfg.padded) {
+      padded_combine_backward(dy_rows.get(), dweight.get(), dy, act.y_rows.data(), wt,
+                              act.padded_layout, H);
+    } else {
+      combine_backward(dy_rows.get(), dweight.get(), dy, act.y_rows.data(), wt, act.layout, H);
+    }
+  }
+
+  // 4'. experts': dx_rows, expert weight gradients. Local.
+  Scratch dx_rows(dx ? N * H : 0);
+  {
+    StepTimer st(&MoeStepTimes::experts_bwd);
+    Scratch scratch(2 * N * F);
+    kernels::grouped_swiglu_backward(dx_rows.get(), grads.experts, dy_rows.get(),
+                                     act.x_rows.data(), act.g.data(), act.u.data(),
+                                     act.h.data(), expert_offsets(act, cfg), E, w.experts, H, F,
+                                     scratch.get());
+  }
+
+  // 3'. dispatch': dx[t] += sum_j dx_rows[row(t,j)] (a combine without weights). Under expert
+  //     parallelism the exchange of dx_rows back to the token owners goes right before this.
+  if (dx) {
+    StepTimer st(&MoeStepTimes::dispatch_bwd);
+    if (cfg.padded) {
+      padded_gather_backward(dx, dx_rows.get(), act.padded_layout, H);
+    } else {
+      gather_rows_backward(dx, dx_rows.get(), act.layout, H);
+    }
+  }
+
+  // 1'. route': through top-k weights, aux loss, softmax and the gate linear. Local.
+  {
+    StepTimer st(&MoeStepTimes::route_bwd);
+    router_backward(dx, grads.gate_EH, dweight.get(), aux_grad, act.routing, x, w.gate_EH, H,
+                    router_config(cfg));
+  }
+}
+
+}  // namespace moe::mixture

@@ -1,0 +1,51 @@
+// The MoE router (gate) of a DeepSeek-MoE layer, exactly as Hugging Face modeling_deepseek.py MoEGate:
+// softmax scores over experts, top-k selection, optional renormalisation of the k weights, and the
+// optional auxiliary load-balancing loss (per batch or per sequence). Local math only: no step here
+// ever communicates.
+// Legend: T tokens, H hidden, E routed experts, k experts per token, B sequences (for seq_aux).
+#pragma once
+#include <cstdint>
+
+#include "core/buffer.h"
+
+namespace moe::mixture {
+
+struct RouterConfig {
+  int num_experts = 0;           // E
+  int top_k = 0;                 // k
+  bool norm_topk_prob = false;   // divide the k weights by their sum (+1e-20) when k > 1
+  float aux_loss_alpha = 0.0f;   // 0 = no aux loss
+  bool seq_aux = false;          // aux loss per sequence, averaged over sequences
+};
+
+// What router_forward keeps for backward. Buffers are charged to the tracker given to forward.
+struct Routing {
+  int T = 0, E = 0, k = 0;
+  int num_aux_seqs = 0;            // B of aux_coef_BE: num_seqs with seq_aux, 1 without, 0 = no aux
+  Buffer<float> scores_TE;         // [T,E] softmax(x · W_gate^T)
+  Buffer<int32_t> topk_idx_TK;     // [T,k] chosen experts, descending score, ties -> lower index
+  Buffer<float> topk_weight_TK;    // [T,k] final combine weights (renormalised if norm_topk_prob)
+  // [B,E] the constant factor of the aux loss, c[b,e] = count(b,e) · E / (S·k), where count(b,e) is
+  // the number of (token, slot) pairs of sequence b (S tokens) choosing e. Without seq_aux, B = 1 and
+  // S = T, which is HF's fi = ce · E. Empty when aux_loss_alpha == 0.
+  Buffer<float> aux_coef_BE;
+  double aux_loss = 0.0;           // alpha-scaled
+};
+
+// aux = alpha · (1/B) · sum_b sum_e c[b,e] · mean_{t in b} scores[t,e]
+//   (B = 1: HF's alpha · sum_e Pi · fi;  B = num_seqs: HF's seq_aux form).
+// c is a constant (no gradient); the gradient flows through scores only:
+//   d aux / d scores[t,e] = alpha · c[b(t),e] / T.
+// num_seqs splits the T tokens into equal sequences; only used when seq_aux.
+void router_forward(Routing& r, const float* x_TH, const float* gate_EH, int T, int H,
+                    const RouterConfig& cfg, int num_seqs, MemTracker* tracker);
+
+// dx_TH += ..., dgate_EH += ... (either may be nullptr). dtopk_weight_TK is dLoss/d topk_weight
+// (from combine; zeros for dropped pairs), aux_grad = dLoss/d aux_loss. Goes back through the
+// renormalisation, the top-k selection (only selected scores get gradient), the aux term, the
+// softmax and the gate linear.
+void router_backward(float* dx_TH, float* dgate_EH, const float* dtopk_weight_TK, float aux_grad,
+                     const Routing& r, const float* x_TH, const float* gate_EH, int H,
+                     const RouterConfig& cfg);
+
+}  // namespace moe::mixture
