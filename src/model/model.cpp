@@ -79,14 +79,24 @@ Model::Model(const ModelConfig& config, MoeOptions moe_options)
 
 Model::~Model() = default;
 
+namespace {
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+}  // namespace
+
 void Model::init_weights(uint64_t seed) {
-  Rng rng = derive_rng(seed, /*stream=*/0);
+  // One random stream per tensor, keyed by its name: a tensor's initial values do not depend on
+  // which other tensors a rank holds (expert parallelism initialises only its own experts).
   const float std = config_.initializer_range;
   for (const ParamSpec& s : layout_.specs()) {
     float* p = params_.data() + s.offset;
     if (s.shape.size() == 1) {
       for (size_t i = 0; i < s.numel; ++i) p[i] = 1.0f;  // norm weights
     } else {
+      Rng rng = derive_rng(seed, fnv1a(s.name));
       for (size_t i = 0; i < s.numel; ++i) p[i] = static_cast<float>(std * rng.normal());
     }
   }
