@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "comm/mpi_runtime.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "kernels/gemm.h"
@@ -36,6 +37,13 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   t->add_option("--threads", o.threads, "BLAS threads")->capture_default_str();
   t->add_option("--capacity-factor", o.moe.capacity_factor, "expert capacity factor (0 = dropless)")->capture_default_str();
   t->add_flag("--padded", o.moe.padded, "capacity-padded [E,C,H] MoE layout instead of padding-free");
+  t->add_option("--pp", o.dims.pp, "pipeline-parallel stages")->capture_default_str();
+  t->add_option("--dp", o.dims.dp, "data-parallel degree")->capture_default_str();
+  t->add_option("--ep", o.dims.ep, "expert-parallel degree (splits the routed experts)")->capture_default_str();
+  t->add_option("--tp", o.dims.tp, "tensor-parallel degree")->capture_default_str();
+  t->add_option("--a2a", o.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase)")->capture_default_str();
+  t->add_option("--topo.ranks-per-node", o.topo_ranks_per_node, "emulate nodes of this many ranks (0 = from the launcher)");
+  t->add_option("--topo.nodes-per-group", o.topo_nodes_per_group, "emulate switch groups of this many nodes (0 = one group)");
   t->add_flag("--quiet", quiet, "no progress output");
 }
 
@@ -93,8 +101,18 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (app.got_subcommand("train")) {
-      train_opts.progress = !quiet;
-      train::run_training(train_opts);
+      comm::MpiRuntime mpi(&argc, &argv);
+      try {
+        train_opts.progress = !quiet;
+        train::run_training(train_opts);
+      } catch (const std::exception& e) {
+        if (mpi.world_size() == 1) throw;
+        // Other ranks may be waiting in a collective: end the whole job, not just this rank.
+        std::fprintf(stderr, "moetrain: error (rank %d of %d): %s\n", mpi.world_rank(),
+                     mpi.world_size(), e.what());
+        std::fflush(stderr);
+        comm::MpiRuntime::abort(1);
+      }
       return 0;
     }
   } catch (const std::exception& e) {

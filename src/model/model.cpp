@@ -34,7 +34,7 @@ struct Model::LayerActs {
 
 namespace {
 
-mx::MoeConfig moe_config(const ModelConfig& c, const MoeOptions& o) {
+mx::MoeConfig moe_config(const ModelConfig& c, const MoeOptions& o, const mx::ExpertParallel* ep) {
   mx::MoeConfig m;
   m.hidden = c.hidden_size;
   m.ffn = c.moe_intermediate_size;
@@ -46,6 +46,7 @@ mx::MoeConfig moe_config(const ModelConfig& c, const MoeOptions& o) {
   m.seq_aux = c.seq_aux;
   m.capacity_factor = o.capacity_factor;
   m.padded = o.padded;
+  m.ep = ep;
   return m;
 }
 
@@ -67,8 +68,17 @@ mx::MoeGrads moe_grads(const LayerTensors& L) {
 
 }  // namespace
 
-Model::Model(const ModelConfig& config, MoeOptions moe_options)
-    : config_(config), moe_options_(moe_options), layout_(config) {
+namespace {
+ExpertShard shard_of(const ModelConfig& c, const mx::ExpertParallel* ep) {
+  if (!ep) return {};
+  MOE_CHECK(ep->size >= 1 && c.n_routed_experts % ep->size == 0, "expert parallelism over ",
+            ep->size, " ranks does not divide n_routed_experts (", c.n_routed_experts, ")");
+  return {ep->expert_begin(c.n_routed_experts), ep->num_local_experts(c.n_routed_experts)};
+}
+}  // namespace
+
+Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::ExpertParallel* ep)
+    : config_(config), moe_options_(moe_options), ep_(ep), layout_(config, shard_of(config, ep)) {
   config_.validate();
   params_.resize(layout_.total());
   grads_.resize(layout_.total());
@@ -143,7 +153,7 @@ void Model::forward_impl(const int32_t* tokens_BT1, int B, int T, bool keep) {
   MemTracker* mem = &act_mem_;
   acts_.clear();
   have_acts_ = false;
-  const mx::MoeConfig mcfg = moe_config(c, moe_options_);
+  const mx::MoeConfig mcfg = moe_config(c, moe_options_, ep_);
 
   Buffer<float> x(static_cast<size_t>(N) * H, mem);
   k::embedding_forward(x.data(), inputs.data(), w_.embed, N, H);
@@ -216,7 +226,7 @@ void Model::forward_impl(const int32_t* tokens_BT1, int B, int T, bool keep) {
   have_acts_ = keep;
 }
 
-void Model::backward() {
+void Model::backward(float loss_scale) {
   MOE_CHECK(have_acts_, "backward() called without a preceding forward()");
   const ModelConfig& c = config_;
   const int B = B_, T = T_, N = B * T, H = c.hidden_size, V = c.vocab_size;
@@ -227,12 +237,12 @@ void Model::backward() {
       inputs[b * T + t] = tokens_[b * (T + 1) + t];
       targets[b * T + t] = tokens_[b * (T + 1) + t + 1];
     }
-  const mx::MoeConfig mcfg = moe_config(c, moe_options_);
+  const mx::MoeConfig mcfg = moe_config(c, moe_options_, ep_);
   MemTracker* mem = &act_mem_;
 
   // Loss -> logits -> final norm.
   Buffer<float> dlogits(static_cast<size_t>(N) * V, mem);
-  k::cross_entropy_backward(dlogits.data(), probs_.data(), targets.data(), N, V, 1.0f / N);
+  k::cross_entropy_backward(dlogits.data(), probs_.data(), targets.data(), N, V, loss_scale / N);
   Buffer<float> dln(static_cast<size_t>(N) * H, mem);
   k::linear_backward(dln.data(), g_.lm_head, dlogits.data(), final_ln_.data(), w_.lm_head, N, H, V);
   dlogits.release();
@@ -257,7 +267,7 @@ void Model::backward() {
     // FFN branch: out = h + ffn(ln2(h)); dx holds d(out).
     dln.zero();
     if (c.is_moe_layer(l)) {
-      mx::moe_backward(dln.data(), moe_grads(G), dx.data(), /*aux_grad=*/1.0f, a.moe, a.ln2.data(),
+      mx::moe_backward(dln.data(), moe_grads(G), dx.data(), /*aux_grad=*/loss_scale, a.moe, a.ln2.data(),
                        moe_weights(W), mcfg, N, B);
     } else {
       if (mlp_scratch.size() < 2 * static_cast<size_t>(N) * I)

@@ -33,7 +33,10 @@ struct MoeOptions {
 
 class Model {
  public:
-  explicit Model(const ModelConfig& config, MoeOptions moe_options = {});
+  // ep: expert parallelism (this rank holds experts [ep->expert_begin, +num_local_experts) and
+  // its MoE layers exchange tokens); null = one process holding every expert.
+  explicit Model(const ModelConfig& config, MoeOptions moe_options = {},
+                 const mixture::ExpertParallel* ep = nullptr);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -53,8 +56,10 @@ class Model {
 
   // tokens_BT1: B rows of T+1 tokens (inputs are [:, :T], targets [:, 1:]). Keeps activations.
   LossParts forward(const int32_t* tokens_BT1, int B, int T);
-  // Adds d(total loss)/d(params) into grads(); frees the activations.
-  void backward();
+  // Adds loss_scale · d(total loss)/d(params) into grads(); frees the activations. With D
+  // data-parallel ranks, loss_scale = 1/D makes the sum of the ranks' gradients the gradient of
+  // the global batch's mean loss.
+  void backward(float loss_scale = 1.0f);
   // Forward without keeping activations for backward (evaluation).
   LossParts evaluate(const int32_t* tokens_BT1, int B, int T);
 
@@ -74,6 +79,7 @@ class Model {
 
   ModelConfig config_;
   MoeOptions moe_options_;
+  const mixture::ExpertParallel* ep_ = nullptr;
   ParamLayout layout_;
   Buffer<float> params_, grads_;
   ModelTensors w_, g_;

@@ -18,9 +18,12 @@ void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool decay, 
   specs_.push_back(std::move(s));
 }
 
-ParamLayout::ParamLayout(const ModelConfig& c) {
+ParamLayout::ParamLayout(const ModelConfig& c, ExpertShard shard) : shard_(shard) {
   const int64_t H = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
   const int64_t F = c.moe_intermediate_size, E = c.n_routed_experts;
+  if (shard_.count < 0) shard_ = {0, static_cast<int>(E)};
+  MOE_CHECK(shard_.begin >= 0 && shard_.begin + shard_.count <= E, "expert shard [", shard_.begin,
+            ", ", shard_.begin + shard_.count, ") is outside the ", E, " routed experts");
   const int64_t Fs = F * c.n_shared_experts;
   add("model.embed_tokens.weight", {V, H}, true);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -39,7 +42,7 @@ ParamLayout::ParamLayout(const ModelConfig& c) {
     // Stacked by projection, so each projection of all experts is one [E, ...] array.
     for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
       bool down = std::string(m) == "down_proj";
-      for (int64_t e = 0; e < E; ++e)
+      for (int64_t e = shard_.begin; e < shard_.begin + shard_.count; ++e)
         add(p + "mlp.experts." + std::to_string(e) + "." + m + ".weight",
             down ? std::vector<int64_t>{H, F} : std::vector<int64_t>{F, H}, true, true);
     }
@@ -82,9 +85,12 @@ ModelTensors bind_tensors(const ParamLayout& layout, const ModelConfig& c, float
       continue;
     }
     L.router = at(p + "mlp.gate.weight");
-    L.experts_gate = at(p + "mlp.experts.0.gate_proj.weight");
-    L.experts_up = at(p + "mlp.experts.0.up_proj.weight");
-    L.experts_down = at(p + "mlp.experts.0.down_proj.weight");
+    const std::string first = p + "mlp.experts." + std::to_string(layout.shard().begin) + ".";
+    if (layout.shard().count > 0) {
+      L.experts_gate = at(first + "gate_proj.weight");
+      L.experts_up = at(first + "up_proj.weight");
+      L.experts_down = at(first + "down_proj.weight");
+    }
     if (c.n_shared_experts > 0) {
       L.shared_gate = at(p + "mlp.shared_experts.gate_proj.weight");
       L.shared_up = at(p + "mlp.shared_experts.up_proj.weight");

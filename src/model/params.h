@@ -23,9 +23,17 @@ struct ParamSpec {
   bool is_expert = false;       // a routed expert's weight (sharded by expert parallelism later)
 };
 
+// Which routed experts a rank holds: [begin, begin + count). Expert parallelism gives each rank of
+// an EP group a contiguous share; one process holds them all (count = -1 means all).
+struct ExpertShard {
+  int begin = 0;
+  int count = -1;
+};
+
 class ParamLayout {
  public:
-  explicit ParamLayout(const ModelConfig& c);
+  explicit ParamLayout(const ModelConfig& c, ExpertShard shard = {});
+  const ExpertShard& shard() const { return shard_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   size_t total() const { return total_; }
   const ParamSpec& find(const std::string& name) const;  // throws naming the parameter
@@ -36,6 +44,7 @@ class ParamLayout {
   std::vector<ParamSpec> specs_;
   std::unordered_map<std::string, size_t> index_;
   size_t total_ = 0;
+  ExpertShard shard_;
 };
 
 // Pointers into one block (weights, gradients or optimizer moments).
@@ -52,9 +61,9 @@ struct LayerTensors {
   float* mlp_down = nullptr;     // [H,I]
   // MoE layer
   float* router = nullptr;       // [E,H]
-  float* experts_gate = nullptr; // [E,F,H]
-  float* experts_up = nullptr;   // [E,F,H]
-  float* experts_down = nullptr; // [E,H,F]
+  float* experts_gate = nullptr; // [El,F,H] (El = experts held locally)
+  float* experts_up = nullptr;   // [El,F,H]
+  float* experts_down = nullptr; // [El,H,F]
   float* shared_gate = nullptr;  // [Fs,H]
   float* shared_up = nullptr;    // [Fs,H]
   float* shared_down = nullptr;  // [H,Fs]

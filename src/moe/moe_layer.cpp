@@ -10,6 +10,7 @@
 #include "moe/moe_layer.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "core/error.h"
@@ -66,7 +67,10 @@ void ensure(B& buf, size_t n, MemTracker* tracker) {
 }
 
 RouterConfig router_config(const MoeConfig& cfg) {
-  return {cfg.num_experts, cfg.top_k, cfg.norm_topk_prob, cfg.aux_loss_alpha, cfg.seq_aux};
+  RouterConfig r{cfg.num_experts, cfg.top_k, cfg.norm_topk_prob, cfg.aux_loss_alpha, cfg.seq_aux,
+                 {}};
+  if (cfg.ep) r.reduce_stats = cfg.ep->reduce_aux_stats;
+  return r;
 }
 
 // The capacity factor the layouts use: the padded path always has one (1.0 unless set).
@@ -86,6 +90,143 @@ void validate(const MoeConfig& cfg, int T, int num_seqs) {
             " must be >= 0 (0 = dropless)");
   MOE_CHECK(T >= 0, "moe layer: T=", T);
   MOE_CHECK(num_seqs >= 1, "moe layer: num_seqs=", num_seqs, " must be >= 1");
+  if (cfg.ep) {
+    MOE_CHECK(cfg.ep->size >= 1 && cfg.num_experts % cfg.ep->size == 0 &&
+                  (cfg.ep->exchange || cfg.ep->size == 1),
+              "moe layer: expert parallelism over ", cfg.ep->size, " ranks needs an exchange and ",
+              "E=", cfg.num_experts, " divisible by it");
+    MOE_CHECK(!cfg.padded || !cfg.ep->exchange, "moe layer: the capacity-padded baseline is single-rank only; "
+              "expert parallelism uses the padding-free layout");
+  }
+}
+
+void local_forward(float* y, MoeActivations& act, const float* x, const MoeWeights& w,
+                   const MoeConfig& cfg, int T, MemTracker* tracker);
+void local_backward(float* dx, float* dweight, const MoeGrads& grads, const float* dy,
+                    const MoeActivations& act, const MoeWeights& w, const MoeConfig& cfg, int T);
+
+// ---- Expert parallelism: steps 3-5 with the token exchange between them. ----
+//
+// Pairs leave in layout order (sorted by expert, so grouped by destination rank ascending) and
+// arrive in canonical order (source rank, then the source's pair order). The experts need them
+// grouped by local expert: local_row_of_recv maps a received pair to its row in that order
+// (stable, so rows of one expert keep the canonical order).
+void ep_forward(float* y, MoeActivations& act, const float* x, const MoeWeights& w,
+                const MoeConfig& cfg, int T, MemTracker* tracker) {
+  const ExpertParallel& ep = *cfg.ep;
+  const int H = cfg.hidden, F = cfg.ffn, E = cfg.num_experts, k = cfg.top_k;
+  const int El = ep.num_local_experts(E), e0 = ep.expert_begin(E);
+  const DispatchLayout& L = act.layout;
+  {  // 3. dispatch: plan (counts + metadata), then the row exchange. Communicates.
+    StepTimer st(&MoeStepTimes::dispatch);
+    std::vector<int32_t> src_row(L.num_rows), dst_rank(L.num_rows), tag(L.num_rows);
+    std::vector<float> value(L.num_rows);
+    const float* wt = act.routing.topk_weight_TK.data();
+    for (int e = 0; e < E; ++e) {
+      for (int r = L.offsets_E1[e]; r < L.offsets_E1[e + 1]; ++r) {
+        const int32_t slot = L.slot_of_row_R[r];
+        src_row[r] = slot / k;
+        dst_rank[r] = e / El;
+        tag[r] = e - (e / El) * El;  // local expert id on the destination
+        value[r] = wt[slot];
+      }
+    }
+    act.plan = ep.exchange->plan(T, L.num_rows, src_row.data(), dst_rank.data(), tag.data(),
+                                 value.data());
+    const int R = act.plan.num_recv;
+    // Regroup: counting sort of the received pairs by local expert.
+    act.local_offsets.assign(El + 1, 0);
+    for (int i = 0; i < R; ++i) act.local_offsets[act.plan.recv_tag[i] + 1]++;
+    for (int e = 0; e < El; ++e) act.local_offsets[e + 1] += act.local_offsets[e];
+    std::vector<int32_t> next(act.local_offsets.begin(), act.local_offsets.end() - 1);
+    act.local_row_of_recv.resize(R);
+    for (int i = 0; i < R; ++i) act.local_row_of_recv[i] = next[act.plan.recv_tag[i]]++;
+    ensure(act.x_rows, static_cast<size_t>(R) * H, tracker);
+    ensure(act.g, static_cast<size_t>(R) * F, tracker);
+    ensure(act.u, static_cast<size_t>(R) * F, tracker);
+    ensure(act.h, static_cast<size_t>(R) * F, tracker);
+    ensure(act.y_rows, static_cast<size_t>(R) * H, tracker);
+    Scratch recv(static_cast<size_t>(R) * H);
+    ep.exchange->multicast(act.plan, x, recv.get(), H);
+    for (int i = 0; i < R; ++i)
+      std::memcpy(act.x_rows.data() + static_cast<size_t>(act.local_row_of_recv[i]) * H,
+                  recv.get() + static_cast<size_t>(i) * H, sizeof(float) * H);
+  }
+  (void)e0;
+  {  // 4. experts on the local segments. Local.
+    StepTimer st(&MoeStepTimes::experts);
+    kernels::grouped_swiglu_forward(act.y_rows.data(), act.g.data(), act.u.data(), act.h.data(),
+                                    act.x_rows.data(), act.local_offsets.data(), El, w.experts, H,
+                                    F);
+  }
+  {  // 5. combine: weight each row on the expert side, reduce back to the token owners.
+     //    Communicates.
+    StepTimer st(&MoeStepTimes::combine);
+    const int R = act.plan.num_recv;
+    Scratch rows(static_cast<size_t>(R) * H);
+    for (int i = 0; i < R; ++i) {
+      const float wv = act.plan.recv_value[i];
+      const float* src = act.y_rows.data() + static_cast<size_t>(act.local_row_of_recv[i]) * H;
+      float* dst = rows.get() + static_cast<size_t>(i) * H;
+      for (int c = 0; c < H; ++c) dst[c] = wv * src[c];
+    }
+    std::memset(y, 0, sizeof(float) * static_cast<size_t>(T) * H);
+    ep.exchange->reduce(act.plan, rows.get(), y, H);
+  }
+}
+
+// Backward of ep_forward: dy goes to the experts like x did (a dispatch), the experts' input
+// gradients come back like y did (a combine), and the combine weights' gradients return as one
+// float per pair. dtopk_weight [T,k] receives them (zeros for dropped pairs).
+void ep_backward(float* dx, float* dtopk_weight, const MoeGrads& grads, const float* dy,
+                 const MoeActivations& act, const MoeWeights& w, const MoeConfig& cfg, int T) {
+  const ExpertParallel& ep = *cfg.ep;
+  const int H = cfg.hidden, F = cfg.ffn, E = cfg.num_experts, k = cfg.top_k;
+  const int El = ep.num_local_experts(E);
+  const int R = act.plan.num_recv;
+  Scratch dy_rows(static_cast<size_t>(R) * H);
+  std::vector<float> dweight_recv(R);
+  {  // 5'. combine': dy to the experts (communicates), then dy_row = w·dy, dweight = y_row·dy.
+    StepTimer st(&MoeStepTimes::combine_bwd);
+    Scratch recv(static_cast<size_t>(R) * H);
+    ep.exchange->multicast(act.plan, dy, recv.get(), H);
+    for (int i = 0; i < R; ++i) {
+      const size_t lr = static_cast<size_t>(act.local_row_of_recv[i]) * H;
+      const float* d = recv.get() + static_cast<size_t>(i) * H;
+      const float* yr = act.y_rows.data() + lr;
+      const float wv = act.plan.recv_value[i];
+      float dot = 0.0f;
+      for (int c = 0; c < H; ++c) {
+        dot += yr[c] * d[c];
+        dy_rows.get()[lr + c] = wv * d[c];
+      }
+      dweight_recv[i] = dot;
+    }
+  }
+  Scratch dx_rows(static_cast<size_t>(R) * H);
+  {  // 4'. experts'. Local.
+    StepTimer st(&MoeStepTimes::experts_bwd);
+    Scratch scratch(2 * static_cast<size_t>(R) * F);
+    kernels::grouped_swiglu_backward(dx_rows.get(), grads.experts, dy_rows.get(),
+                                     act.x_rows.data(), act.g.data(), act.u.data(), act.h.data(),
+                                     act.local_offsets.data(), El, w.experts, H, F, scratch.get());
+  }
+  {  // 3'. dispatch': input gradients back to the token owners (communicates), and the combine
+     //     weights' gradients.
+    StepTimer st(&MoeStepTimes::dispatch_bwd);
+    Scratch rows(static_cast<size_t>(R) * H);
+    for (int i = 0; i < R; ++i)
+      std::memcpy(rows.get() + static_cast<size_t>(i) * H,
+                  dx_rows.get() + static_cast<size_t>(act.local_row_of_recv[i]) * H,
+                  sizeof(float) * H);
+    if (dx) ep.exchange->reduce(act.plan, rows.get(), dx, H);
+    const DispatchLayout& L = act.layout;
+    std::vector<float> dweight_src(L.num_rows);
+    ep.exchange->return_values(act.plan, dweight_recv.data(), dweight_src.data());
+    for (int r = 0; r < L.num_rows; ++r) dtopk_weight[L.slot_of_row_R[r]] = dweight_src[r];
+  }
+  (void)T;
+  (void)k;
 }
 
 size_t expert_rows(const MoeActivations& act, const MoeConfig& cfg) {
@@ -106,7 +247,7 @@ MoeStepTimes* set_moe_step_times(MoeStepTimes* times) {
 void moe_forward(float* y, MoeActivations& act, const float* x, const MoeWeights& w,
                  const MoeConfig& cfg, int T, int num_seqs, MemTracker* tracker) {
   validate(cfg, T, num_seqs);
-  const int H = cfg.hidden, F = cfg.ffn, E = cfg.num_experts, k = cfg.top_k, Fs = cfg.shared_ffn;
+  const int H = cfg.hidden, E = cfg.num_experts, k = cfg.top_k, Fs = cfg.shared_ffn;
   const float cf = effective_capacity_factor(cfg);
 
   {  // 1. route: scores, top-k, combine weights, aux loss. Local (no communication).
@@ -124,6 +265,31 @@ void moe_forward(float* y, MoeActivations& act, const float* x, const MoeWeights
       act.padded_layout = PaddedLayout{};
     }
   }
+  if (cfg.ep && cfg.ep->exchange) {
+    ep_forward(y, act, x, w, cfg, T, tracker);
+  } else {
+    local_forward(y, act, x, w, cfg, T, tracker);
+  }
+  // 6. shared experts on every token: y += shared(x). Local (replicated in the EP group).
+  if (Fs > 0) {
+    StepTimer st(&MoeStepTimes::shared);
+    ensure(act.shared_g, static_cast<size_t>(T) * Fs, tracker);
+    ensure(act.shared_u, static_cast<size_t>(T) * Fs, tracker);
+    ensure(act.shared_h, static_cast<size_t>(T) * Fs, tracker);
+    kernels::swiglu_mlp_forward(y, act.shared_g.data(), act.shared_u.data(), act.shared_h.data(),
+                                x, w.shared, T, H, Fs, /*accumulate=*/true);
+  } else {
+    act.shared_g.release();
+    act.shared_u.release();
+    act.shared_h.release();
+  }
+}
+
+namespace {
+// Steps 3-5 when every expert is local: gather, grouped experts, weighted combine.
+void local_forward(float* y, MoeActivations& act, const float* x, const MoeWeights& w,
+                   const MoeConfig& cfg, int T, MemTracker* tracker) {
+  const int H = cfg.hidden, F = cfg.ffn, E = cfg.num_experts;
   const size_t N = expert_rows(act, cfg);
   ensure(act.x_rows, N * H, tracker);
   ensure(act.g, N * F, tracker);
@@ -155,54 +321,27 @@ void moe_forward(float* y, MoeActivations& act, const float* x, const MoeWeights
       combine_forward(y, act.y_rows.data(), wt, act.layout, H, false);
     }
   }
-  // 6. shared experts on every token: y += shared(x). Local (replicated in the EP group).
-  if (Fs > 0) {
-    StepTimer st(&MoeStepTimes::shared);
-    ensure(act.shared_g, static_cast<size_t>(T) * Fs, tracker);
-    ensure(act.shared_u, static_cast<size_t>(T) * Fs, tracker);
-    ensure(act.shared_h, static_cast<size_t>(T) * Fs, tracker);
-    kernels::swiglu_mlp_forward(y, act.shared_g.data(), act.shared_u.data(), act.shared_h.data(),
-                                x, w.shared, T, H, Fs, /*accumulate=*/true);
-  } else {
-    act.shared_g.release();
-    act.shared_u.release();
-    act.shared_h.release();
-  }
+  (void)T;
 }
+}  // namespace
 
-void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_grad,
-                  const MoeActivations& act, const float* x, const MoeWeights& w,
-                  const MoeConfig& cfg, int T, int num_seqs) {
-  validate(cfg, T, num_seqs);
-  const int H = cfg.hidden, F = cfg.ffn, E = cfg.num_experts, k = cfg.top_k, Fs = cfg.shared_ffn;
-  MOE_CHECK(act.routing.T == T && act.routing.E == E && act.routing.k == k,
-            "moe_backward: activations were made for T=", act.routing.T, " E=", act.routing.E,
-            " k=", act.routing.k, ", called with T=", T, " E=", E, " k=", k);
-  MOE_CHECK(cfg.padded == (act.padded_layout.E == E), "moe_backward: cfg.padded=", cfg.padded,
-            " does not match the layout the forward built");
+namespace {
+// Steps 5'-3' when every expert is local: combine', experts', dispatch'.
+void local_backward(float* dx, float* dweight, const MoeGrads& grads, const float* dy,
+                    const MoeActivations& act, const MoeWeights& w, const MoeConfig& cfg, int T) {
+  const int H = cfg.hidden, F = cfg.ffn, E = cfg.num_experts;
   const size_t N = expert_rows(act, cfg);
-
-  // 6'. shared experts: dx += shared'(dy). Local.
-  if (Fs > 0) {
-    StepTimer st(&MoeStepTimes::shared_bwd);
-    Scratch scratch(2 * static_cast<size_t>(T) * Fs);
-    kernels::swiglu_mlp_backward(dx, grads.shared, dy, x, act.shared_g.data(),
-                                 act.shared_u.data(), act.shared_h.data(), w.shared, T, H, Fs,
-                                 scratch.get());
-  }
-
   // 5'. combine': dy_rows[row] = w · dy[t] (a dispatch of dy), dweight = dot(y_row, dy[t]).
   //     Under expert parallelism the exchange of dy_rows to the experts goes right after this.
   Scratch dy_rows(N * H);
-  Scratch dweight(static_cast<size_t>(T) * k);
   {
     StepTimer st(&MoeStepTimes::combine_bwd);
     const float* wt = act.routing.topk_weight_TK.data();
     if (cfg.padded) {
-      padded_combine_backward(dy_rows.get(), dweight.get(), dy, act.y_rows.data(), wt,
+      padded_combine_backward(dy_rows.get(), dweight, dy, act.y_rows.data(), wt,
                               act.padded_layout, H);
     } else {
-      combine_backward(dy_rows.get(), dweight.get(), dy, act.y_rows.data(), wt, act.layout, H);
+      combine_backward(dy_rows.get(), dweight, dy, act.y_rows.data(), wt, act.layout, H);
     }
   }
 
@@ -227,11 +366,41 @@ void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_g
       gather_rows_backward(dx, dx_rows.get(), act.layout, H);
     }
   }
+  (void)T;
+}
+}  // namespace
+
+void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_grad,
+                  const MoeActivations& act, const float* x, const MoeWeights& w,
+                  const MoeConfig& cfg, int T, int num_seqs) {
+  validate(cfg, T, num_seqs);
+  const int H = cfg.hidden, E = cfg.num_experts, k = cfg.top_k, Fs = cfg.shared_ffn;
+  MOE_CHECK(act.routing.T == T && act.routing.E == E && act.routing.k == k,
+            "moe_backward: activations were made for T=", act.routing.T, " E=", act.routing.E,
+            " k=", act.routing.k, ", called with T=", T, " E=", E, " k=", k);
+  MOE_CHECK(cfg.padded == (act.padded_layout.E == E), "moe_backward: cfg.padded=", cfg.padded,
+            " does not match the layout the forward built");
+
+  // 6'. shared experts: dx += shared'(dy). Local.
+  if (Fs > 0) {
+    StepTimer st(&MoeStepTimes::shared_bwd);
+    Scratch scratch(2 * static_cast<size_t>(T) * Fs);
+    kernels::swiglu_mlp_backward(dx, grads.shared, dy, x, act.shared_g.data(),
+                                 act.shared_u.data(), act.shared_h.data(), w.shared, T, H, Fs,
+                                 scratch.get());
+  }
+
+  std::vector<float> dweight(static_cast<size_t>(T) * k, 0.0f);
+  if (cfg.ep && cfg.ep->exchange) {
+    ep_backward(dx, dweight.data(), grads, dy, act, w, cfg, T);
+  } else {
+    local_backward(dx, dweight.data(), grads, dy, act, w, cfg, T);
+  }
 
   // 1'. route': through top-k weights, aux loss, softmax and the gate linear. Local.
   {
     StepTimer st(&MoeStepTimes::route_bwd);
-    router_backward(dx, grads.gate_EH, dweight.get(), aux_grad, act.routing, x, w.gate_EH, H,
+    router_backward(dx, grads.gate_EH, dweight.data(), aux_grad, act.routing, x, w.gate_EH, H,
                     router_config(cfg));
   }
 }

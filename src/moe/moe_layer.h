@@ -6,13 +6,30 @@
 // capacity-padded baseline ([E, C, H] buffers, C = ceil(T·k·cf/E)), sharing the expert code.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <vector>
 
+#include "comm/exchange.h"
 #include "core/buffer.h"
 #include "kernels/swiglu_mlp.h"
 #include "moe/layout.h"
 #include "moe/router.h"
 
 namespace moe::mixture {
+
+// Expert parallelism: the routed experts are split evenly over the `size` ranks of an EP group
+// (rank r holds experts [r·E/size, (r+1)·E/size)); dispatch and combine exchange rows with
+// `exchange`. Everything else in the layer (router, shared experts) is replicated. With size 1 and
+// no exchange (data parallelism alone) only the aux statistics are reduced.
+struct ExpertParallel {
+  const comm::TokenExchange* exchange = nullptr;  // over the EP group
+  int rank = 0;
+  int size = 1;
+  // Sums the router's batch-level aux statistics over all data-parallel ranks (EP × DP).
+  std::function<void(std::vector<double>&)> reduce_aux_stats;
+  int num_local_experts(int E) const { return E / size; }
+  int expert_begin(int E) const { return rank * (E / size); }
+};
 
 struct MoeConfig {
   int hidden = 0;           // H
@@ -25,11 +42,12 @@ struct MoeConfig {
   bool seq_aux = false;     // aux loss per sequence (DeepSeek's seq_aux) instead of per batch
   float capacity_factor = 0.0f;  // 0 = dropless
   bool padded = false;      // capacity-padded baseline instead of padding-free
+  const ExpertParallel* ep = nullptr;  // null: all experts local, nothing communicates
 };
 
 struct MoeWeights {
   const float* gate_EH = nullptr;   // router, [E,H]
-  kernels::MlpWeights experts;      // stacked [E,F,H], [E,F,H], [E,H,F]
+  kernels::MlpWeights experts;      // stacked [El,F,H], [El,F,H], [El,H,F] (El = local experts)
   kernels::MlpWeights shared;       // [Fs,H], [Fs,H], [H,Fs]; unused when shared_ffn == 0
 };
 struct MoeGrads {
@@ -48,6 +66,11 @@ struct MoeActivations {
   Buffer<float> y_rows;            // [R,H] expert outputs
   Buffer<float> shared_g, shared_u, shared_h;  // [T,Fs]
   double aux_loss = 0.0;           // alpha-scaled auxiliary loss of this layer
+  // Expert parallelism only: the dispatch handle (reused by backward), where each received pair
+  // sits in the local-expert-contiguous buffers, and the local experts' segment offsets.
+  comm::ExchangePlan plan;
+  std::vector<int32_t> local_row_of_recv;  // [num_recv]
+  std::vector<int32_t> local_offsets;      // [El+1]
 };
 
 // y[T,H] = sum_k w_tk · expert_k(x_t) + shared(x_t). num_seqs splits the T tokens into equal

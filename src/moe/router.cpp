@@ -108,6 +108,26 @@ void router_forward(Routing& r, const float* x_TH, const float* gate_EH, int T, 
   float* coef = r.aux_coef_BE.data();
   std::vector<double> mean_score(E);
   double total = 0.0;
+  if (!cfg.seq_aux && cfg.reduce_stats) {
+    // Global batch: counts and score sums summed over the data-parallel ranks, in double.
+    std::vector<double> stats(2 * E + 1, 0.0);
+    for (int t = 0; t < T; ++t) {
+      const int32_t* idx = r.topk_idx_TK.data() + static_cast<size_t>(t) * k;
+      for (int j = 0; j < k; ++j) stats[idx[j]] += 1.0;
+      const float* s = scores + static_cast<size_t>(t) * E;
+      for (int e = 0; e < E; ++e) stats[E + e] += s[e];
+    }
+    stats[2 * E] = T;
+    cfg.reduce_stats(stats);
+    const double Tg = stats[2 * E];
+    const float scale = static_cast<float>(E) / (static_cast<float>(Tg) * k);
+    for (int e = 0; e < E; ++e) {
+      coef[e] = static_cast<float>(stats[e]) * scale;
+      total += static_cast<double>(coef[e]) * (stats[E + e] / Tg);
+    }
+    r.aux_loss = cfg.aux_loss_alpha * total;
+    return;
+  }
   for (int b = 0; b < B; ++b) {
     float* c = coef + static_cast<size_t>(b) * E;
     for (int e = 0; e < E; ++e) c[e] = 0.0f;

@@ -5,6 +5,8 @@
 // Legend: T tokens, H hidden, E routed experts, k experts per token, B sequences (for seq_aux).
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "core/buffer.h"
 
@@ -16,6 +18,11 @@ struct RouterConfig {
   bool norm_topk_prob = false;   // divide the k weights by their sum (+1e-20) when k > 1
   float aux_loss_alpha = 0.0f;   // 0 = no aux loss
   bool seq_aux = false;          // aux loss per sequence, averaged over sequences
+  // Data parallelism: sums the batch-level aux statistics [count_e (E), score_sum_e (E), tokens]
+  // over every rank that holds part of the global batch, so the aux loss is the global batch's
+  // (as on one process). The one communicating hook of the router; empty = local batch only.
+  // Unused with seq_aux (sequences never span ranks, so per-sequence terms are local).
+  std::function<void(std::vector<double>&)> reduce_stats;
 };
 
 // What router_forward keeps for backward. Buffers are charged to the tracker given to forward.
@@ -36,6 +43,9 @@ struct Routing {
 //   (B = 1: HF's alpha · sum_e Pi · fi;  B = num_seqs: HF's seq_aux form).
 // c is a constant (no gradient); the gradient flows through scores only:
 //   d aux / d scores[t,e] = alpha · c[b(t),e] / T.
+// With reduce_stats (B = 1), c and the mean scores are over the global batch of T_g tokens and the
+// local gradient is alpha · c_e / T (T local): averaging gradients over the D = T_g/T data ranks
+// then gives exactly d aux_global / d scores.
 // num_seqs splits the T tokens into equal sequences; only used when seq_aux.
 void router_forward(Routing& r, const float* x_TH, const float* gate_EH, int T, int H,
                     const RouterConfig& cfg, int num_seqs, MemTracker* tracker);

@@ -21,10 +21,13 @@ AdamW::AdamW(const model::ParamLayout& layout, OptimConfig cfg) : layout_(layout
 }
 
 double AdamW::step(float* params, const float* grads, int s) {
-  // Global norm over all gradients, summed per tensor in layout order (a fixed order).
-  double sq = 0.0;
-  for (const model::ParamSpec& p : layout_.specs()) sq += kernels::sum_squares(grads + p.offset, p.numel);
-  const double norm = std::sqrt(sq);
+  // Global norm over all gradients: replicated tensors and routed experts summed apart, each per
+  // tensor in layout order (a fixed order); the experts' part over the whole EP group.
+  double sq_replicated = 0.0, sq_experts = 0.0;
+  for (const model::ParamSpec& p : layout_.specs())
+    (p.is_expert ? sq_experts : sq_replicated) += kernels::sum_squares(grads + p.offset, p.numel);
+  if (reduce_expert_sq_) sq_experts = reduce_expert_sq_(sq_experts);
+  const double norm = std::sqrt(sq_replicated + sq_experts);
   float scale = 1.0f;
   if (cfg_.grad_clip > 0.0f) {
     // torch: clip_coef = max_norm / (total_norm + 1e-6), applied when < 1, in float32.

@@ -3,6 +3,7 @@
 // The arithmetic matches torch.optim.AdamW + torch.nn.utils.clip_grad_norm_ (the reference test
 // checks the first 10 losses against PyTorch).
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "core/buffer.h"
@@ -33,6 +34,9 @@ class AdamW {
   // norm before clipping. `step` is 0-based.
   double step(float* params, const float* grads, int step);
   const OptimConfig& config() const { return cfg_; }
+  // Expert parallelism: each rank holds only its experts, so the experts' share of the squared
+  // gradient norm is summed over the EP group by this function (identity when unset).
+  void set_expert_norm_reducer(std::function<double(double)> f) { reduce_expert_sq_ = std::move(f); }
   Buffer<float>& m() { return m_; }
   Buffer<float>& v() { return v_; }
 
@@ -40,6 +44,7 @@ class AdamW {
   const model::ParamLayout& layout_;
   OptimConfig cfg_;
   Buffer<float> m_, v_;
+  std::function<double(double)> reduce_expert_sq_;
 };
 
 }  // namespace moe::train

@@ -1,6 +1,8 @@
-// The training loop of one process: data -> forward -> backward -> clip -> AdamW, with a live
+// The training loop: data -> forward -> backward -> gradient sync -> clip -> AdamW, with a live
 // progress line, one JSON line of metrics per step, periodic validation, and at the end the
 // weights as safetensors (Hugging Face DeepSeek names) plus config.json in the output folder.
+// One process, or many under mpirun (expert-data parallelism: every EP × DP rank reads its own
+// share of the global batch; experts split over EP). Needs MPI initialised (comm::MpiRuntime).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -8,6 +10,7 @@
 
 #include "model/config.h"
 #include "model/model.h"
+#include "parallel/parallel_dims.h"
 #include "train/optimizer.h"
 
 namespace moe::train {
@@ -18,7 +21,7 @@ struct TrainOptions {
   std::string data_path;        // text file, bytes are tokens; default: the built-in KJV corpus
   std::string out_dir = "out";
   int steps = 600;
-  int batch = 16;               // sequences per step
+  int batch = 16;               // sequences per step per data rank (global = batch · ep · dp)
   int seq_len = 128;
   uint64_t seed = 1234;
   OptimConfig optim;            // total_steps is set from steps
@@ -27,10 +30,14 @@ struct TrainOptions {
   int threads = 1;              // BLAS threads
   bool progress = true;         // live progress line on stderr
   model::MoeOptions moe;
+  parallel::ParallelDims dims;  // --pp --dp --ep --tp
+  std::string a2a = "flat";     // token exchange: flat | rbd | halo
+  int topo_ranks_per_node = 0;  // force the topology (0 = from the launcher)
+  int topo_nodes_per_group = 0;
 };
 
 struct TrainResult {
-  std::vector<double> losses;                      // total loss per step
+  std::vector<double> losses;                      // total loss per step (global batch)
   std::vector<std::pair<int, double>> val_losses;  // (step, validation cross-entropy)
   double tokens_per_s = 0.0;
   double mfu = 0.0;

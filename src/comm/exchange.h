@@ -1,0 +1,75 @@
+// The token exchange of expert parallelism: a sparse multicast of rows from source ranks to the
+// ranks that hold their experts, and its reverse, a sparse reduction back to the sources. Three
+// algorithms move the same rows behind one interface, and give bit-identical results:
+//   flat  one alltoallv over the group (per (token, destination) pair, padding-free rows)
+//   rbd   X-MoE redundancy-bypassing dispatch: a row crosses to a remote node once per
+//         (row, destination node) as a pilot; the pilot's rank copies it to the other ranks of its
+//         node; on the way back, contributions are summed on that node before crossing back
+//   halo  Piper's 3-phase all-to-all: I intra-node (overlapped with II/III), II one packed message
+//         per destination node rail to rail (local rank j -> local rank j), III intra-node forward
+// Only this file's implementation and comm/ talk to the network.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/group.h"
+#include "comm/topology.h"
+#include "comm/traffic.h"
+
+namespace moe::comm {
+
+enum class A2aAlgorithm { kFlat, kRbd, kHalo };
+A2aAlgorithm parse_a2a_algorithm(const std::string& name);  // "flat" | "rbd" | "halo"; error names it
+const char* a2a_algorithm_name(A2aAlgorithm a);
+
+// Who sends what to whom in one exchange; built collectively by TokenExchange::plan and reused,
+// unchanged, for every exchange of that layer's forward and backward (a dispatch handle).
+// Pair p of a source: (src_row[p], dst_rank[p], tag[p], value[p]); pairs are listed grouped by
+// dst_rank ascending (stable). On a receiver, received pairs are in canonical order: by source
+// rank ascending, then in the source's pair order.
+struct ExchangePlan {
+  int num_src_rows = 0;              // rows of the source buffer (tokens)
+  int num_send_pairs = 0;            // pairs this rank sends
+  int num_recv = 0;                  // pairs this rank receives
+  std::vector<int32_t> recv_tag;     // [num_recv] tag of each received pair (e.g. expert id)
+  std::vector<float> recv_value;     // [num_recv] value of each received pair (e.g. combine weight)
+  std::vector<int32_t> recv_src_rank;  // [num_recv] group rank the pair came from
+  struct Impl;                       // algorithm-specific routing tables
+  std::shared_ptr<Impl> impl;
+};
+
+class TokenExchange {
+ public:
+  // group: the expert-parallel group; topo: ranks -> nodes, in WORLD ranks (group.world_rank()
+  // maps). stats may be null. The object is cheap; one per MoE layer or shared by all.
+  TokenExchange(const Group& group, const Topology& topo, A2aAlgorithm algo, TrafficStats* stats);
+  A2aAlgorithm algorithm() const { return algo_; }
+
+  // Collective. Exchanges counts and the per-pair metadata (tag, value).
+  ExchangePlan plan(int num_src_rows, int num_pairs, const int32_t* src_row,
+                    const int32_t* dst_rank, const int32_t* tag, const float* value) const;
+
+  // Collective. recv[i,:] = src[src_row(i),:] of the source of received pair i (canonical order).
+  // src [num_src_rows, H]; recv [num_recv, H].
+  void multicast(const ExchangePlan& plan, const float* src, float* recv, int H) const;
+
+  // Collective. The reverse: dst[t,:] += the sum of rows[i,:] over the received pairs i whose
+  // source pair had src_row t. Summation order, identical for every algorithm (so results are
+  // bit-identical): S_rank(t, r) = left fold, in pair order, of the rows of t's pairs on rank r;
+  // S_node(t, n) = left fold of S_rank over the ranks r of node n, ascending; then
+  // dst[t] += S_node(t, n) for the nodes n ascending. rows [num_recv, H]; dst [num_src_rows, H].
+  void reduce(const ExchangePlan& plan, const float* rows, float* dst, int H) const;
+
+  // Collective. One float per received pair back to its source: src_vals[p] = recv_vals[i(p)].
+  void return_values(const ExchangePlan& plan, const float* recv_vals, float* src_vals) const;
+
+ private:
+  const Group& group_;
+  const Topology& topo_;
+  A2aAlgorithm algo_;
+  TrafficStats* stats_;
+};
+
+}  // namespace moe::comm

@@ -1,0 +1,35 @@
+#include "parallel/grid.h"
+
+namespace moe::parallel {
+
+Grid make_grid(const ParallelDims& dims, const model::ModelConfig& cfg, int forced_ranks_per_node,
+               int forced_nodes_per_group) {
+  Grid g;
+  g.dims = dims;
+  g.world = comm::Group::world();
+  dims.validate(g.world.size(), cfg);
+  g.me = coords_of(dims, g.world.rank());
+  g.topo = comm::Topology::detect(g.world.size(), forced_ranks_per_node, forced_nodes_per_group);
+  const RankCoords& c = g.me;
+  // Colors identify the fixed coordinates; keys order members by the varying one.
+  g.ep = g.world.split((c.pp * dims.dp + c.dp) * dims.tp + c.tp, c.ep);
+  g.dp = g.world.split((c.pp * dims.ep + c.ep) * dims.tp + c.tp, c.dp);
+  g.data = g.world.split(c.pp * dims.tp + c.tp, c.dp * dims.ep + c.ep);
+  return g;
+}
+
+void sync_gradients(const model::ParamLayout& layout, float* grads, const Grid& grid) {
+  const auto& specs = layout.specs();
+  size_t i = 0;
+  while (i < specs.size()) {
+    size_t j = i;
+    // Layout offsets are contiguous, so a run of specs of one kind is one span of memory.
+    while (j < specs.size() && specs[j].is_expert == specs[i].is_expert) ++j;
+    const size_t begin = specs[i].offset, end = specs[j - 1].offset + specs[j - 1].numel;
+    const comm::Group& g = specs[i].is_expert ? grid.dp : grid.data;
+    if (g.size() > 1) g.allreduce_sum(grads + begin, static_cast<int64_t>(end - begin));
+    i = j;
+  }
+}
+
+}  // namespace moe::parallel

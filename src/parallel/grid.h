@@ -1,0 +1,34 @@
+// The rank grid of one run: this rank's coordinates and its communicators.
+//   ep group: the ranks that split the routed experts (adjacent ranks, same pp/dp/tp)
+//   dp group: the ranks that hold the same experts (same pp/ep/tp)
+//   data group: every rank that reads its own share of the global batch (EP × DP of one stage)
+#pragma once
+#include <memory>
+
+#include "comm/group.h"
+#include "comm/topology.h"
+#include "model/params.h"
+#include "parallel/parallel_dims.h"
+
+namespace moe::parallel {
+
+struct Grid {
+  ParallelDims dims;
+  RankCoords me;
+  comm::Topology topo;
+  comm::Group world, ep, dp, data;
+  // Index of this rank's share of the global batch: dp_idx · ep + ep_idx.
+  int data_rank() const { return me.dp * dims.ep + me.ep; }
+  int data_size() const { return dims.dp * dims.ep; }
+};
+
+// Collective over MPI_COMM_WORLD. Validates dims against the world size and the model.
+Grid make_grid(const ParallelDims& dims, const model::ModelConfig& cfg, int forced_ranks_per_node,
+               int forced_nodes_per_group);
+
+// Gradient synchronisation after backward (gradients were scaled by 1/data_size in backward):
+// replicated tensors summed over the data group, routed experts over the dp group. Contiguous
+// tensors of one kind go in one all-reduce.
+void sync_gradients(const model::ParamLayout& layout, float* grads, const Grid& grid);
+
+}  // namespace moe::parallel
