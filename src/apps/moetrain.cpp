@@ -105,6 +105,10 @@ int main(int argc, char** argv) {
       try {
         train_opts.progress = !quiet;
         train::run_training(train_opts);
+      } catch (const train::SetupError& e) {
+        // Every rank stopped at the same point: report once, finalise MPI, exit 1.
+        if (e.report_here()) std::fprintf(stderr, "moetrain: error: %s\n", e.what());
+        return 1;
       } catch (const std::exception& e) {
         if (mpi.world_size() == 1) throw;
         // Other ranks may be waiting in a collective: end the whole job, not just this rank.

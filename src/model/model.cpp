@@ -17,20 +17,52 @@ namespace moe::model {
 namespace k = moe::kernels;
 namespace mx = moe::mixture;
 
-// Activations of one layer kept for backward. Shapes use N = B·T tokens.
+
+// What one layer's forward keeps for its backward. Shapes use N = B·T tokens.
 struct Model::LayerActs {
-  Buffer<float> x;          // [N,H] layer input (residual stream)
+  Buffer<float> x;          // [N,H] layer input (residual stream): always kept
   Buffer<float> ln1;        // [N,H] rmsnorm(x)
   Buffer<float> rstd1;      // [N]
   Buffer<float> q, k, v;    // [N,H] after rope (q, k)
   Buffer<float> att;        // [B,nh,T,T] attention probabilities
   Buffer<float> attn_out;   // [N,H] heads concatenated, before o_proj
   Buffer<float> h;          // [N,H] x + attention
-  Buffer<float> ln2;        // [N,H] rmsnorm(h)
+  Buffer<float> ln2;        // [N,H] rmsnorm(h): the FFN input
   Buffer<float> rstd2;      // [N]
   Buffer<float> mlp_g, mlp_u, mlp_h;  // [N,I] dense SwiGLU
   mx::MoeActivations moe;   // MoE layer
+  std::vector<int32_t> topk_first;  // [N,k] routing of the first forward (checked on recompute)
+  bool complete = false;    // everything backward needs is present
 };
+
+class Model::MicroBatch {
+ private:
+  friend class Model;
+  int B = 0, T = 0;
+  std::vector<int32_t> inputs, targets;               // [N] (first / last stage)
+  std::vector<std::unique_ptr<LayerActs>> layers;     // this stage's layers, in order
+  std::vector<std::vector<int>> loads;                // [moe layers][E]
+  int dropped = 0;
+  Buffer<float> final_in, final_ln, final_rstd, logits, probs, losses;
+  LossParts loss;
+  bool have = false;                                  // kept for backward
+};
+
+Recompute parse_recompute(const std::string& name) {
+  if (name == "none") return Recompute::kNone;
+  if (name == "moe") return Recompute::kMoe;
+  if (name == "full") return Recompute::kFull;
+  throw Error(str_cat("unknown recompute mode '", name, "' (expected none, moe or full)"));
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return "none";
+    case Recompute::kMoe: return "moe";
+    case Recompute::kFull: return "full";
+  }
+  return "?";
+}
 
 namespace {
 
@@ -77,8 +109,14 @@ ExpertShard shard_of(const ModelConfig& c, const mx::ExpertParallel* ep) {
 }
 }  // namespace
 
-Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::ExpertParallel* ep)
-    : config_(config), moe_options_(moe_options), ep_(ep), layout_(config, shard_of(config, ep)) {
+
+Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::ExpertParallel* ep,
+             StageSpec stage, Recompute recompute)
+    : config_(config),
+      moe_options_(moe_options),
+      ep_(ep),
+      recompute_(recompute),
+      layout_(config, shard_of(config, ep), stage) {
   config_.validate();
   params_.resize(layout_.total());
   grads_.resize(layout_.total());
@@ -88,6 +126,10 @@ Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::Expert
 }
 
 Model::~Model() = default;
+
+Model::MicroBatchPtr Model::new_micro_batch() { return MicroBatchPtr(new MicroBatch()); }
+
+void Model::MicroBatchDeleter::operator()(MicroBatch* mb) const { delete mb; }
 
 namespace {
 uint64_t fnv1a(const std::string& s) {
@@ -119,205 +161,264 @@ double Model::flops_per_token(int T) const {
   return 6.0 * n_active + 12.0 * config_.num_hidden_layers * config_.hidden_size * T;
 }
 
-LossParts Model::forward(const int32_t* tokens_BT1, int B, int T) {
-  forward_impl(tokens_BT1, B, T, /*keep=*/true);
-  return loss_;
+Model::Keep Model::keep_mode(int l) const {
+  switch (recompute_) {
+    case Recompute::kNone: return Keep::kAll;
+    case Recompute::kMoe: return config_.is_moe_layer(l) ? Keep::kNoMoe : Keep::kAll;
+    case Recompute::kFull: return Keep::kInput;
+  }
+  return Keep::kAll;
 }
 
-LossParts Model::evaluate(const int32_t* tokens_BT1, int B, int T) {
-  forward_impl(tokens_BT1, B, T, /*keep=*/false);
-  return loss_;
-}
-
-void Model::forward_impl(const int32_t* tokens_BT1, int B, int T, bool keep) {
+void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTracker* mem) {
   const ModelConfig& c = config_;
+  const LayerTensors& W = w_.layers[l];
+  const int N = B * T, H = c.hidden_size, nh = c.num_attention_heads, hd = c.head_dim();
+  const int I = c.intermediate_size;
+  const size_t NH = static_cast<size_t>(N) * H;
+  a.ln1.resize(NH, mem);
+  a.rstd1.resize(N, mem);
+  k::rmsnorm_forward(a.ln1.data(), a.rstd1.data(), a.x.data(), W.input_norm, N, H, c.rms_norm_eps);
+  a.q.resize(NH, mem);
+  a.k.resize(NH, mem);
+  a.v.resize(NH, mem);
+  k::linear_forward(a.q.data(), a.ln1.data(), W.q, N, H, H);
+  k::linear_forward(a.k.data(), a.ln1.data(), W.k, N, H, H);
+  k::linear_forward(a.v.data(), a.ln1.data(), W.v, N, H, H);
+  k::rope_forward(a.q.data(), rope_, B, T, nh, hd);
+  k::rope_forward(a.k.data(), rope_, B, T, nh, hd);
+  a.att.resize(static_cast<size_t>(B) * nh * T * T, mem);
+  a.attn_out.resize(NH, mem);
+  k::attention_forward(a.attn_out.data(), a.att.data(), a.q.data(), a.k.data(), a.v.data(), B, T,
+                       nh, hd);
+  a.h.resize(NH, mem);
+  std::memcpy(a.h.data(), a.x.data(), a.h.bytes());
+  k::linear_forward(a.h.data(), a.attn_out.data(), W.o, N, H, H, /*accumulate=*/true);
+  a.ln2.resize(NH, mem);
+  a.rstd2.resize(N, mem);
+  k::rmsnorm_forward(a.ln2.data(), a.rstd2.data(), a.h.data(), W.post_norm, N, H, c.rms_norm_eps);
+  if (c.is_moe_layer(l)) {
+    std::memset(out, 0, NH * sizeof(float));
+    mx::moe_forward(out, a.moe, a.ln2.data(), moe_weights(W), moe_config(c, moe_options_, ep_), N, B,
+                    mem);
+    k::add_inplace(out, a.h.data(), NH);
+  } else {
+    a.mlp_g.resize(static_cast<size_t>(N) * I, mem);
+    a.mlp_u.resize(static_cast<size_t>(N) * I, mem);
+    a.mlp_h.resize(static_cast<size_t>(N) * I, mem);
+    std::memcpy(out, a.h.data(), NH * sizeof(float));
+    k::swiglu_mlp_forward(out, a.mlp_g.data(), a.mlp_u.data(), a.mlp_h.data(), a.ln2.data(),
+                          {W.mlp_gate, W.mlp_up, W.mlp_down}, N, H, I, /*accumulate=*/true);
+  }
+  a.complete = true;
+}
+
+void Model::drop_activations(LayerActs& a, Keep keep) {
+  if (keep == Keep::kAll) return;
+  if (config_.n_routed_experts > 0) {
+    // Kept to check that the recomputation routes exactly as this forward did.
+    const auto& idx = a.moe.routing.topk_idx_TK;
+    a.topk_first.assign(idx.data(), idx.data() + idx.size());
+  }
+  a.complete = false;
+  a.moe = mx::MoeActivations{};  // MoE activations are recomputed in both modes
+  if (keep == Keep::kNoMoe) return;
+  for (Buffer<float>* b : {&a.ln1, &a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.attn_out, &a.h, &a.ln2,
+                           &a.rstd2, &a.mlp_g, &a.mlp_u, &a.mlp_h})
+    b->release();
+}
+
+void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float loss_scale) {
+  const ModelConfig& c = config_;
+  const LayerTensors& W = w_.layers[l];
+  const LayerTensors& G = g_.layers[l];
+  const int N = B * T, H = c.hidden_size, nh = c.num_attention_heads, hd = c.head_dim();
+  const int I = c.intermediate_size;
+  const size_t NH = static_cast<size_t>(N) * H;
+  MemTracker* work = &work_mem_;
+  const bool moe = c.is_moe_layer(l);
+  if (!a.complete) {
+    // Recompute from the kept input (full) or the kept FFN input (moe); charged to work memory.
+    Buffer<float> out(NH, work);
+    if (!a.ln2.data()) {
+      layer_forward(l, a, out.data(), B, T, work);
+    } else {
+      MOE_CHECK(moe, "internal: layer ", l, " lost activations it cannot recompute");
+      mx::moe_forward(out.data(), a.moe, a.ln2.data(), moe_weights(W),
+                      moe_config(c, moe_options_, ep_), N, B, work);
+      a.complete = true;
+    }
+    if (moe) {
+      const auto& idx = a.moe.routing.topk_idx_TK;
+      MOE_CHECK(a.topk_first.size() == idx.size() &&
+                    std::memcmp(a.topk_first.data(), idx.data(), idx.size() * sizeof(int32_t)) == 0,
+                "layer ", l, ": recomputed routing differs from the first forward");
+    }
+  }
+  Buffer<float> dln(NH, work);
+  // FFN branch: out = h + ffn(ln2(h)); dx holds d(out).
+  if (moe) {
+    mx::moe_backward(dln.data(), moe_grads(G), dx, /*aux_grad=*/loss_scale, a.moe, a.ln2.data(),
+                     moe_weights(W), moe_config(c, moe_options_, ep_), N, B);
+  } else {
+    Buffer<float> scratch(2 * static_cast<size_t>(N) * I, work);
+    k::swiglu_mlp_backward(dln.data(), {G.mlp_gate, G.mlp_up, G.mlp_down}, dx, a.ln2.data(),
+                           a.mlp_g.data(), a.mlp_u.data(), a.mlp_h.data(),
+                           {W.mlp_gate, W.mlp_up, W.mlp_down}, N, H, I, scratch.data());
+  }
+  k::rmsnorm_backward(dx, G.post_norm, dln.data(), a.h.data(), W.post_norm, a.rstd2.data(), N, H);
+  // Attention branch: h = x + o_proj(attn); dx now holds d(h).
+  Buffer<float> dattn(NH, work), dq(NH, work), dk(NH, work), dv(NH, work);
+  Buffer<float> att_scratch(static_cast<size_t>(T) * T, work);
+  k::linear_backward(dattn.data(), G.o, dx, a.attn_out.data(), W.o, N, H, H);
+  k::attention_backward(dq.data(), dk.data(), dv.data(), dattn.data(), a.q.data(), a.k.data(),
+                        a.v.data(), a.att.data(), B, T, nh, hd, att_scratch.data());
+  k::rope_backward(dq.data(), rope_, B, T, nh, hd);
+  k::rope_backward(dk.data(), rope_, B, T, nh, hd);
+  dln.zero();
+  k::linear_backward(dln.data(), G.q, dq.data(), a.ln1.data(), W.q, N, H, H);
+  k::linear_backward(dln.data(), G.k, dk.data(), a.ln1.data(), W.k, N, H, H);
+  k::linear_backward(dln.data(), G.v, dv.data(), a.ln1.data(), W.v, N, H, H);
+  k::rmsnorm_backward(dx, G.input_norm, dln.data(), a.x.data(), W.input_norm, a.rstd1.data(), N, H);
+}
+
+LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float* x_in, float* x_out,
+                         int B, int T, bool keep) {
+  const ModelConfig& c = config_;
+  const StageSpec& st = layout_.stage();
   MOE_CHECK(B > 0 && T > 0, "forward: batch (", B, ") and sequence length (", T, ") must be positive");
   MOE_CHECK(T <= c.max_position_embeddings, "sequence length ", T, " exceeds max_position_embeddings ",
             c.max_position_embeddings);
-  const int N = B * T, H = c.hidden_size, V = c.vocab_size, nh = c.num_attention_heads;
-  const int hd = c.head_dim(), I = c.intermediate_size;
-  B_ = B;
-  T_ = T;
-  tokens_.resize(static_cast<size_t>(B) * (T + 1));
-  std::memcpy(tokens_.data(), tokens_BT1, tokens_.size() * sizeof(int32_t));
-  std::vector<int32_t> inputs(N), targets(N);
+  MOE_CHECK(st.embedding || x_in, "forward: a stage without the embedding needs its input x_in");
+  MOE_CHECK(st.head || x_out, "forward: a stage without the head needs an output buffer x_out");
+  const int N = B * T, H = c.hidden_size, V = c.vocab_size;
+  const size_t NH = static_cast<size_t>(N) * H;
+  MemTracker* mem = keep ? &act_mem_ : &work_mem_;
+  mb = MicroBatch{};
+  mb.B = B;
+  mb.T = T;
+  mb.inputs.resize(N);
+  mb.targets.resize(N);
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
-      int32_t in = tokens_[b * (T + 1) + t], tg = tokens_[b * (T + 1) + t + 1];
+      int32_t in = tokens_BT1[b * (T + 1) + t], tg = tokens_BT1[b * (T + 1) + t + 1];
       MOE_CHECK(in >= 0 && in < V && tg >= 0 && tg < V, "token id ", (in < 0 || in >= V) ? in : tg,
                 " is outside the vocabulary [0, ", V, ")");
-      inputs[b * T + t] = in;
-      targets[b * T + t] = tg;
+      mb.inputs[b * T + t] = in;
+      mb.targets[b * T + t] = tg;
     }
 
-  MemTracker* mem = &act_mem_;
-  acts_.clear();
-  have_acts_ = false;
-  const mx::MoeConfig mcfg = moe_config(c, moe_options_, ep_);
-
-  Buffer<float> x(static_cast<size_t>(N) * H, mem);
-  k::embedding_forward(x.data(), inputs.data(), w_.embed, N, H);
-  loss_ = LossParts{};
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerTensors& W = w_.layers[l];
+  Buffer<float> x(NH, mem);
+  if (st.embedding) {
+    k::embedding_forward(x.data(), mb.inputs.data(), w_.embed, N, H);
+  } else {
+    std::memcpy(x.data(), x_in, NH * sizeof(float));
+  }
+  LossParts loss;
+  for (int l = st.first_layer; l < st.end_layer(c); ++l) {
     auto a = std::make_unique<LayerActs>();
     a->x = std::move(x);
-    a->ln1.resize(static_cast<size_t>(N) * H, mem);
-    a->rstd1.resize(N, mem);
-    k::rmsnorm_forward(a->ln1.data(), a->rstd1.data(), a->x.data(), W.input_norm, N, H, c.rms_norm_eps);
-    a->q.resize(static_cast<size_t>(N) * H, mem);
-    a->k.resize(static_cast<size_t>(N) * H, mem);
-    a->v.resize(static_cast<size_t>(N) * H, mem);
-    k::linear_forward(a->q.data(), a->ln1.data(), W.q, N, H, H);
-    k::linear_forward(a->k.data(), a->ln1.data(), W.k, N, H, H);
-    k::linear_forward(a->v.data(), a->ln1.data(), W.v, N, H, H);
-    k::rope_forward(a->q.data(), rope_, B, T, nh, hd);
-    k::rope_forward(a->k.data(), rope_, B, T, nh, hd);
-    a->att.resize(static_cast<size_t>(B) * nh * T * T, mem);
-    a->attn_out.resize(static_cast<size_t>(N) * H, mem);
-    k::attention_forward(a->attn_out.data(), a->att.data(), a->q.data(), a->k.data(), a->v.data(), B,
-                         T, nh, hd);
-    a->h.resize(static_cast<size_t>(N) * H, mem);
-    std::memcpy(a->h.data(), a->x.data(), a->h.bytes());
-    k::linear_forward(a->h.data(), a->attn_out.data(), W.o, N, H, H, /*accumulate=*/true);
-
-    a->ln2.resize(static_cast<size_t>(N) * H, mem);
-    a->rstd2.resize(N, mem);
-    k::rmsnorm_forward(a->ln2.data(), a->rstd2.data(), a->h.data(), W.post_norm, N, H, c.rms_norm_eps);
-    Buffer<float> out(static_cast<size_t>(N) * H, mem);
+    Buffer<float> out(NH, mem);
+    layer_forward(l, *a, out.data(), B, T, mem);
     if (c.is_moe_layer(l)) {
-      mx::moe_forward(out.data(), a->moe, a->ln2.data(), moe_weights(W), mcfg, N, B, mem);
-      k::add_inplace(out.data(), a->h.data(), out.size());
-      loss_.aux += a->moe.aux_loss;
-    } else {
-      std::memcpy(out.data(), a->h.data(), out.bytes());
-      a->mlp_g.resize(static_cast<size_t>(N) * I, mem);
-      a->mlp_u.resize(static_cast<size_t>(N) * I, mem);
-      a->mlp_h.resize(static_cast<size_t>(N) * I, mem);
-      k::swiglu_mlp_forward(out.data(), a->mlp_g.data(), a->mlp_u.data(), a->mlp_h.data(),
-                            a->ln2.data(), {W.mlp_gate, W.mlp_up, W.mlp_down}, N, H, I,
-                            /*accumulate=*/true);
+      loss.aux += a->moe.aux_loss;
+      const auto& n = a->moe.layout.num_tokens_per_expert_E;
+      mb.loads.emplace_back(n.data(), n.data() + n.size());
+      mb.dropped += a->moe.layout.num_dropped;
     }
     x = std::move(out);
     if (keep) {
-      acts_.push_back(std::move(a));
-    } else {
-      // Evaluation keeps only what the expert-load statistics need.
-      if (c.is_moe_layer(l)) {
-        auto slim = std::make_unique<LayerActs>();
-        slim->moe.layout = std::move(a->moe.layout);
-        acts_.push_back(std::move(slim));
-      } else {
-        acts_.push_back(nullptr);
-      }
+      drop_activations(*a, keep_mode(l));
+      mb.layers.push_back(std::move(a));
     }
   }
-  final_in_ = std::move(x);
-  final_ln_.resize(static_cast<size_t>(N) * H, mem);
-  final_rstd_.resize(N, mem);
-  k::rmsnorm_forward(final_ln_.data(), final_rstd_.data(), final_in_.data(), w_.norm, N, H,
-                     c.rms_norm_eps);
-  logits_.resize(static_cast<size_t>(N) * V, mem);
-  k::linear_forward(logits_.data(), final_ln_.data(), w_.lm_head, N, H, V);
-  probs_.resize(static_cast<size_t>(N) * V, mem);
-  losses_.resize(N, mem);
-  loss_.ce = k::cross_entropy_forward(losses_.data(), probs_.data(), logits_.data(), targets.data(), N, V);
-  loss_.total = loss_.ce + loss_.aux;
-  have_acts_ = keep;
+  if (st.head) {
+    mb.final_in = std::move(x);
+    mb.final_ln.resize(NH, mem);
+    mb.final_rstd.resize(N, mem);
+    k::rmsnorm_forward(mb.final_ln.data(), mb.final_rstd.data(), mb.final_in.data(), w_.norm, N, H,
+                       c.rms_norm_eps);
+    mb.logits.resize(static_cast<size_t>(N) * V, mem);
+    k::linear_forward(mb.logits.data(), mb.final_ln.data(), w_.lm_head, N, H, V);
+    mb.probs.resize(static_cast<size_t>(N) * V, mem);
+    mb.losses.resize(N, mem);
+    loss.ce = k::cross_entropy_forward(mb.losses.data(), mb.probs.data(), mb.logits.data(),
+                                       mb.targets.data(), N, V);
+  } else {
+    std::memcpy(x_out, x.data(), NH * sizeof(float));
+  }
+  loss.total = loss.ce + loss.aux;
+  mb.loss = loss;
+  mb.have = keep;
+  return loss;
+}
+
+void Model::backward(MicroBatch& mb, const float* dy_out, float* dx_in, float loss_scale) {
+  MOE_CHECK(mb.have, "backward() called without a preceding forward() that kept activations");
+  const ModelConfig& c = config_;
+  const StageSpec& st = layout_.stage();
+  MOE_CHECK(st.head || dy_out, "backward: a stage without the head needs the gradient dy_out");
+  MOE_CHECK(st.embedding || dx_in, "backward: a stage without the embedding needs dx_in");
+  const int B = mb.B, T = mb.T, N = B * T, H = c.hidden_size, V = c.vocab_size;
+  const size_t NH = static_cast<size_t>(N) * H;
+  MemTracker* work = &work_mem_;
+
+  Buffer<float> dx(NH, work);  // gradient of the residual stream
+  if (st.head) {
+    // Loss -> logits -> final norm.
+    Buffer<float> dlogits(static_cast<size_t>(N) * V, work);
+    k::cross_entropy_backward(dlogits.data(), mb.probs.data(), mb.targets.data(), N, V,
+                              loss_scale / N);
+    Buffer<float> dln(NH, work);
+    k::linear_backward(dln.data(), g_.lm_head, dlogits.data(), mb.final_ln.data(), w_.lm_head, N, H, V);
+    k::rmsnorm_backward(dx.data(), g_.norm, dln.data(), mb.final_in.data(), w_.norm,
+                        mb.final_rstd.data(), N, H);
+    for (Buffer<float>* b :
+         {&mb.final_in, &mb.final_ln, &mb.final_rstd, &mb.logits, &mb.probs, &mb.losses})
+      b->release();
+  } else {
+    std::memcpy(dx.data(), dy_out, NH * sizeof(float));
+  }
+  for (int i = static_cast<int>(mb.layers.size()) - 1; i >= 0; --i) {
+    layer_backward(st.first_layer + i, *mb.layers[i], dx.data(), B, T, loss_scale);
+    mb.layers[i].reset();  // this layer's activations are no longer needed
+  }
+  if (st.embedding) {
+    k::embedding_backward(g_.embed, dx.data(), mb.inputs.data(), N, H);
+  } else {
+    std::memcpy(dx_in, dx.data(), NH * sizeof(float));
+  }
+  mb.layers.clear();
+  mb.have = false;
+}
+
+LossParts Model::forward(const int32_t* tokens_BT1, int B, int T) {
+  MOE_CHECK(layout_.stage().embedding && layout_.stage().head,
+            "the whole-model forward needs a model holding every layer");
+  whole_ = new_micro_batch();
+  return forward(*whole_, tokens_BT1, nullptr, nullptr, B, T, true);
 }
 
 void Model::backward(float loss_scale) {
-  MOE_CHECK(have_acts_, "backward() called without a preceding forward()");
-  const ModelConfig& c = config_;
-  const int B = B_, T = T_, N = B * T, H = c.hidden_size, V = c.vocab_size;
-  const int nh = c.num_attention_heads, hd = c.head_dim(), I = c.intermediate_size;
-  std::vector<int32_t> inputs(N), targets(N);
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T; ++t) {
-      inputs[b * T + t] = tokens_[b * (T + 1) + t];
-      targets[b * T + t] = tokens_[b * (T + 1) + t + 1];
-    }
-  const mx::MoeConfig mcfg = moe_config(c, moe_options_, ep_);
-  MemTracker* mem = &act_mem_;
-
-  // Loss -> logits -> final norm.
-  Buffer<float> dlogits(static_cast<size_t>(N) * V, mem);
-  k::cross_entropy_backward(dlogits.data(), probs_.data(), targets.data(), N, V, loss_scale / N);
-  Buffer<float> dln(static_cast<size_t>(N) * H, mem);
-  k::linear_backward(dln.data(), g_.lm_head, dlogits.data(), final_ln_.data(), w_.lm_head, N, H, V);
-  dlogits.release();
-  logits_.release();
-  probs_.release();
-  losses_.release();
-  Buffer<float> dx(static_cast<size_t>(N) * H, mem);  // gradient of the residual stream
-  k::rmsnorm_backward(dx.data(), g_.norm, dln.data(), final_in_.data(), w_.norm, final_rstd_.data(), N,
-                      H);
-  final_in_.release();
-  final_ln_.release();
-  final_rstd_.release();
-
-  Buffer<float> dq(static_cast<size_t>(N) * H, mem), dk(static_cast<size_t>(N) * H, mem);
-  Buffer<float> dv(static_cast<size_t>(N) * H, mem), dattn(static_cast<size_t>(N) * H, mem);
-  Buffer<float> att_scratch(static_cast<size_t>(T) * T, mem);
-  Buffer<float> mlp_scratch;
-  for (int l = c.num_hidden_layers - 1; l >= 0; --l) {
-    LayerActs& a = *acts_[l];
-    const LayerTensors& W = w_.layers[l];
-    const LayerTensors& G = g_.layers[l];
-    // FFN branch: out = h + ffn(ln2(h)); dx holds d(out).
-    dln.zero();
-    if (c.is_moe_layer(l)) {
-      mx::moe_backward(dln.data(), moe_grads(G), dx.data(), /*aux_grad=*/loss_scale, a.moe, a.ln2.data(),
-                       moe_weights(W), mcfg, N, B);
-    } else {
-      if (mlp_scratch.size() < 2 * static_cast<size_t>(N) * I)
-        mlp_scratch.resize(2 * static_cast<size_t>(N) * I, mem);
-      k::swiglu_mlp_backward(dln.data(), {G.mlp_gate, G.mlp_up, G.mlp_down}, dx.data(), a.ln2.data(),
-                             a.mlp_g.data(), a.mlp_u.data(), a.mlp_h.data(),
-                             {W.mlp_gate, W.mlp_up, W.mlp_down}, N, H, I, mlp_scratch.data());
-    }
-    k::rmsnorm_backward(dx.data(), G.post_norm, dln.data(), a.h.data(), W.post_norm, a.rstd2.data(), N,
-                        H);
-    // Attention branch: h = x + o_proj(attn); dx now holds d(h).
-    dattn.zero();
-    k::linear_backward(dattn.data(), G.o, dx.data(), a.attn_out.data(), W.o, N, H, H);
-    dq.zero();
-    dk.zero();
-    dv.zero();
-    k::attention_backward(dq.data(), dk.data(), dv.data(), dattn.data(), a.q.data(), a.k.data(),
-                          a.v.data(), a.att.data(), B, T, nh, hd, att_scratch.data());
-    k::rope_backward(dq.data(), rope_, B, T, nh, hd);
-    k::rope_backward(dk.data(), rope_, B, T, nh, hd);
-    dln.zero();
-    k::linear_backward(dln.data(), G.q, dq.data(), a.ln1.data(), W.q, N, H, H);
-    k::linear_backward(dln.data(), G.k, dk.data(), a.ln1.data(), W.k, N, H, H);
-    k::linear_backward(dln.data(), G.v, dv.data(), a.ln1.data(), W.v, N, H, H);
-    k::rmsnorm_backward(dx.data(), G.input_norm, dln.data(), a.x.data(), W.input_norm, a.rstd1.data(),
-                        N, H);
-    acts_[l].reset();  // this layer's activations are no longer needed
-  }
-  k::embedding_backward(g_.embed, dx.data(), inputs.data(), N, H);
-  acts_.clear();
-  have_acts_ = false;
+  MOE_CHECK(whole_, "backward() called without a preceding forward()");
+  backward(*whole_, nullptr, nullptr, loss_scale);
 }
 
-const float* Model::logits() const { return logits_.data(); }
+LossParts Model::evaluate(const int32_t* tokens_BT1, int B, int T) {
+  MOE_CHECK(layout_.stage().embedding && layout_.stage().head,
+            "the whole-model evaluate needs a model holding every layer");
+  whole_ = new_micro_batch();
+  return forward(*whole_, tokens_BT1, nullptr, nullptr, B, T, false);
+}
+
+const float* Model::logits() const { return whole_ ? whole_->logits.data() : nullptr; }
+
+std::vector<std::vector<int>> Model::expert_loads(const MicroBatch& mb) const { return mb.loads; }
 
 std::vector<std::vector<int>> Model::expert_loads() const {
-  std::vector<std::vector<int>> loads;
-  for (size_t l = 0; l < acts_.size(); ++l) {
-    if (!config_.is_moe_layer(static_cast<int>(l)) || !acts_[l]) continue;
-    const auto& n = acts_[l]->moe.layout.num_tokens_per_expert_E;
-    loads.emplace_back(n.data(), n.data() + n.size());
-  }
-  return loads;
+  return whole_ ? whole_->loads : std::vector<std::vector<int>>{};
 }
 
-int Model::dropped_pairs() const {
-  int d = 0;
-  for (size_t l = 0; l < acts_.size(); ++l)
-    if (acts_[l] && config_.is_moe_layer(static_cast<int>(l))) d += acts_[l]->moe.layout.num_dropped;
-  return d;
-}
+int Model::dropped_pairs() const { return whole_ ? whole_->dropped : 0; }
 
 }  // namespace moe::model

@@ -3,12 +3,17 @@
 //   per layer l:  h = x + o_proj(attn(rope(q,k), v)(rmsnorm(x)))      attention block
 //                 x = h + ffn_l(rmsnorm(h))    ffn = dense SwiGLU, or MoE (routed + shared experts)
 //   logits = lm_head(rmsnorm(x));  loss = mean cross-entropy + sum over MoE layers of aux loss
-// Weights and gradients are flat blocks laid out by ParamLayout; backward ADDS into the gradient
-// block (so micro-batches accumulate). Activations kept for backward are charged to
-// activation_memory(), whose peak is the exact high-water mark.
+// A Model holds one pipeline stage (by default the whole model): a contiguous range of layers,
+// the embedding if it is the first stage, final norm + head + loss if it is the last. Weights and
+// gradients are flat blocks laid out by ParamLayout; backward ADDS into the gradient block (so
+// micro-batches accumulate). What one micro-batch's forward keeps for its backward lives in a
+// MicroBatch, so several can be in flight (1F1B). Kept activations are charged to
+// activation_memory() (its peak is the exact high-water mark); backward's temporaries and
+// recomputed activations to work_memory().
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/buffer.h"
@@ -21,8 +26,8 @@ namespace moe::model {
 
 struct LossParts {
   double total = 0.0;  // ce + aux
-  double ce = 0.0;     // mean cross-entropy (nats per token)
-  double aux = 0.0;    // sum of the MoE layers' alpha-scaled auxiliary losses
+  double ce = 0.0;     // mean cross-entropy (nats per token); 0 on stages without the head
+  double aux = 0.0;    // sum of this stage's MoE layers' alpha-scaled auxiliary losses
 };
 
 // How the MoE layers lay out their tokens (padding-free is the default).
@@ -31,18 +36,37 @@ struct MoeOptions {
   bool padded = false;
 };
 
+// Activation checkpointing: what forward keeps per layer; the rest is recomputed in backward
+// from the kept input (same inputs, same weights, no randomness: the same routing and layout,
+// which backward checks).
+enum class Recompute {
+  kNone,  // keep everything
+  kMoe,   // MoE layers keep their FFN input only; the MoE block is recomputed
+  kFull,  // every layer keeps its input only; the whole block is recomputed
+};
+Recompute parse_recompute(const std::string& name);  // "none" | "moe" | "full"
+const char* recompute_name(Recompute r);
+
 class Model {
  public:
+  class MicroBatch;  // one micro-batch's saved state (opaque)
+  struct MicroBatchDeleter {
+    void operator()(MicroBatch* mb) const;
+  };
+  using MicroBatchPtr = std::unique_ptr<MicroBatch, MicroBatchDeleter>;
+
   // ep: expert parallelism (this rank holds experts [ep->expert_begin, +num_local_experts) and
   // its MoE layers exchange tokens); null = one process holding every expert.
   explicit Model(const ModelConfig& config, MoeOptions moe_options = {},
-                 const mixture::ExpertParallel* ep = nullptr);
+                 const mixture::ExpertParallel* ep = nullptr, StageSpec stage = {},
+                 Recompute recompute = Recompute::kNone);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
+  const StageSpec& stage() const { return layout_.stage(); }
   size_t num_params() const { return layout_.total(); }
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
@@ -50,49 +74,62 @@ class Model {
   const ModelTensors& weights() const { return w_; }
   const ModelTensors& grad_tensors() const { return g_; }
 
-  // Normal(0, initializer_range) for matrices and embeddings, 1 for norm weights; deterministic.
+  // Normal(0, initializer_range) for matrices and embeddings, 1 for norm weights; one random
+  // stream per tensor name, so any split of the model over ranks initialises identically.
   void init_weights(uint64_t seed);
   void zero_grads() { grads_.zero(); }
 
-  // tokens_BT1: B rows of T+1 tokens (inputs are [:, :T], targets [:, 1:]). Keeps activations.
-  LossParts forward(const int32_t* tokens_BT1, int B, int T);
-  // Adds loss_scale · d(total loss)/d(params) into grads(); frees the activations. With D
-  // data-parallel ranks, loss_scale = 1/D makes the sum of the ranks' gradients the gradient of
-  // the global batch's mean loss.
-  void backward(float loss_scale = 1.0f);
-  // Forward without keeping activations for backward (evaluation).
-  LossParts evaluate(const int32_t* tokens_BT1, int B, int T);
+  // ---- Stage API (pipeline parallelism) ----
+  MicroBatchPtr new_micro_batch();
+  // tokens_BT1: B rows of T+1 tokens (the first stage embeds [:, :T]; the last stage's targets are
+  // [:, 1:]). x_in [B·T,H]: the previous stage's output (non-first stages). x_out [B·T,H]: this
+  // stage's output (non-last stages). keep = false: evaluation, nothing kept for backward.
+  LossParts forward(MicroBatch& mb, const int32_t* tokens_BT1, const float* x_in, float* x_out,
+                    int B, int T, bool keep = true);
+  // dy_out: gradient of x_out (non-last stages). dx_in (non-first stages) is OVERWRITTEN with the
+  // gradient of x_in. Adds loss_scale · d(loss)/d(params) into grads() and frees mb's activations.
+  void backward(MicroBatch& mb, const float* dy_out, float* dx_in, float loss_scale);
 
-  const float* logits() const;  // [B,T,V] of the last forward
-  // Tokens routed to each expert in the last forward, per MoE layer [num_moe_layers][E].
-  std::vector<std::vector<int>> expert_loads() const;
-  int dropped_pairs() const;  // (token, expert) pairs dropped by capacity in the last forward
+  // ---- Whole-model API (one stage holding everything) ----
+  LossParts forward(const int32_t* tokens_BT1, int B, int T);
+  // With D data-parallel ranks, loss_scale = 1/D makes the sum of the ranks' gradients the
+  // gradient of the global batch's mean loss.
+  void backward(float loss_scale = 1.0f);
+  LossParts evaluate(const int32_t* tokens_BT1, int B, int T);  // nothing kept
+  const float* logits() const;  // [B,T,V] of the last whole-model forward
+
+  // Tokens routed to each expert in mb's forward, per MoE layer of this stage [layers][E].
+  std::vector<std::vector<int>> expert_loads(const MicroBatch& mb) const;
+  std::vector<std::vector<int>> expert_loads() const;  // of the last whole-model forward
+  int dropped_pairs() const;
 
   MemTracker& activation_memory() { return act_mem_; }
-  // Model FLOPs per token for one forward+backward (REFERENCE §5: 6·N_active (no embedding
-  // lookup) + 12·L·H·T attention); recomputation is not counted.
+  MemTracker& work_memory() { return work_mem_; }
+  // Model FLOPs per token for one forward+backward of the whole model (REFERENCE §5:
+  // 6·N_active (no embedding lookup) + 12·L·H·T attention); recomputation is not counted.
   double flops_per_token(int T) const;
 
  private:
   struct LayerActs;
-  void forward_impl(const int32_t* tokens_BT1, int B, int T, bool keep);
+  enum class Keep { kAll, kNoMoe, kInput };
+  Keep keep_mode(int layer) const;
+  // Layer l on a.x (already set): writes out [N,H]; `a` then holds every activation.
+  void layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTracker* mem);
+  // Releases what the keep mode does not keep (recomputed in backward).
+  void drop_activations(LayerActs& a, Keep keep);
+  // dx holds d(layer output) on entry and d(layer input) on return.
+  void layer_backward(int l, LayerActs& a, float* dx, int B, int T, float loss_scale);
 
   ModelConfig config_;
   MoeOptions moe_options_;
   const mixture::ExpertParallel* ep_ = nullptr;
+  Recompute recompute_;
   ParamLayout layout_;
   Buffer<float> params_, grads_;
   ModelTensors w_, g_;
   kernels::RopeTable rope_;
-  MemTracker act_mem_;
-
-  // State of the last forward.
-  int B_ = 0, T_ = 0;
-  std::vector<int32_t> tokens_;
-  std::vector<std::unique_ptr<LayerActs>> acts_;
-  Buffer<float> embed_out_, final_in_, final_ln_, final_rstd_, logits_, probs_, losses_;
-  LossParts loss_;
-  bool have_acts_ = false;
+  MemTracker act_mem_, work_mem_;
+  MicroBatchPtr whole_;  // state of the whole-model API
 };
 
 }  // namespace moe::model

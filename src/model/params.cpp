@@ -18,15 +18,20 @@ void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool decay, 
   specs_.push_back(std::move(s));
 }
 
-ParamLayout::ParamLayout(const ModelConfig& c, ExpertShard shard) : shard_(shard) {
+ParamLayout::ParamLayout(const ModelConfig& c, ExpertShard shard, StageSpec stage)
+    : shard_(shard), stage_(stage) {
   const int64_t H = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
   const int64_t F = c.moe_intermediate_size, E = c.n_routed_experts;
   if (shard_.count < 0) shard_ = {0, static_cast<int>(E)};
   MOE_CHECK(shard_.begin >= 0 && shard_.begin + shard_.count <= E, "expert shard [", shard_.begin,
             ", ", shard_.begin + shard_.count, ") is outside the ", E, " routed experts");
   const int64_t Fs = F * c.n_shared_experts;
-  add("model.embed_tokens.weight", {V, H}, true);
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
+  const int l_end = stage_.end_layer(c);
+  MOE_CHECK(stage_.first_layer >= 0 && stage_.first_layer <= l_end && l_end <= c.num_hidden_layers,
+            "stage layers [", stage_.first_layer, ", ", l_end, ") are outside the model's ",
+            c.num_hidden_layers, " layers");
+  if (stage_.embedding) add("model.embed_tokens.weight", {V, H}, true);
+  for (int l = stage_.first_layer; l < l_end; ++l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", {H}, false);
     for (const char* m : {"q_proj", "k_proj", "v_proj", "o_proj"})
@@ -52,8 +57,10 @@ ParamLayout::ParamLayout(const ModelConfig& c, ExpertShard shard) : shard_(shard
       add(p + "mlp.shared_experts.down_proj.weight", {H, Fs}, true);
     }
   }
-  add("model.norm.weight", {H}, false);
-  add("lm_head.weight", {V, H}, true);
+  if (stage_.head) {
+    add("model.norm.weight", {H}, false);
+    add("lm_head.weight", {V, H}, true);
+  }
 }
 
 const ParamSpec& ParamLayout::find(const std::string& name) const {
@@ -65,11 +72,14 @@ const ParamSpec& ParamLayout::find(const std::string& name) const {
 ModelTensors bind_tensors(const ParamLayout& layout, const ModelConfig& c, float* base) {
   auto at = [&](const std::string& name) { return base + layout.find(name).offset; };
   ModelTensors t;
-  t.embed = at("model.embed_tokens.weight");
-  t.norm = at("model.norm.weight");
-  t.lm_head = at("lm_head.weight");
+  const StageSpec& st = layout.stage();
+  if (st.embedding) t.embed = at("model.embed_tokens.weight");
+  if (st.head) {
+    t.norm = at("model.norm.weight");
+    t.lm_head = at("lm_head.weight");
+  }
   t.layers.resize(c.num_hidden_layers);
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
+  for (int l = st.first_layer; l < st.end_layer(c); ++l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     LayerTensors& L = t.layers[l];
     L.input_norm = at(p + "input_layernorm.weight");

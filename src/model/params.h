@@ -30,10 +30,23 @@ struct ExpertShard {
   int count = -1;
 };
 
+// Which layers a pipeline stage holds: [first_layer, first_layer + num_layers), plus the
+// embedding on the first stage and final norm + LM head on the last. Default: the whole model.
+struct StageSpec {
+  int first_layer = 0;
+  int num_layers = -1;  // -1: all layers from first_layer
+  bool embedding = true;
+  bool head = true;
+  int end_layer(const ModelConfig& c) const {
+    return num_layers < 0 ? c.num_hidden_layers : first_layer + num_layers;
+  }
+};
+
 class ParamLayout {
  public:
-  explicit ParamLayout(const ModelConfig& c, ExpertShard shard = {});
+  explicit ParamLayout(const ModelConfig& c, ExpertShard shard = {}, StageSpec stage = {});
   const ExpertShard& shard() const { return shard_; }
+  const StageSpec& stage() const { return stage_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   size_t total() const { return total_; }
   const ParamSpec& find(const std::string& name) const;  // throws naming the parameter
@@ -45,9 +58,12 @@ class ParamLayout {
   std::unordered_map<std::string, size_t> index_;
   size_t total_ = 0;
   ExpertShard shard_;
+  StageSpec stage_;
 };
 
-// Pointers into one block (weights, gradients or optimizer moments).
+// Pointers into one block (weights, gradients or optimizer moments). layers has one entry per
+// model layer; only the stage's layers are bound (the others stay null), as are embed / norm /
+// lm_head when the stage does not hold them.
 struct LayerTensors {
   float* input_norm = nullptr;   // [H]
   float* q = nullptr;            // [H,H]

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "comm/exchange.h"
 #include "comm/mpi_runtime.h"
@@ -110,35 +111,65 @@ TrainResult run_training(const TrainOptions& opts) {
   MOE_CHECK(opts.threads > 0, "--threads must be positive, got ", opts.threads);
   MOE_CHECK(opts.eval_batches > 0, "--eval-batches must be positive, got ", opts.eval_batches);
   MOE_CHECK(comm::MpiRuntime::initialized(), "run_training needs MPI initialised (comm::MpiRuntime)");
-  const comm::A2aAlgorithm algo = comm::parse_a2a_algorithm(opts.a2a);
 
-  model::ModelConfig cfg =
-      opts.config_path.empty() ? model::preset(opts.preset) : model::load_config(opts.config_path);
-  MOE_CHECK(opts.seq_len <= cfg.max_position_embeddings, "--seq-len ", opts.seq_len,
-            " exceeds the model's max_position_embeddings ", cfg.max_position_embeddings);
-  MOE_CHECK(cfg.vocab_size >= 256, "byte-level data needs vocab_size >= 256, the config has ",
-            cfg.vocab_size);
+  // Setup: everything that bad input can break, checked on every rank, then agreed on.
+  comm::Group world = comm::Group::world();
+  model::ModelConfig cfg;
+  std::optional<io::ByteCorpus> corpus;
+  std::ofstream metrics;
+  const bool root = world.rank() == 0;
+  std::string setup_error;
+  comm::A2aAlgorithm algo = comm::A2aAlgorithm::kFlat;
+  try {
+    algo = comm::parse_a2a_algorithm(opts.a2a);
+    comm::Topology::detect(world.size(), opts.topo_ranks_per_node, opts.topo_nodes_per_group);
+    cfg = opts.config_path.empty() ? model::preset(opts.preset) : model::load_config(opts.config_path);
+    MOE_CHECK(opts.seq_len <= cfg.max_position_embeddings, "--seq-len ", opts.seq_len,
+              " exceeds the model's max_position_embeddings ", cfg.max_position_embeddings);
+    MOE_CHECK(cfg.vocab_size >= 256, "byte-level data needs vocab_size >= 256, the config has ",
+              cfg.vocab_size);
+    opts.dims.validate(world.size(), cfg);
+    const std::string data_path = opts.data_path.empty() ? default_corpus_path() : opts.data_path;
+    if (opts.data_path.empty() && !fs::exists(data_path))
+      throw Error(str_cat(data_path, ": built-in corpus not found; run scripts/setup.sh first"));
+    corpus.emplace(io::ByteCorpus::load(data_path));
+    // Both splits must hold a window (the checks name the file and the sizes).
+    const int n_data = opts.dims.dp * opts.dims.ep;
+    corpus->val_batches(opts.batch * n_data, opts.seq_len, 1);
+    {
+      Rng probe(0);
+      std::vector<int32_t> one(static_cast<size_t>(opts.seq_len) + 1);
+      corpus->sample_batch(one.data(), 1, opts.seq_len, probe, io::Split::kTrain);
+    }
+    if (root) {
+      std::error_code ec;
+      fs::create_directories(opts.out_dir, ec);
+      MOE_CHECK(!ec, opts.out_dir, ": cannot create output folder (", ec.message(), ")");
+      const std::string metrics_path = opts.out_dir + "/metrics.jsonl";
+      metrics.open(metrics_path, std::ios::trunc);
+      MOE_CHECK(metrics.good(), metrics_path, ": cannot open for writing");
+    }
+  } catch (const Error& e) {
+    setup_error = e.what();
+  }
+  if (world.size() > 1) {
+    // The lowest failing rank reports; every rank stops.
+    int64_t flag = setup_error.empty() ? 0 : world.size() - world.rank();
+    world.allreduce_max(&flag, 1);
+    if (flag > 0) {
+      const int reporter = world.size() - static_cast<int>(flag);
+      throw SetupError(setup_error.empty() ? "another rank failed during setup" : setup_error,
+                       world.rank() == reporter);
+    }
+  } else if (!setup_error.empty()) {
+    throw SetupError(setup_error, true);
+  }
+
   parallel::Grid grid =
       parallel::make_grid(opts.dims, cfg, opts.topo_ranks_per_node, opts.topo_nodes_per_group);
-  const bool root = grid.world.rank() == 0;
   const int D = grid.data_size();
-
-  const std::string data_path = opts.data_path.empty() ? default_corpus_path() : opts.data_path;
-  if (opts.data_path.empty() && !fs::exists(data_path))
-    throw Error(str_cat(data_path, ": built-in corpus not found; run scripts/setup.sh first"));
-  io::ByteCorpus corpus = io::ByteCorpus::load(data_path);
   const int B = opts.batch, T = opts.seq_len, B_global = B * D;
-  std::vector<int32_t> val = corpus.val_batches(B_global, T, opts.eval_batches);
-
-  std::ofstream metrics;
-  if (root) {
-    std::error_code ec;
-    fs::create_directories(opts.out_dir, ec);
-    MOE_CHECK(!ec, opts.out_dir, ": cannot create output folder (", ec.message(), ")");
-    const std::string metrics_path = opts.out_dir + "/metrics.jsonl";
-    metrics.open(metrics_path, std::ios::trunc);
-    MOE_CHECK(metrics.good(), metrics_path, ": cannot open for writing");
-  }
+  std::vector<int32_t> val = corpus->val_batches(B_global, T, opts.eval_batches);
 
   kernels::set_blas_threads(opts.threads);
   TrainResult res;
@@ -189,7 +220,7 @@ TrainResult run_training(const TrainOptions& opts) {
     const double t0 = now_seconds();
     // Every rank draws the same global batch and keeps its share, so any layout sees the same
     // data as one process.
-    corpus.sample_batch(tokens.data(), B_global, T, data_rng, io::Split::kTrain);
+    corpus->sample_batch(tokens.data(), B_global, T, data_rng, io::Split::kTrain);
     model.zero_grads();
     model.activation_memory().reset_peak();
     model::LossParts loss;

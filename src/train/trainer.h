@@ -5,9 +5,11 @@
 // share of the global batch; experts split over EP). Needs MPI initialised (comm::MpiRuntime).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "parallel/parallel_dims.h"
@@ -43,6 +45,18 @@ struct TrainResult {
   double mfu = 0.0;
   double peak_gflops = 0.0;
   double seconds = 0.0;
+};
+
+// Bad input found while setting up a multi-rank run: every rank throws it together (after an
+// agreement step), so the job ends cleanly instead of hanging or aborting; only the lowest rank
+// that found a problem reports it (report_here), so the user sees one line.
+class SetupError : public Error {
+ public:
+  SetupError(const std::string& what, bool report_here) : Error(what), report_here_(report_here) {}
+  bool report_here() const { return report_here_; }
+
+ private:
+  bool report_here_;
 };
 
 // Default location of the built-in corpus: ./data/kjv.txt, else <source dir>/data/kjv.txt.
