@@ -41,6 +41,10 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   t->add_option("--dp", o.dims.dp, "data-parallel degree")->capture_default_str();
   t->add_option("--ep", o.dims.ep, "expert-parallel degree (splits the routed experts)")->capture_default_str();
   t->add_option("--tp", o.dims.tp, "tensor-parallel degree")->capture_default_str();
+  t->add_option("--micro-batches", o.micro_batches, "micro-batches per step (pipeline / gradient accumulation)")->capture_default_str();
+  t->add_option("--pp.layers", o.pp_layers, "layers per pipeline stage, e.g. 5,4,4,3 (default: even)")->delimiter(',');
+  t->add_option("--pp.schedule", o.schedule, "pipeline schedule: 1f1b or gpipe")->capture_default_str();
+  t->add_option("--recompute", o.recompute, "activation checkpointing: none, moe or full")->capture_default_str();
   t->add_option("--a2a", o.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase)")->capture_default_str();
   t->add_option("--topo.ranks-per-node", o.topo_ranks_per_node, "emulate nodes of this many ranks (0 = from the launcher)");
   t->add_option("--topo.nodes-per-group", o.topo_nodes_per_group, "emulate switch groups of this many nodes (0 = one group)");

@@ -13,18 +13,27 @@
 namespace moe {
 
 // Bytes currently held and the high-water mark of one class of memory (activations, params, ...).
+// A tracker may have a parent that sees every byte too (e.g. activations and workspace both
+// count toward a rank's total), so the parent's peak is the exact peak of the sum.
 class MemTracker {
  public:
+  explicit MemTracker(MemTracker* parent = nullptr) : parent_(parent) {}
+  void set_parent(MemTracker* parent) { parent_ = parent; }
   void add(size_t bytes) {
     current_ += bytes;
     if (current_ > peak_) peak_ = current_;
+    if (parent_) parent_->add(bytes);
   }
-  void sub(size_t bytes) { current_ -= bytes; }
+  void sub(size_t bytes) {
+    current_ -= bytes;
+    if (parent_) parent_->sub(bytes);
+  }
   size_t current() const { return current_; }
   size_t peak() const { return peak_; }
   void reset_peak() { peak_ = current_; }
 
  private:
+  MemTracker* parent_ = nullptr;
   size_t current_ = 0;
   size_t peak_ = 0;
 };

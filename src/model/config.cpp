@@ -233,6 +233,11 @@ ModelConfig preset(const std::string& name) {
     c.norm_topk_prob = true;
     c.seq_aux = true;
     return c;
+  } else if (name == "test-moe4") {
+    // test-moe with 4 layers (1 dense + 3 MoE): a layer per stage at pp = 4.
+    c = preset("test-moe");
+    c.num_hidden_layers = 4;
+    return c;
   } else if (name == "test-dense") {
     c.hidden_size = 32;
     c.num_hidden_layers = 2;
@@ -249,7 +254,7 @@ ModelConfig preset(const std::string& name) {
 }
 
 std::vector<std::string> preset_names() {
-  return {"tiny", "test-moe", "test-moe-seqaux", "test-dense"};
+  return {"tiny", "test-moe", "test-moe-seqaux", "test-moe4", "test-dense"};
 }
 
 ParamCounts count_params(const ModelConfig& c) {

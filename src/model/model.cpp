@@ -66,7 +66,8 @@ const char* recompute_name(Recompute r) {
 
 namespace {
 
-mx::MoeConfig moe_config(const ModelConfig& c, const MoeOptions& o, const mx::ExpertParallel* ep) {
+mx::MoeConfig moe_config(const ModelConfig& c, const MoeOptions& o, const mx::ExpertParallel* ep,
+                         MemTracker* scratch) {
   mx::MoeConfig m;
   m.hidden = c.hidden_size;
   m.ffn = c.moe_intermediate_size;
@@ -79,6 +80,7 @@ mx::MoeConfig moe_config(const ModelConfig& c, const MoeOptions& o, const mx::Ex
   m.capacity_factor = o.capacity_factor;
   m.padded = o.padded;
   m.ep = ep;
+  m.scratch_tracker = scratch;
   return m;
 }
 
@@ -118,8 +120,10 @@ Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::Expert
       recompute_(recompute),
       layout_(config, shard_of(config, ep), stage) {
   config_.validate();
-  params_.resize(layout_.total());
-  grads_.resize(layout_.total());
+  act_mem_.set_parent(&total_mem_);
+  work_mem_.set_parent(&total_mem_);
+  params_.resize(layout_.total(), &total_mem_);
+  grads_.resize(layout_.total(), &total_mem_);
   w_ = bind_tensors(layout_, config_, params_.data());
   g_ = bind_tensors(layout_, config_, grads_.data());
   rope_ = k::make_rope_table(config_.max_position_embeddings, config_.head_dim(), config_.rope_theta);
@@ -199,7 +203,7 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
   k::rmsnorm_forward(a.ln2.data(), a.rstd2.data(), a.h.data(), W.post_norm, N, H, c.rms_norm_eps);
   if (c.is_moe_layer(l)) {
     std::memset(out, 0, NH * sizeof(float));
-    mx::moe_forward(out, a.moe, a.ln2.data(), moe_weights(W), moe_config(c, moe_options_, ep_), N, B,
+    mx::moe_forward(out, a.moe, a.ln2.data(), moe_weights(W), moe_config(c, moe_options_, ep_, &work_mem_), N, B,
                     mem);
     k::add_inplace(out, a.h.data(), NH);
   } else {
@@ -245,7 +249,7 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
     } else {
       MOE_CHECK(moe, "internal: layer ", l, " lost activations it cannot recompute");
       mx::moe_forward(out.data(), a.moe, a.ln2.data(), moe_weights(W),
-                      moe_config(c, moe_options_, ep_), N, B, work);
+                      moe_config(c, moe_options_, ep_, &work_mem_), N, B, work);
       a.complete = true;
     }
     if (moe) {
@@ -259,7 +263,7 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
   // FFN branch: out = h + ffn(ln2(h)); dx holds d(out).
   if (moe) {
     mx::moe_backward(dln.data(), moe_grads(G), dx, /*aux_grad=*/loss_scale, a.moe, a.ln2.data(),
-                     moe_weights(W), moe_config(c, moe_options_, ep_), N, B);
+                     moe_weights(W), moe_config(c, moe_options_, ep_, &work_mem_), N, B);
   } else {
     Buffer<float> scratch(2 * static_cast<size_t>(N) * I, work);
     k::swiglu_mlp_backward(dln.data(), {G.mlp_gate, G.mlp_up, G.mlp_down}, dx, a.ln2.data(),

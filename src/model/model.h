@@ -105,6 +105,9 @@ class Model {
 
   MemTracker& activation_memory() { return act_mem_; }
   MemTracker& work_memory() { return work_mem_; }
+  // Everything this rank holds that is tracked: parameters, gradients, activations, workspace,
+  // and whatever else is charged to it (optimizer state, pipeline buffers).
+  MemTracker& total_memory() { return total_mem_; }
   // Model FLOPs per token for one forward+backward of the whole model (REFERENCE §5:
   // 6·N_active (no embedding lookup) + 12·L·H·T attention); recomputation is not counted.
   double flops_per_token(int T) const;
@@ -128,7 +131,7 @@ class Model {
   Buffer<float> params_, grads_;
   ModelTensors w_, g_;
   kernels::RopeTable rope_;
-  MemTracker act_mem_, work_mem_;
+  MemTracker total_mem_, act_mem_, work_mem_;
   MicroBatchPtr whole_;  // state of the whole-model API
 };
 

@@ -43,17 +43,23 @@ class StepTimer {
 // straight from the OS already zeroed, so pages are only touched where they are written.
 class Scratch {
  public:
-  explicit Scratch(size_t n) {
+  explicit Scratch(size_t n, MemTracker* tracker = nullptr) : tracker_(tracker), bytes_(n * sizeof(float)) {
     if (n == 0) return;
     p_ = static_cast<float*>(std::calloc(n, sizeof(float)));
     if (!p_) throw std::bad_alloc();
+    if (tracker_) tracker_->add(bytes_);
   }
-  ~Scratch() { std::free(p_); }
+  ~Scratch() {
+    if (p_ && tracker_) tracker_->sub(bytes_);
+    std::free(p_);
+  }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   float* get() const { return p_; }
 
  private:
+  MemTracker* tracker_ = nullptr;
+  size_t bytes_ = 0;
   float* p_ = nullptr;
 };
 
@@ -146,7 +152,7 @@ void ep_forward(float* y, MoeActivations& act, const float* x, const MoeWeights&
     ensure(act.u, static_cast<size_t>(R) * F, tracker);
     ensure(act.h, static_cast<size_t>(R) * F, tracker);
     ensure(act.y_rows, static_cast<size_t>(R) * H, tracker);
-    Scratch recv(static_cast<size_t>(R) * H);
+    Scratch recv(static_cast<size_t>(R) * H, cfg.scratch_tracker);
     ep.exchange->multicast(act.plan, x, recv.get(), H);
     for (int i = 0; i < R; ++i)
       std::memcpy(act.x_rows.data() + static_cast<size_t>(act.local_row_of_recv[i]) * H,
@@ -163,7 +169,7 @@ void ep_forward(float* y, MoeActivations& act, const float* x, const MoeWeights&
      //    Communicates.
     StepTimer st(&MoeStepTimes::combine);
     const int R = act.plan.num_recv;
-    Scratch rows(static_cast<size_t>(R) * H);
+    Scratch rows(static_cast<size_t>(R) * H, cfg.scratch_tracker);
     for (int i = 0; i < R; ++i) {
       const float wv = act.plan.recv_value[i];
       const float* src = act.y_rows.data() + static_cast<size_t>(act.local_row_of_recv[i]) * H;
@@ -184,11 +190,11 @@ void ep_backward(float* dx, float* dtopk_weight, const MoeGrads& grads, const fl
   const int H = cfg.hidden, F = cfg.ffn, E = cfg.num_experts, k = cfg.top_k;
   const int El = ep.num_local_experts(E);
   const int R = act.plan.num_recv;
-  Scratch dy_rows(static_cast<size_t>(R) * H);
+  Scratch dy_rows(static_cast<size_t>(R) * H, cfg.scratch_tracker);
   std::vector<float> dweight_recv(R);
   {  // 5'. combine': dy to the experts (communicates), then dy_row = w·dy, dweight = y_row·dy.
     StepTimer st(&MoeStepTimes::combine_bwd);
-    Scratch recv(static_cast<size_t>(R) * H);
+    Scratch recv(static_cast<size_t>(R) * H, cfg.scratch_tracker);
     ep.exchange->multicast(act.plan, dy, recv.get(), H);
     for (int i = 0; i < R; ++i) {
       const size_t lr = static_cast<size_t>(act.local_row_of_recv[i]) * H;
@@ -203,10 +209,10 @@ void ep_backward(float* dx, float* dtopk_weight, const MoeGrads& grads, const fl
       dweight_recv[i] = dot;
     }
   }
-  Scratch dx_rows(static_cast<size_t>(R) * H);
+  Scratch dx_rows(static_cast<size_t>(R) * H, cfg.scratch_tracker);
   {  // 4'. experts'. Local.
     StepTimer st(&MoeStepTimes::experts_bwd);
-    Scratch scratch(2 * static_cast<size_t>(R) * F);
+    Scratch scratch(2 * static_cast<size_t>(R) * F, cfg.scratch_tracker);
     kernels::grouped_swiglu_backward(dx_rows.get(), grads.experts, dy_rows.get(),
                                      act.x_rows.data(), act.g.data(), act.u.data(), act.h.data(),
                                      act.local_offsets.data(), El, w.experts, H, F, scratch.get());
@@ -214,7 +220,7 @@ void ep_backward(float* dx, float* dtopk_weight, const MoeGrads& grads, const fl
   {  // 3'. dispatch': input gradients back to the token owners (communicates), and the combine
      //     weights' gradients.
     StepTimer st(&MoeStepTimes::dispatch_bwd);
-    Scratch rows(static_cast<size_t>(R) * H);
+    Scratch rows(static_cast<size_t>(R) * H, cfg.scratch_tracker);
     for (int i = 0; i < R; ++i)
       std::memcpy(rows.get() + static_cast<size_t>(i) * H,
                   dx_rows.get() + static_cast<size_t>(act.local_row_of_recv[i]) * H,
@@ -333,7 +339,7 @@ void local_backward(float* dx, float* dweight, const MoeGrads& grads, const floa
   const size_t N = expert_rows(act, cfg);
   // 5'. combine': dy_rows[row] = w · dy[t] (a dispatch of dy), dweight = dot(y_row, dy[t]).
   //     Under expert parallelism the exchange of dy_rows to the experts goes right after this.
-  Scratch dy_rows(N * H);
+  Scratch dy_rows(N * H, cfg.scratch_tracker);
   {
     StepTimer st(&MoeStepTimes::combine_bwd);
     const float* wt = act.routing.topk_weight_TK.data();
@@ -346,10 +352,10 @@ void local_backward(float* dx, float* dweight, const MoeGrads& grads, const floa
   }
 
   // 4'. experts': dx_rows, expert weight gradients. Local.
-  Scratch dx_rows(dx ? N * H : 0);
+  Scratch dx_rows(dx ? N * H : 0, cfg.scratch_tracker);
   {
     StepTimer st(&MoeStepTimes::experts_bwd);
-    Scratch scratch(2 * N * F);
+    Scratch scratch(2 * N * F, cfg.scratch_tracker);
     kernels::grouped_swiglu_backward(dx_rows.get(), grads.experts, dy_rows.get(),
                                      act.x_rows.data(), act.g.data(), act.u.data(),
                                      act.h.data(), expert_offsets(act, cfg), E, w.experts, H, F,
@@ -384,7 +390,7 @@ void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_g
   // 6'. shared experts: dx += shared'(dy). Local.
   if (Fs > 0) {
     StepTimer st(&MoeStepTimes::shared_bwd);
-    Scratch scratch(2 * static_cast<size_t>(T) * Fs);
+    Scratch scratch(2 * static_cast<size_t>(T) * Fs, cfg.scratch_tracker);
     kernels::swiglu_mlp_backward(dx, grads.shared, dy, x, act.shared_g.data(),
                                  act.shared_u.data(), act.shared_h.data(), w.shared, T, H, Fs,
                                  scratch.get());

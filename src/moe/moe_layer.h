@@ -43,6 +43,7 @@ struct MoeConfig {
   float capacity_factor = 0.0f;  // 0 = dropless
   bool padded = false;      // capacity-padded baseline instead of padding-free
   const ExpertParallel* ep = nullptr;  // null: all experts local, nothing communicates
+  MemTracker* scratch_tracker = nullptr;  // charged with backward's temporary buffers
 };
 
 struct MoeWeights {

@@ -15,6 +15,7 @@ Grid make_grid(const ParallelDims& dims, const model::ModelConfig& cfg, int forc
   g.ep = g.world.split((c.pp * dims.dp + c.dp) * dims.tp + c.tp, c.ep);
   g.dp = g.world.split((c.pp * dims.ep + c.ep) * dims.tp + c.tp, c.dp);
   g.data = g.world.split(c.pp * dims.tp + c.tp, c.dp * dims.ep + c.ep);
+  g.pp = g.world.split((c.dp * dims.ep + c.ep) * dims.tp + c.tp, c.pp);
   return g;
 }
 

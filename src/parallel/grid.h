@@ -2,6 +2,7 @@
 //   ep group: the ranks that split the routed experts (adjacent ranks, same pp/dp/tp)
 //   dp group: the ranks that hold the same experts (same pp/ep/tp)
 //   data group: every rank that reads its own share of the global batch (EP × DP of one stage)
+//   pp group: the stages of one pipeline (same dp/ep/tp), ordered by stage
 #pragma once
 #include <memory>
 
@@ -16,7 +17,7 @@ struct Grid {
   ParallelDims dims;
   RankCoords me;
   comm::Topology topo;
-  comm::Group world, ep, dp, data;
+  comm::Group world, ep, dp, data, pp;
   // Index of this rank's share of the global batch: dp_idx · ep + ep_idx.
   int data_rank() const { return me.dp * dims.ep + me.ep; }
   int data_size() const { return dims.dp * dims.ep; }

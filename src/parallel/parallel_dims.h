@@ -3,8 +3,10 @@
 //   world rank = ((pp_idx · dp + dp_idx) · ep + ep_idx) · tp + tp_idx
 #pragma once
 #include <string>
+#include <vector>
 
 #include "model/config.h"
+#include "model/params.h"
 
 namespace moe::parallel {
 
@@ -23,5 +25,13 @@ struct RankCoords {
 };
 RankCoords coords_of(const ParallelDims& d, int world_rank);
 int rank_of(const ParallelDims& d, const RankCoords& c);
+
+// Layers per pipeline stage: `explicit_layers` (--pp.layers 5,4,4,3) when given, else an even
+// split with the remainder on the first stages. Errors name the numbers: pp > layers, a stage
+// with no layer, a list whose length is not pp or whose sum is not num_hidden_layers.
+std::vector<int> split_layers(const model::ModelConfig& cfg, int pp,
+                              const std::vector<int>& explicit_layers);
+// The StageSpec of stage s for a split.
+model::StageSpec stage_spec(const std::vector<int>& layers_per_stage, int s);
 
 }  // namespace moe::parallel

@@ -15,9 +15,10 @@ double learning_rate(const OptimConfig& o, int s) {
   return o.min_lr + 0.5 * (static_cast<double>(o.lr) - o.min_lr) * (1.0 + std::cos(M_PI * p));
 }
 
-AdamW::AdamW(const model::ParamLayout& layout, OptimConfig cfg) : layout_(layout), cfg_(cfg) {
-  m_.resize(layout.total());
-  v_.resize(layout.total());
+AdamW::AdamW(const model::ParamLayout& layout, OptimConfig cfg, MemTracker* mem)
+    : layout_(layout), cfg_(cfg) {
+  m_.resize(layout.total(), mem);
+  v_.resize(layout.total(), mem);
 }
 
 double AdamW::step(float* params, const float* grads, int s) {
@@ -26,8 +27,8 @@ double AdamW::step(float* params, const float* grads, int s) {
   double sq_replicated = 0.0, sq_experts = 0.0;
   for (const model::ParamSpec& p : layout_.specs())
     (p.is_expert ? sq_experts : sq_replicated) += kernels::sum_squares(grads + p.offset, p.numel);
-  if (reduce_expert_sq_) sq_experts = reduce_expert_sq_(sq_experts);
-  const double norm = std::sqrt(sq_replicated + sq_experts);
+  const double norm = std::sqrt(reduce_sq_ ? reduce_sq_(sq_replicated, sq_experts)
+                                           : sq_replicated + sq_experts);
   float scale = 1.0f;
   if (cfg_.grad_clip > 0.0f) {
     // torch: clip_coef = max_norm / (total_norm + 1e-6), applied when < 1, in float32.

@@ -29,14 +29,17 @@ double learning_rate(const OptimConfig& o, int step);
 
 class AdamW {
  public:
-  AdamW(const model::ParamLayout& layout, OptimConfig cfg);
+  AdamW(const model::ParamLayout& layout, OptimConfig cfg, MemTracker* mem = nullptr);
   // One update of params from grads (grads are read, not zeroed). Returns the global gradient
   // norm before clipping. `step` is 0-based.
   double step(float* params, const float* grads, int step);
   const OptimConfig& config() const { return cfg_; }
-  // Expert parallelism: each rank holds only its experts, so the experts' share of the squared
-  // gradient norm is summed over the EP group by this function (identity when unset).
-  void set_expert_norm_reducer(std::function<double(double)> f) { reduce_expert_sq_ = std::move(f); }
+  // Expert parallelism: each rank holds only its experts, and with pipeline stages only its
+  // layers, so the global gradient norm needs a reduction.
+  // With pipeline stages, each holds only its tensors: the reducer gets this rank's squared norms
+  // of replicated tensors and of routed experts and returns the global squared norm (sum over
+  // the EP group of the experts' part, then over the stages). Unset: their sum.
+  void set_norm_reducer(std::function<double(double, double)> f) { reduce_sq_ = std::move(f); }
   Buffer<float>& m() { return m_; }
   Buffer<float>& v() { return v_; }
 
@@ -44,7 +47,7 @@ class AdamW {
   const model::ParamLayout& layout_;
   OptimConfig cfg_;
   Buffer<float> m_, v_;
-  std::function<double(double)> reduce_expert_sq_;
+  std::function<double(double, double)> reduce_sq_;
 };
 
 }  // namespace moe::train

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include "kernels/gemm.h"
 #include "model/weights_io.h"
 #include "parallel/grid.h"
+#include "parallel/pipeline.h"
 
 namespace moe::train {
 namespace fs = std::filesystem;
@@ -48,52 +50,70 @@ double data_mean(const parallel::Grid& g, double v) {
   return v / g.data.size();
 }
 
-// Validation cross-entropy of the fixed held-out batches; each data rank evaluates its share.
+// Validation cross-entropy of the fixed held-out batches: each data rank evaluates its share,
+// passing activations through the pipeline stages (forward only, blocking p2p).
 double validation_loss(model::Model& m, const std::vector<int32_t>& val, int B_local, int T,
                        int n, const parallel::Grid& g) {
   const size_t per_global = static_cast<size_t>(B_local) * g.data_size() * (T + 1);
   const size_t offset = static_cast<size_t>(g.data_rank()) * B_local * (T + 1);
+  const model::StageSpec& st = m.stage();
+  const size_t act = static_cast<size_t>(B_local) * T * m.config().hidden_size;
+  std::vector<float> x_in(st.embedding ? 0 : act), x_out(st.head ? 0 : act);
+  auto mb = m.new_micro_batch();
   double sum = 0.0;
-  for (int i = 0; i < n; ++i) sum += m.evaluate(val.data() + i * per_global + offset, B_local, T).ce;
-  return data_mean(g, sum / n);
+  for (int i = 0; i < n; ++i) {
+    const int32_t* tok = val.data() + i * per_global + offset;
+    if (!st.embedding) g.pp.recv(x_in.data(), static_cast<int64_t>(act), g.pp.rank() - 1, 1000 + i);
+    model::LossParts lp = m.forward(*mb, tok, st.embedding ? nullptr : x_in.data(),
+                                    st.head ? nullptr : x_out.data(), B_local, T, /*keep=*/false);
+    if (!st.head) g.pp.send(x_out.data(), static_cast<int64_t>(act), g.pp.rank() + 1, 1000 + i);
+    sum += lp.ce;
+  }
+  double v = sum / n;  // non-zero on the last stage only
+  if (g.pp.size() > 1) g.pp.allreduce_sum(&v, 1);
+  return data_mean(g, v);
 }
 
-// Writes every parameter with its Hugging Face name into one file: rank 0 gathers the routed
-// experts of its EP group (ranks of dp index 0 hold every expert once between them).
+// Writes every parameter with its Hugging Face name into one file on world rank 0, which gathers
+// from the ranks of data-parallel index 0: every stage's tensors, and every EP rank's experts
+// (together they hold each parameter exactly once).
 void save_full_weights(const model::Model& m, const model::ModelConfig& cfg,
-                       const parallel::Grid& g, const std::string& path) {
-  if (g.dims.ep == 1) {
-    if (g.world.rank() == 0) model::save_weights(m, path);
-    return;
-  }
-  if (g.me.dp != 0 || g.me.pp != 0 || g.me.tp != 0) return;
-  auto expert_values = [](const model::ParamLayout& layout, const float* params) {
-    std::vector<float> v;
-    for (const model::ParamSpec& s : layout.specs())
-      if (s.is_expert) v.insert(v.end(), params + s.offset, params + s.offset + s.numel);
-    return v;
-  };
-  if (g.ep.rank() != 0) {
-    std::vector<float> mine = expert_values(m.layout(), m.params());
-    g.ep.send(mine.data(), static_cast<int64_t>(mine.size()), 0, /*tag=*/71);
+                       const parallel::Grid& g, const std::vector<int>& layers_per_stage,
+                       const std::string& path) {
+  if (g.me.dp != 0 || g.me.tp != 0) return;
+  // What rank (pp, ep) contributes: everything on ep 0, only its experts on the others.
+  auto owned = [](const model::ParamSpec& s, int ep_rank) { return ep_rank == 0 || s.is_expert; };
+  const int El = g.dims.ep > 0 ? cfg.n_routed_experts / g.dims.ep : 0;
+  if (g.world.rank() != 0) {
+    std::vector<float> mine;
+    for (const model::ParamSpec& s : m.layout().specs())
+      if (owned(s, g.me.ep)) mine.insert(mine.end(), m.params() + s.offset, m.params() + s.offset + s.numel);
+    g.world.send(mine.data(), static_cast<int64_t>(mine.size()), 0, /*tag=*/71);
     return;
   }
   model::ParamLayout full(cfg);
   std::vector<float> all(full.total());
-  for (const model::ParamSpec& s : m.layout().specs())
-    std::memcpy(all.data() + full.find(s.name).offset, m.params() + s.offset, s.numel * sizeof(float));
-  const int El = cfg.n_routed_experts / g.dims.ep;
-  for (int r = 1; r < g.dims.ep; ++r) {
-    model::ParamLayout theirs(cfg, {r * El, El});
-    std::vector<float> buf(theirs.total());  // only the expert part is received
-    size_t n = 0;
-    for (const model::ParamSpec& s : theirs.specs()) n += s.is_expert ? s.numel : 0;
-    g.ep.recv(buf.data(), static_cast<int64_t>(n), r, /*tag=*/71);
-    size_t pos = 0;
-    for (const model::ParamSpec& s : theirs.specs()) {
-      if (!s.is_expert) continue;
-      std::memcpy(all.data() + full.find(s.name).offset, buf.data() + pos, s.numel * sizeof(float));
-      pos += s.numel;
+  for (int pp = 0; pp < g.dims.pp; ++pp) {
+    for (int ep = 0; ep < g.dims.ep; ++ep) {
+      const int src = parallel::rank_of(g.dims, {pp, 0, ep, 0});
+      model::ExpertShard shard = g.dims.ep > 1 ? model::ExpertShard{ep * El, El} : model::ExpertShard{};
+      model::ParamLayout theirs(cfg, shard, parallel::stage_spec(layers_per_stage, pp));
+      std::vector<float> buf;
+      if (src == 0) {
+        buf.assign(m.params(), m.params() + m.num_params());
+      } else {
+        size_t n = 0;
+        for (const model::ParamSpec& s : theirs.specs()) n += owned(s, ep) ? s.numel : 0;
+        buf.resize(n);
+        g.world.recv(buf.data(), static_cast<int64_t>(n), src, /*tag=*/71);
+      }
+      size_t pos = 0;
+      for (const model::ParamSpec& s : theirs.specs()) {
+        if (!owned(s, ep)) continue;
+        const size_t from = src == 0 ? s.offset : pos;
+        std::memcpy(all.data() + full.find(s.name).offset, buf.data() + from, s.numel * sizeof(float));
+        pos += s.numel;
+      }
     }
   }
   io::SafetensorsWriter w;
@@ -122,6 +142,11 @@ TrainResult run_training(const TrainOptions& opts) {
   comm::A2aAlgorithm algo = comm::A2aAlgorithm::kFlat;
   try {
     algo = comm::parse_a2a_algorithm(opts.a2a);
+    parallel::parse_schedule(opts.schedule);
+    model::parse_recompute(opts.recompute);
+    MOE_CHECK(opts.micro_batches >= 1, "--micro-batches must be >= 1, got ", opts.micro_batches);
+    MOE_CHECK(opts.batch % opts.micro_batches == 0, "--batch ", opts.batch,
+              " is not divisible by --micro-batches ", opts.micro_batches);
     comm::Topology::detect(world.size(), opts.topo_ranks_per_node, opts.topo_nodes_per_group);
     cfg = opts.config_path.empty() ? model::preset(opts.preset) : model::load_config(opts.config_path);
     MOE_CHECK(opts.seq_len <= cfg.max_position_embeddings, "--seq-len ", opts.seq_len,
@@ -129,6 +154,7 @@ TrainResult run_training(const TrainOptions& opts) {
     MOE_CHECK(cfg.vocab_size >= 256, "byte-level data needs vocab_size >= 256, the config has ",
               cfg.vocab_size);
     opts.dims.validate(world.size(), cfg);
+    parallel::split_layers(cfg, opts.dims.pp, opts.pp_layers);
     const std::string data_path = opts.data_path.empty() ? default_corpus_path() : opts.data_path;
     if (opts.data_path.empty() && !fs::exists(data_path))
       throw Error(str_cat(data_path, ": built-in corpus not found; run scripts/setup.sh first"));
@@ -167,8 +193,11 @@ TrainResult run_training(const TrainOptions& opts) {
 
   parallel::Grid grid =
       parallel::make_grid(opts.dims, cfg, opts.topo_ranks_per_node, opts.topo_nodes_per_group);
-  const int D = grid.data_size();
-  const int B = opts.batch, T = opts.seq_len, B_global = B * D;
+  const int D = grid.data_size(), M = opts.micro_batches;
+  const int B = opts.batch, T = opts.seq_len, B_global = B * D, Bm = B / M;
+  const std::vector<int> layers_per_stage = parallel::split_layers(cfg, opts.dims.pp, opts.pp_layers);
+  const model::StageSpec stage = parallel::stage_spec(layers_per_stage, grid.me.pp);
+  const parallel::Schedule schedule = parallel::parse_schedule(opts.schedule);
   std::vector<int32_t> val = corpus->val_batches(B_global, T, opts.eval_batches);
 
   kernels::set_blas_threads(opts.threads);
@@ -184,38 +213,51 @@ TrainResult run_training(const TrainOptions& opts) {
   ep_ctx.reduce_aux_stats = [&grid](std::vector<double>& v) {
     grid.data.allreduce_sum(v.data(), static_cast<int64_t>(v.size()));
   };
-  model::Model model(cfg, opts.moe, D > 1 ? &ep_ctx : nullptr);
+  model::Model model(cfg, opts.moe, D > 1 ? &ep_ctx : nullptr, stage,
+                     model::parse_recompute(opts.recompute));
   model.init_weights(opts.seed);
   OptimConfig oc = opts.optim;
   oc.total_steps = opts.steps;
-  AdamW opt(model.layout(), oc);
-  if (grid.dims.ep > 1)
-    opt.set_expert_norm_reducer([&grid](double s) {
-      grid.ep.allreduce_sum(&s, 1);
-      return s;
-    });
+  AdamW opt(model.layout(), oc, &model.total_memory());
+  opt.set_norm_reducer([&grid](double replicated, double experts) {
+    if (grid.ep.size() > 1) grid.ep.allreduce_sum(&experts, 1);
+    double sq = replicated + experts;
+    if (grid.pp.size() > 1) grid.pp.allreduce_sum(&sq, 1);
+    return sq;
+  });
+  MemTracker pipe_mem(&model.total_memory());
   Rng data_rng = derive_rng(opts.seed, /*stream=*/1);
+  // The global batch is [M][D][Bm] sequences: micro-batch m of data rank d is one block, so the
+  // m-th micro-batches of all data ranks form the m-th micro-batch of one process.
   std::vector<int32_t> tokens(static_cast<size_t>(B_global) * (T + 1));
-  const int32_t* my_tokens = tokens.data() + static_cast<size_t>(grid.data_rank()) * B * (T + 1);
+  auto micro_tokens = [&](int m) {
+    return tokens.data() + (static_cast<size_t>(m) * D + grid.data_rank()) * Bm * (T + 1);
+  };
 
   const bool tty = isatty(STDERR_FILENO);
   const double flops_per_step = model.flops_per_token(T) * B_global * T;
   const model::ParamCounts pc = model::count_params(cfg);
-  if (opts.progress && root)
+  if (opts.progress && root) {
+    std::string split;
+    for (int l : layers_per_stage) split += (split.empty() ? "" : ",") + std::to_string(l);
     std::fprintf(stderr,
                  "moetrain: %s, %.2fM params (%.2fM active), %d layers, E=%d k=%d, global batch "
-                 "%dx%d, %d steps, %d rank(s) [%s, a2a %s, %s], %d BLAS thread(s) per rank, peak "
-                 "%.1f GFLOP/s per rank (1024^3 sgemm)\n",
+                 "%dx%d in %d micro-batch(es), %d steps, %d rank(s) [%s, layers %s, %s, a2a %s, "
+                 "recompute %s, %s], %d BLAS thread(s) per rank, peak %.1f GFLOP/s per rank\n",
                  opts.config_path.empty() ? opts.preset.c_str() : opts.config_path.c_str(),
                  pc.total / 1e6, pc.active / 1e6, cfg.num_hidden_layers, cfg.n_routed_experts,
-                 cfg.num_experts_per_tok, B_global, T, opts.steps, grid.world.size(),
-                 grid.dims.describe().c_str(), comm::a2a_algorithm_name(algo),
+                 cfg.num_experts_per_tok, B_global, T, M, opts.steps, grid.world.size(),
+                 grid.dims.describe().c_str(), split.c_str(), parallel::schedule_name(schedule),
+                 comm::a2a_algorithm_name(algo), opts.recompute.c_str(),
                  grid.topo.describe().c_str(), opts.threads, res.peak_gflops);
+  }
 
+  std::vector<model::Model::MicroBatchPtr> mbs;
+  for (int m = 0; m < M; ++m) mbs.push_back(model.new_micro_batch());
   const double t_start = now_seconds();
   double ema_tps = 0.0;
   for (int step = 0; step < opts.steps; ++step) {
-    double t_fwd = 0, t_bwd = 0, t_sync = 0, t_opt = 0;
+    double t_sync = 0, t_opt = 0;
     traffic.reset();
     const double t0 = now_seconds();
     // Every rank draws the same global batch and keeps its share, so any layout sees the same
@@ -223,16 +265,25 @@ TrainResult run_training(const TrainOptions& opts) {
     corpus->sample_batch(tokens.data(), B_global, T, data_rng, io::Split::kTrain);
     model.zero_grads();
     model.activation_memory().reset_peak();
+    model.work_memory().reset_peak();
+    model.total_memory().reset_peak();
     model::LossParts loss;
-    {
-      ScopedTimer t(t_fwd);
-      loss = model.forward(my_tokens, B, T);
-    }
-    auto loads = model.expert_loads();
-    {
-      ScopedTimer t(t_bwd);
-      model.backward(1.0f / D);
-    }
+    std::vector<int64_t> flat_loads;
+    parallel::StageCallbacks cb;
+    cb.forward = [&](int m, const float* x_in, float* x_out) {
+      model::LossParts lp = model.forward(*mbs[m], micro_tokens(m), x_in, x_out, Bm, T);
+      loss.ce += lp.ce / M;
+      loss.aux += lp.aux / M;
+      std::vector<int64_t> f;
+      for (auto& l : model.expert_loads(*mbs[m])) f.insert(f.end(), l.begin(), l.end());
+      if (flat_loads.empty()) flat_loads.assign(f.size(), 0);
+      for (size_t i = 0; i < f.size(); ++i) flat_loads[i] += f[i];
+    };
+    cb.backward = [&](int m, const float* dy_out, float* dx_in) {
+      model.backward(*mbs[m], dy_out, dx_in, 1.0f / (D * M));
+    };
+    const size_t act_floats = static_cast<size_t>(Bm) * T * cfg.hidden_size;
+    parallel::PipelineTimes pt = parallel::run_pipeline(grid.pp, schedule, M, act_floats, cb, &pipe_mem);
     {
       ScopedTimer t(t_sync);
       parallel::sync_gradients(model.layout(), model.grads(), grid);
@@ -243,25 +294,57 @@ TrainResult run_training(const TrainOptions& opts) {
       gnorm = opt.step(model.params(), model.grads(), step);
     }
     const double dt = now_seconds() - t0;
-    // Global figures: losses averaged over the data ranks, loads and bytes summed.
-    loss.total = data_mean(grid, loss.total);
+    // Global figures: losses averaged over the data ranks and summed over the stages (ce lives on
+    // the last stage, each stage has its own layers' aux losses); loads and bytes summed.
     loss.ce = data_mean(grid, loss.ce);
     loss.aux = data_mean(grid, loss.aux);
+    if (grid.pp.size() > 1) {
+      double parts[2] = {loss.ce, loss.aux};
+      grid.pp.allreduce_sum(parts, 2);
+      loss.ce = parts[0];
+      loss.aux = parts[1];
+    }
+    loss.total = loss.ce + loss.aux;
     MOE_CHECK(std::isfinite(loss.total), "step ", step + 1, ": loss is not finite (", loss.total, ")");
-    std::vector<int64_t> flat_loads;
-    for (auto& l : loads) flat_loads.insert(flat_loads.end(), l.begin(), l.end());
     std::vector<int64_t> bytes;
     for (int c = 0; c < comm::kNumLinkClasses; ++c) bytes.push_back(static_cast<int64_t>(traffic.bytes[c]));
     if (grid.data.size() > 1 && !flat_loads.empty())
       grid.data.allreduce_sum(flat_loads.data(), static_cast<int64_t>(flat_loads.size()));
     if (grid.world.size() > 1) grid.world.allreduce_sum(bytes.data(), static_cast<int64_t>(bytes.size()));
-    double t_a2a = traffic.seconds;
-    if (grid.world.size() > 1) grid.world.allreduce_max(&t_a2a, 1);
+    // Per-stage figures: the worst rank of each stage.
+    const int kStat = 7;
+    std::vector<double> mine = {pt.compute_s, pt.wait_s, traffic.seconds, pt.total_s,
+                                static_cast<double>(model.activation_memory().peak()),
+                                static_cast<double>(model.total_memory().peak()),
+                                static_cast<double>(pt.max_in_flight)};
+    std::vector<double> everyone(static_cast<size_t>(kStat) * grid.world.size());
+    if (grid.world.size() > 1)
+      grid.world.allgather(mine.data(), everyone.data(), kStat);
+    else
+      everyone = mine;
+    std::vector<StageStats> stages(grid.dims.pp);
+    for (int r = 0; r < grid.world.size(); ++r) {
+      StageStats& st = stages[parallel::coords_of(grid.dims, r).pp];
+      const double* v = everyone.data() + static_cast<size_t>(r) * kStat;
+      st.compute_s = std::max(st.compute_s, v[0]);
+      st.bubble_s = std::max(st.bubble_s, v[1]);
+      st.a2a_s = std::max(st.a2a_s, v[2]);
+      st.step_s = std::max(st.step_s, v[3]);
+      st.activation_peak_bytes = std::max(st.activation_peak_bytes, v[4]);
+      st.total_peak_bytes = std::max(st.total_peak_bytes, v[5]);
+      st.max_in_flight = std::max(st.max_in_flight, static_cast<int>(v[6]));
+    }
+    double t_a2a = 0, bubble = 0;
+    for (const StageStats& st : stages) {
+      t_a2a = std::max(t_a2a, st.a2a_s);
+      bubble = std::max(bubble, st.step_s > 0 ? st.bubble_s / st.step_s : 0.0);
+    }
 
     const double tps = B_global * T / dt;
     ema_tps = step == 0 ? tps : 0.9 * ema_tps + 0.1 * tps;
     const double mfu = flops_per_step / dt / (res.peak_gflops * 1e9 * grid.world.size());
     res.losses.push_back(loss.total);
+    res.last_stages = stages;
 
     const bool last = step + 1 == opts.steps;
     double vl = NAN;
@@ -272,10 +355,21 @@ TrainResult run_training(const TrainOptions& opts) {
     if (!root) continue;
 
     json loads_json = json::array();
-    size_t pos = 0;
-    for (auto& l : loads) {
-      loads_json.push_back(std::vector<int64_t>(flat_loads.begin() + pos, flat_loads.begin() + pos + l.size()));
-      pos += l.size();
+    const int E = cfg.n_routed_experts;
+    for (size_t pos = 0; E > 0 && pos < flat_loads.size(); pos += E)
+      loads_json.push_back(std::vector<int64_t>(flat_loads.begin() + pos, flat_loads.begin() + pos + E));
+    json stages_json = json::array();
+    for (size_t i = 0; i < stages.size(); ++i) {
+      const StageStats& st = stages[i];
+      stages_json.push_back({{"stage", i},
+                             {"layers", layers_per_stage[i]},
+                             {"compute_s", st.compute_s},
+                             {"bubble_s", st.bubble_s},
+                             {"all_to_all_s", st.a2a_s},
+                             {"step_s", st.step_s},
+                             {"activation_peak_bytes", st.activation_peak_bytes},
+                             {"total_peak_bytes", st.total_peak_bytes},
+                             {"max_in_flight", st.max_in_flight}});
     }
     json rec = {{"step", step + 1},
                 {"loss", loss.total},
@@ -287,13 +381,15 @@ TrainResult run_training(const TrainOptions& opts) {
                 {"tokens_per_s", tps},
                 {"mfu", mfu},
                 {"step_time_s", dt},
+                {"bubble_fraction", bubble},
                 {"time_s",
-                 {{"forward", t_fwd}, {"backward", t_bwd}, {"grad_sync", t_sync},
-                  {"optimizer", t_opt}, {"all_to_all", t_a2a}}},
+                 {{"pipeline", pt.total_s}, {"compute", pt.compute_s}, {"bubble", pt.wait_s},
+                  {"grad_sync", t_sync}, {"optimizer", t_opt}, {"all_to_all", t_a2a}}},
                 {"a2a_bytes",
                  {{"same_rank", bytes[0]}, {"intra_node", bytes[1]}, {"inter_node", bytes[2]},
                   {"inter_group", bytes[3]}}},
                 {"activation_peak_bytes", model.activation_memory().peak()},
+                {"stages", stages_json},
                 {"expert_loads", loads_json}};
     if (!std::isnan(vl)) rec["val_loss"] = vl;
     metrics << rec.dump() << "\n";
@@ -304,13 +400,14 @@ TrainResult run_training(const TrainOptions& opts) {
       const double eta = elapsed / (step + 1) * (opts.steps - step - 1);
       char line[256];
       std::snprintf(line, sizeof line,
-                    "step %5d/%d  loss %.4f  aux %.4f  %7.0f tok/s  MFU %5.1f%%  a2a %4.1f%%  ETA %s",
+                    "step %5d/%d  loss %.4f  aux %.4f  %7.0f tok/s  MFU %5.1f%%  a2a %4.1f%%  "
+                    "bubble %4.1f%%  ETA %s",
                     step + 1, opts.steps, loss.total, loss.aux, ema_tps, 100.0 * mfu,
-                    100.0 * t_a2a / dt, format_duration(eta).c_str());
+                    100.0 * t_a2a / dt, 100.0 * bubble, format_duration(eta).c_str());
       std::string s = line;
       if (!std::isnan(vl)) s += str_cat("  val ", vl);
       if (tty) {
-        std::fprintf(stderr, "\r%-120s", s.c_str());
+        std::fprintf(stderr, "\r%-130s", s.c_str());
         if (!std::isnan(vl) || last) std::fprintf(stderr, "\n");
       } else if (!std::isnan(vl) || step == 0 || (step + 1) % 20 == 0) {
         std::fprintf(stderr, "%s\n", s.c_str());
@@ -323,7 +420,7 @@ TrainResult run_training(const TrainOptions& opts) {
   res.mfu = flops_per_step * opts.steps / res.seconds / (res.peak_gflops * 1e9 * grid.world.size());
 
   if (root) model::save_config(cfg, opts.out_dir + "/config.json");
-  save_full_weights(model, cfg, grid, opts.out_dir + "/model.safetensors");
+  save_full_weights(model, cfg, grid, layers_per_stage, opts.out_dir + "/model.safetensors");
   if (opts.progress && root)
     std::fprintf(stderr,
                  "done: %d steps in %s, %.0f tokens/s, MFU %.1f%%, final val loss %.4f nats/byte; "

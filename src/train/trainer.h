@@ -36,6 +36,17 @@ struct TrainOptions {
   std::string a2a = "flat";     // token exchange: flat | rbd | halo
   int topo_ranks_per_node = 0;  // force the topology (0 = from the launcher)
   int topo_nodes_per_group = 0;
+  int micro_batches = 1;        // M: per-rank batch split into M micro-batches (gradient accumulation)
+  std::vector<int> pp_layers;   // explicit layers per stage (--pp.layers); empty = even split
+  std::string schedule = "1f1b";  // pipeline schedule: 1f1b | gpipe
+  std::string recompute = "none";  // activation checkpointing: none | moe | full
+};
+
+// Per-stage figures of one step, as reported in metrics.jsonl ("stages": [...]).
+struct StageStats {
+  double compute_s = 0, bubble_s = 0, a2a_s = 0, step_s = 0;
+  double activation_peak_bytes = 0, total_peak_bytes = 0;
+  int max_in_flight = 0;
 };
 
 struct TrainResult {
@@ -45,7 +56,10 @@ struct TrainResult {
   double mfu = 0.0;
   double peak_gflops = 0.0;
   double seconds = 0.0;
+  std::vector<StageStats> last_stages;             // per-stage figures of the last step
 };
+
+
 
 // Bad input found while setting up a multi-rank run: every rank throws it together (after an
 // agreement step), so the job ends cleanly instead of hanging or aborting; only the lowest rank
