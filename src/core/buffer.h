@@ -77,6 +77,13 @@ class Buffer {
     data_ = nullptr;
     size_ = 0;
   }
+  // Moves this buffer's bytes from its tracker to another (e.g. workspace -> kept activations).
+  void set_tracker(MemTracker* tracker) {
+    if (tracker == tracker_) return;
+    if (data_ && tracker_) tracker_->sub(bytes());
+    tracker_ = tracker;
+    if (data_ && tracker_) tracker_->add(bytes());
+  }
   void zero() {
     if (data_) std::memset(static_cast<void*>(data_), 0, size_ * sizeof(T));
   }

@@ -322,8 +322,13 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
   for (int l = st.first_layer; l < st.end_layer(c); ++l) {
     auto a = std::make_unique<LayerActs>();
     a->x = std::move(x);
-    Buffer<float> out(NH, mem);
-    layer_forward(l, *a, out.data(), B, T, mem);
+    // The stage's last output goes to x_out (the pipeline's buffer): a temporary, not kept.
+    const bool stage_output = l + 1 == st.end_layer(c) && !st.head;
+    Buffer<float> out(NH, stage_output ? &work_mem_ : mem);
+    // A layer that keeps only part of its activations computes them as workspace; what it keeps
+    // moves to the activation tracker, so its peak is exactly what is held for backward.
+    const Keep km = keep ? keep_mode(l) : Keep::kAll;
+    layer_forward(l, *a, out.data(), B, T, km == Keep::kAll ? mem : &work_mem_);
     if (c.is_moe_layer(l)) {
       loss.aux += a->moe.aux_loss;
       const auto& n = a->moe.layout.num_tokens_per_expert_E;
@@ -332,7 +337,11 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
     }
     x = std::move(out);
     if (keep) {
-      drop_activations(*a, keep_mode(l));
+      drop_activations(*a, km);
+      if (km != Keep::kAll)
+        for (Buffer<float>* b : {&a->ln1, &a->rstd1, &a->q, &a->k, &a->v, &a->att, &a->attn_out,
+                                 &a->h, &a->ln2, &a->rstd2, &a->mlp_g, &a->mlp_u, &a->mlp_h})
+          b->set_tracker(mem);
       mb.layers.push_back(std::move(a));
     }
   }
