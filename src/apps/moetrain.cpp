@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "comm/bench_a2a.h"
 #include "comm/mpi_runtime.h"
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -15,6 +16,13 @@
 using namespace moe;
 
 namespace {
+
+struct A2aCli {
+  comm::A2aBenchOptions opts;
+  std::string min_bytes = "256K", max_bytes = "8M";
+  std::vector<std::string> algorithms = {"flat", "rbd", "halo"};
+  int ranks_per_node = 0, nodes_per_group = 0;
+};
 
 void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   CLI::App* t = app.add_subcommand("train", "train a model (default: the tiny preset on the built-in corpus)");
@@ -51,9 +59,13 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   t->add_flag("--quiet", quiet, "no progress output");
 }
 
-void add_bench_command(CLI::App& app, mixture::MoeBenchOptions& b, bool& json, int& threads) {
+void add_a2a_bench(CLI::App* bench, A2aCli& a);
+
+void add_bench_command(CLI::App& app, mixture::MoeBenchOptions& b, bool& json, int& threads,
+                       A2aCli& a2a) {
   CLI::App* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
+  add_a2a_bench(bench, a2a);
   CLI::App* m = bench->add_subcommand("moe-layer", "one MoE layer forward+backward: padding-free vs padded");
   m->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   m->add_option("--tokens", b.tokens, "tokens T")->capture_default_str();
@@ -70,6 +82,60 @@ void add_bench_command(CLI::App& app, mixture::MoeBenchOptions& b, bool& json, i
   m->add_flag("--json", json, "print JSON instead of a table");
 }
 
+// "64K" / "8M" / "1G" / "4096" -> bytes; the error names the flag and the value.
+int64_t parse_size(const std::string& flag, const std::string& v) {
+  size_t pos = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &pos);
+  } catch (const std::exception&) {
+    throw Error(str_cat(flag, ": '", v, "' is not a size (e.g. 4096, 64K, 8M)"));
+  }
+  std::string unit = v.substr(pos);
+  double mult = unit.empty() ? 1 : unit == "K" ? 1024.0 : unit == "M" ? 1048576.0 : unit == "G" ? 1073741824.0 : -1;
+  MOE_CHECK(mult > 0 && x > 0, flag, ": '", v, "' is not a size (e.g. 4096, 64K, 8M)");
+  return static_cast<int64_t>(x * mult);
+}
+
+void add_a2a_bench(CLI::App* bench, A2aCli& a) {
+  CLI::App* m = bench->add_subcommand("a2a", "token exchange: flat vs rbd vs halo (run under mpirun)");
+  m->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  m->add_option("-b,--min-bytes", a.min_bytes, "smallest size per rank (flat dispatch bytes)")->capture_default_str();
+  m->add_option("-e,--max-bytes", a.max_bytes, "largest size per rank")->capture_default_str();
+  m->add_option("-f,--factor", a.opts.factor, "size multiplier")->capture_default_str();
+  m->add_option("--hidden", a.opts.hidden, "row width H")->capture_default_str();
+  m->add_option("--experts", a.opts.experts, "experts E")->capture_default_str();
+  m->add_option("--topk", a.opts.topk, "experts per token k")->capture_default_str();
+  m->add_option("--algos", a.algorithms, "algorithms (flat,rbd,halo)")->delimiter(',');
+  m->add_option("--routing", a.opts.routing, "uniform or skewed")->capture_default_str();
+  m->add_option("--iters", a.opts.iters, "timed iterations")->capture_default_str();
+  m->add_option("--warmup", a.opts.warmup, "untimed iterations")->capture_default_str();
+  m->add_option("--seed", a.opts.seed, "routing seed")->capture_default_str();
+  m->add_option("--topo.ranks-per-node", a.ranks_per_node, "emulate nodes of this many ranks");
+  m->add_option("--topo.nodes-per-group", a.nodes_per_group, "emulate switch groups of this many nodes");
+  m->add_flag("--json", a.opts.json, "print JSON instead of a table");
+}
+
+int run_a2a_bench_cli(int* argc, char*** argv, A2aCli& a) {
+  comm::MpiRuntime mpi(argc, argv);
+  try {
+    a.opts.min_bytes = parse_size("-b", a.min_bytes);
+    a.opts.max_bytes = parse_size("-e", a.max_bytes);
+    a.opts.algorithms.clear();
+    for (const std::string& s : a.algorithms) a.opts.algorithms.push_back(comm::parse_a2a_algorithm(s));
+    comm::Group world = comm::Group::world();
+    comm::Topology topo = comm::Topology::detect(world.size(), a.ranks_per_node, a.nodes_per_group);
+    comm::A2aBenchResult r = comm::run_a2a_bench(world, topo, a.opts);
+    if (world.rank() == 0)
+      std::printf("%s\n", a.opts.json ? comm::a2a_bench_json(r).c_str() : comm::format_a2a_table(r).c_str());
+  } catch (const std::exception& e) {
+    if (mpi.world_size() == 1) throw;
+    std::fprintf(stderr, "moetrain: error (rank %d of %d): %s\n", mpi.world_rank(), mpi.world_size(), e.what());
+    comm::MpiRuntime::abort(1);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -81,7 +147,8 @@ int main(int argc, char** argv) {
   bool bench_json = false;
   int bench_threads = 1;
   add_train_command(app, train_opts, quiet);
-  add_bench_command(app, bench_opts, bench_json, bench_threads);
+  A2aCli a2a_cli;
+  add_bench_command(app, bench_opts, bench_json, bench_threads, a2a_cli);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -93,6 +160,8 @@ int main(int argc, char** argv) {
     return e.get_exit_code() == 0 ? 2 : e.get_exit_code();
   }
   try {
+    if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("a2a"))
+      return run_a2a_bench_cli(&argc, &argv, a2a_cli);
     if (app.got_subcommand("bench")) {
       kernels::set_blas_threads(bench_threads);
       auto result = mixture::run_moe_layer_bench(bench_opts);

@@ -1,0 +1,240 @@
+// The all-to-all dispatch benchmark. See bench_a2a.h.
+// Legend: n ranks, T tokens per rank, k experts per token, H hidden, E experts.
+#include "comm/bench_a2a.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "core/timer.h"
+
+namespace moe::comm {
+namespace {
+
+void check_options(const A2aBenchOptions& o, int n) {
+  MOE_CHECK(o.hidden >= 1 && o.experts >= 1, "bench a2a: hidden=", o.hidden, " experts=", o.experts,
+            " must be >= 1");
+  MOE_CHECK(o.topk >= 1 && o.topk <= o.experts, "bench a2a: topk=", o.topk,
+            " must be in [1, experts=", o.experts, "]");
+  MOE_CHECK(o.experts % n == 0, "bench a2a: experts=", o.experts, " is not a multiple of the ", n,
+            " ranks");
+  MOE_CHECK(o.min_bytes >= 1 && o.max_bytes >= o.min_bytes, "bench a2a: -b ", o.min_bytes,
+            " and -e ", o.max_bytes, " must satisfy 1 <= b <= e");
+  MOE_CHECK(o.factor > 1.0 || o.min_bytes == o.max_bytes, "bench a2a: -f ", o.factor,
+            " must be > 1");
+  MOE_CHECK(o.iters >= 1 && o.warmup >= 0, "bench a2a: iters=", o.iters, " warmup=", o.warmup);
+  MOE_CHECK(o.routing == "uniform" || o.routing == "skewed", "bench a2a: routing '", o.routing,
+            "' (expected uniform or skewed)");
+  MOE_CHECK(!o.algorithms.empty(), "bench a2a: no algorithm selected");
+}
+
+// Exactly representable stamp of (source world rank, token, column): an integer below 2^24.
+float stamp(int world_rank, int64_t token, int c) {
+  uint32_t v = static_cast<uint32_t>(world_rank) * 1000003u + static_cast<uint32_t>(token) * 7919u +
+               static_cast<uint32_t>(c) * 104729u;
+  return static_cast<float>(v & 0xFFFFFFu);
+}
+
+struct Routing {
+  std::vector<int32_t> src_row, dst, tag;
+  std::vector<float> value;  // the token index (exact for T < 2^24): lets receivers verify origin
+};
+
+// k distinct experts per token; pairs grouped by destination rank (stable: token order).
+Routing make_routing(const A2aBenchOptions& o, int T, int n, Rng rng) {
+  const int E = o.experts, per_rank = E / n, k = o.topk;
+  std::vector<double> w(E, 1.0);
+  if (o.routing == "skewed")
+    for (int e = 0; e < E; ++e) w[e] = 1.0 / std::pow(e + 1.0, 1.2);
+  std::vector<std::vector<int32_t>> by_rank_t(n), by_rank_e(n);
+  std::vector<char> taken(E, 0);
+  std::vector<int> chosen;
+  for (int t = 0; t < T; ++t) {
+    chosen.clear();
+    double left = 0;
+    for (int e = 0; e < E; ++e) left += w[e];
+    for (int j = 0; j < k; ++j) {
+      double u = rng.uniform() * left;
+      int pick = -1;
+      for (int e = 0; e < E; ++e) {
+        if (taken[e]) continue;
+        pick = e;
+        if (u < w[e]) break;
+        u -= w[e];
+      }
+      taken[pick] = 1;
+      left -= w[pick];
+      chosen.push_back(pick);
+    }
+    std::sort(chosen.begin(), chosen.end());
+    for (int e : chosen) {
+      taken[e] = 0;
+      by_rank_t[e / per_rank].push_back(t);
+      by_rank_e[e / per_rank].push_back(e);
+    }
+  }
+  Routing r;
+  for (int d = 0; d < n; ++d)
+    for (size_t i = 0; i < by_rank_t[d].size(); ++i) {
+      r.src_row.push_back(by_rank_t[d][i]);
+      r.dst.push_back(d);
+      r.tag.push_back(by_rank_e[d][i]);
+      r.value.push_back(static_cast<float>(by_rank_t[d][i]));
+    }
+  return r;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t m = v.size();
+  return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+}
+
+}  // namespace
+
+A2aBenchResult run_a2a_bench(const Group& group, const Topology& topo, const A2aBenchOptions& o) {
+  const int n = group.size(), me = group.rank();
+  check_options(o, n);
+  const int H = o.hidden, k = o.topk, per_rank = o.experts / n;
+  const int64_t row_bytes = static_cast<int64_t>(k) * H * 4;  // per token, for flat
+  A2aBenchResult res;
+  res.opts = o;
+  res.ranks = n;
+  res.topology = topo.describe();
+  int size_index = 0;
+  for (double want = static_cast<double>(o.min_bytes); want <= static_cast<double>(o.max_bytes) * (1 + 1e-9);
+       want *= o.factor, ++size_index) {
+    const int64_t T = std::max<int64_t>(1, static_cast<int64_t>(want) / row_bytes);
+    MOE_CHECK(T < (1 << 24), "bench a2a: ", T, " tokens per rank is too many (max 2^24)");
+    Routing rt = make_routing(o, static_cast<int>(T), n,
+                              derive_rng(o.seed, static_cast<uint64_t>(group.world_rank()) * 4096 + size_index));
+    std::vector<float> src(static_cast<size_t>(T) * H);
+    for (int64_t t = 0; t < T; ++t)
+      for (int c = 0; c < H; ++c) src[t * H + c] = stamp(group.world_rank(), t, c);
+    const int np = static_cast<int>(rt.dst.size());
+    for (A2aAlgorithm algo : o.algorithms) {
+      TrafficStats stats;
+      TokenExchange ex(group, topo, algo, &stats);
+      std::vector<float> recv;
+      auto dispatch = [&](double* plan_s, double* mc_s) {
+        double t0 = now_seconds();
+        ExchangePlan plan = ex.plan(static_cast<int>(T), np, rt.src_row.data(), rt.dst.data(),
+                                    rt.tag.data(), rt.value.data());
+        double t1 = now_seconds();
+        recv.resize(static_cast<size_t>(plan.num_recv) * H);
+        stats.reset();
+        ex.multicast(plan, src.data(), recv.data(), H);
+        double t2 = now_seconds();
+        if (plan_s) *plan_s = t1 - t0;
+        if (mc_s) *mc_s = t2 - t1;
+        return plan;
+      };
+      for (int w = 0; w < o.warmup; ++w) dispatch(nullptr, nullptr);
+      std::vector<double> tp(o.iters), tm(o.iters), tt(o.iters);
+      for (int it = 0; it < o.iters; ++it) {
+        group.barrier();
+        dispatch(&tp[it], &tm[it]);
+        tt[it] = tp[it] + tm[it];
+      }
+      group.allreduce_max(tp.data(), o.iters);
+      group.allreduce_max(tm.data(), o.iters);
+      group.allreduce_max(tt.data(), o.iters);
+
+      // One more dispatch, verified row by row; its traffic is the row's traffic.
+      ExchangePlan plan = dispatch(nullptr, nullptr);
+      int64_t wrong = 0;
+      for (int i = 0; i < plan.num_recv; ++i) {
+        int64_t t = static_cast<int64_t>(plan.recv_value[i]);
+        bool ok = plan.recv_tag[i] / per_rank == me && t >= 0 && t < T &&
+                  static_cast<float>(t) == plan.recv_value[i];
+        int ws = group.world_rank_of(plan.recv_src_rank[i]);
+        for (int c = 0; ok && c < H; ++c) ok = recv[static_cast<size_t>(i) * H + c] == stamp(ws, t, c);
+        wrong += !ok;
+      }
+      int64_t sums[6] = {static_cast<int64_t>(stats.inter_node_bytes()),
+                         static_cast<int64_t>(stats.row_bytes(LinkClass::kIntraNode)),
+                         static_cast<int64_t>(stats.row_bytes(LinkClass::kSameRank)),
+                         static_cast<int64_t>(stats.inter_node_messages()), wrong,
+                         plan.num_recv};
+      group.allreduce_sum(sums, 6);
+      A2aBenchRow row;
+      row.size = T * row_bytes;
+      row.count = T;
+      row.algo = algo;
+      row.time_us = median(tt) * 1e6;
+      row.plan_us = median(tp) * 1e6;
+      row.multicast_us = median(tm) * 1e6;
+      row.algbw_gbps = row.time_us > 0 ? row.size / (row.time_us * 1e-6) / 1e9 : 0;
+      row.busbw_gbps = row.algbw_gbps * (n - 1) / n;
+      row.inter_node_bytes = static_cast<uint64_t>(sums[0]);
+      row.intra_node_bytes = static_cast<uint64_t>(sums[1]);
+      row.same_rank_bytes = static_cast<uint64_t>(sums[2]);
+      row.inter_node_msgs_per_rank = static_cast<double>(sums[3]) / n;
+      row.wrong = sums[4] + std::llabs(sums[5] - T * k * n);  // plus rows lost or invented
+      res.rows.push_back(row);
+    }
+  }
+  return res;
+}
+
+std::string format_a2a_table(const A2aBenchResult& r) {
+  const A2aBenchOptions& o = r.opts;
+  std::ostringstream os;
+  char line[320];
+  os << "# moetrain bench a2a: " << r.topology << "\n";
+  os << "# routing " << o.routing << ", E " << o.experts << ", k " << o.topk << ", H " << o.hidden
+     << " (fp32 rows); iters " << o.iters << ", warmup " << o.warmup << ", seed " << o.seed << "\n";
+  os << "# time: plan + multicast, median over iters of the slowest rank; bytes: all ranks, one "
+        "dispatch\n#\n";
+  std::snprintf(line, sizeof line, "%12s %9s %5s %11s %11s %11s %15s %15s %11s %7s\n", "size",
+                "count", "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "inter-node(B)",
+                "intra-node(B)", "inter-msg/r", "#wrong");
+  os << line;
+  for (const A2aBenchRow& x : r.rows) {
+    std::snprintf(line, sizeof line, "%12lld %9lld %5s %11.1f %11.3f %11.3f %15llu %15llu %11.2f %7lld\n",
+                  static_cast<long long>(x.size), static_cast<long long>(x.count),
+                  a2a_algorithm_name(x.algo), x.time_us, x.algbw_gbps, x.busbw_gbps,
+                  static_cast<unsigned long long>(x.inter_node_bytes),
+                  static_cast<unsigned long long>(x.intra_node_bytes), x.inter_node_msgs_per_rank,
+                  static_cast<long long>(x.wrong));
+    os << line;
+  }
+  return os.str();
+}
+
+std::string a2a_bench_json(const A2aBenchResult& r) {
+  const A2aBenchOptions& o = r.opts;
+  nlohmann::json j;
+  j["benchmark"] = "a2a";
+  j["ranks"] = r.ranks;
+  j["topology"] = r.topology;
+  std::vector<std::string> algos;
+  for (A2aAlgorithm a : o.algorithms) algos.push_back(a2a_algorithm_name(a));
+  j["options"] = {{"min_bytes", o.min_bytes}, {"max_bytes", o.max_bytes}, {"factor", o.factor},
+                  {"hidden", o.hidden},       {"experts", o.experts},     {"topk", o.topk},
+                  {"algorithms", algos},      {"routing", o.routing},     {"iters", o.iters},
+                  {"warmup", o.warmup},       {"seed", o.seed}};
+  nlohmann::json rows = nlohmann::json::array();
+  for (const A2aBenchRow& x : r.rows)
+    rows.push_back({{"size", x.size},
+                    {"count", x.count},
+                    {"algo", a2a_algorithm_name(x.algo)},
+                    {"time_us", x.time_us},
+                    {"plan_us", x.plan_us},
+                    {"multicast_us", x.multicast_us},
+                    {"algbw_gbps", x.algbw_gbps},
+                    {"busbw_gbps", x.busbw_gbps},
+                    {"inter_node_bytes", x.inter_node_bytes},
+                    {"intra_node_bytes", x.intra_node_bytes},
+                    {"same_rank_bytes", x.same_rank_bytes},
+                    {"inter_node_msgs_per_rank", x.inter_node_msgs_per_rank},
+                    {"wrong", x.wrong}});
+  j["rows"] = rows;
+  return j.dump(2);
+}
+
+}  // namespace moe::comm

@@ -1,0 +1,63 @@
+// `moetrain bench a2a`: the token dispatch (plan + multicast) of flat, rbd and halo, nccl-tests
+// style: one row per (message size, algorithm) with time, algbw, busbw, the exact bytes that crossed
+// node boundaries, and #wrong from checking every received row against its stamped origin.
+//   size   bytes per rank that flat sends for the dispatch: tokens · k · H · 4
+//   count  tokens per rank T = size / (k · H · 4), at least 1
+//   time   median over iters of the slowest rank's plan + multicast (barrier before each)
+//   algbw  size / time; busbw = algbw · (n − 1) / n (nccl-tests' all-to-all convention)
+// Routing: every token picks k distinct experts of E; expert e lives on rank e / (E / n).
+//   uniform  each expert equally likely
+//   skewed   expert e drawn with probability ∝ 1 / (e + 1)^1.2 (k draws without replacement, each
+//            proportional among the experts not yet chosen): low experts, hence low ranks, are hot
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/exchange.h"
+
+namespace moe::comm {
+
+struct A2aBenchOptions {
+  int64_t min_bytes = 256 << 10;  // -b
+  int64_t max_bytes = 8 << 20;    // -e
+  double factor = 2;              // -f: next size = size · factor
+  int hidden = 1024;              // H
+  int experts = 64;               // E (a multiple of the number of ranks)
+  int topk = 8;                   // k
+  std::vector<A2aAlgorithm> algorithms = {A2aAlgorithm::kFlat, A2aAlgorithm::kRbd,
+                                          A2aAlgorithm::kHalo};
+  std::string routing = "uniform";  // "uniform" | "skewed"
+  int iters = 20, warmup = 5;
+  uint64_t seed = 1;
+  bool json = false;              // for the caller: print a2a_bench_json instead of the table
+};
+
+struct A2aBenchRow {
+  int64_t size = 0;               // bytes per rank (tokens · k · H · 4)
+  int64_t count = 0;              // tokens per rank
+  A2aAlgorithm algo = A2aAlgorithm::kFlat;
+  double time_us = 0;             // plan + multicast (median of per-iteration max over ranks)
+  double plan_us = 0, multicast_us = 0;  // the same statistic of each part
+  double algbw_gbps = 0, busbw_gbps = 0;
+  uint64_t inter_node_bytes = 0;  // row bytes over inter-node + inter-group links, all ranks
+  uint64_t intra_node_bytes = 0;  // row bytes over intra-node links, all ranks
+  uint64_t same_rank_bytes = 0;   // row bytes a rank routed to itself, all ranks
+  double inter_node_msgs_per_rank = 0;  // non-empty inter-node row messages, mean over ranks
+  int64_t wrong = 0;              // rows with a wrong origin or content, plus missing rows
+};
+
+struct A2aBenchResult {
+  A2aBenchOptions opts;
+  int ranks = 0;
+  std::string topology;           // Topology::describe()
+  std::vector<A2aBenchRow> rows;
+};
+
+// Collective over `group` (every member calls it). Only rank 0's result needs to be complete
+// (all ranks get the same rows here). Throws moe::Error on bad options (naming them).
+A2aBenchResult run_a2a_bench(const Group& group, const Topology& topo, const A2aBenchOptions& opts);
+std::string format_a2a_table(const A2aBenchResult& result);
+std::string a2a_bench_json(const A2aBenchResult& result);
+
+}  // namespace moe::comm

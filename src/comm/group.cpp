@@ -1,0 +1,363 @@
+// Group and Request over MPI. See group.h.
+#include "comm/group.h"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "core/error.h"
+
+namespace moe::comm {
+namespace {
+
+static_assert(sizeof(MPI_Comm) <= sizeof(uint64_t), "MPI_Comm must fit the opaque handle");
+static_assert(sizeof(MPI_Request) <= sizeof(uint64_t), "MPI_Request must fit the opaque handle");
+
+template <class H>
+H unpack(uint64_t v) {
+  H h;
+  std::memcpy(&h, &v, sizeof(H));
+  return h;
+}
+template <class H>
+uint64_t pack(H h) {
+  uint64_t v = 0;
+  std::memcpy(&v, &h, sizeof(H));
+  return v;
+}
+
+enum Dtype { kFloat = 0, kInt32 = 1, kDouble = 2, kInt64 = 3 };
+MPI_Datatype mpi_type(int dtype) {
+  switch (dtype) {
+    case kFloat: return MPI_FLOAT;
+    case kInt32: return MPI_INT32_T;
+    case kDouble: return MPI_DOUBLE;
+    default: return MPI_INT64_T;
+  }
+}
+
+std::string mpi_error_string(int rc) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, buf, &len) != MPI_SUCCESS) return str_cat("MPI error code ", rc);
+  return std::string(buf, len);
+}
+
+// "MPI_Isend failed on group rank 2 of 8 (peer 5, tag 7): <MPI's message>"
+[[noreturn]] void fail(const char* op, int rc, int rank, int size, int peer = -1, int tag = -1) {
+  std::string where = str_cat(op, " failed on group rank ", rank, " of ", size);
+  if (peer >= 0) where += str_cat(" (peer ", peer, tag >= 0 ? str_cat(", tag ", tag) : "", ")");
+  throw Error(str_cat(where, ": ", mpi_error_string(rc)));
+}
+
+int to_int(int64_t count, const char* op) {
+  MOE_CHECK(count >= 0 && count <= INT_MAX, op, ": count ", count,
+            " out of MPI's int range [0, ", INT_MAX, "]");
+  return static_cast<int>(count);
+}
+
+bool mpi_alive() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+
+}  // namespace
+
+// ---- Request ----
+
+Request::Request(Request&& o) noexcept { *this = std::move(o); }
+
+Request& Request::operator=(Request&& o) noexcept {
+  if (this != &o) {
+    release();
+    handle_ = o.handle_;
+    active_ = std::exchange(o.active_, false);
+    is_recv_ = o.is_recv_;
+    dtype_ = o.dtype_;
+    count_ = o.count_;
+    peer_ = o.peer_;
+    tag_ = o.tag_;
+    rank_ = o.rank_;
+    size_ = o.size_;
+  }
+  return *this;
+}
+
+Request::~Request() { release(); }
+
+void Request::release() noexcept {
+  if (!active_) return;
+  active_ = false;
+  if (!mpi_alive()) return;
+  MPI_Request r = unpack<MPI_Request>(handle_);
+  if (is_recv_) {  // the buffer may die with us: make sure nothing lands in it later
+    MPI_Cancel(&r);
+    MPI_Wait(&r, MPI_STATUS_IGNORE);
+  } else {
+    MPI_Request_free(&r);
+  }
+}
+
+namespace {
+void check_received(const MPI_Status& st, int dtype, int64_t count, int peer, int tag, int rank,
+                    int size) {
+  int got = 0;
+  MPI_Get_count(&st, mpi_type(dtype), &got);
+  MOE_CHECK(got == count, "MPI_Irecv on group rank ", rank, " of ", size, " (peer ", peer,
+            ", tag ", tag, "): expected ", count, " elements, received ", got);
+}
+}  // namespace
+
+void Request::wait() {
+  if (!active_) return;
+  MPI_Request r = unpack<MPI_Request>(handle_);
+  MPI_Status st;
+  int rc = MPI_Wait(&r, &st);
+  active_ = false;
+  if (rc != MPI_SUCCESS) fail(is_recv_ ? "MPI_Wait(irecv)" : "MPI_Wait(isend)", rc, rank_, size_, peer_, tag_);
+  if (is_recv_) check_received(st, dtype_, count_, peer_, tag_, rank_, size_);
+}
+
+void wait_all(std::vector<Request>& reqs) {
+  std::vector<MPI_Request> handles;
+  std::vector<Request*> live;
+  for (Request& q : reqs) {
+    if (!q.active_) continue;
+    handles.push_back(unpack<MPI_Request>(q.handle_));
+    live.push_back(&q);
+  }
+  if (handles.empty()) return;
+  std::vector<MPI_Status> st(handles.size());
+  int rc = MPI_Waitall(static_cast<int>(handles.size()), handles.data(), st.data());
+  for (Request* q : live) q->active_ = false;
+  if (rc != MPI_SUCCESS) {
+    for (size_t i = 0; i < live.size(); ++i) {
+      if (rc == MPI_ERR_IN_STATUS && st[i].MPI_ERROR != MPI_SUCCESS &&
+          st[i].MPI_ERROR != MPI_ERR_PENDING) {
+        const Request& q = *live[i];
+        fail(q.is_recv_ ? "MPI_Waitall(irecv)" : "MPI_Waitall(isend)", st[i].MPI_ERROR, q.rank_,
+             q.size_, q.peer_, q.tag_);
+      }
+    }
+    fail("MPI_Waitall", rc, live[0]->rank_, live[0]->size_);
+  }
+  for (size_t i = 0; i < live.size(); ++i) {
+    const Request& q = *live[i];
+    if (q.is_recv_) check_received(st[i], q.dtype_, q.count_, q.peer_, q.tag_, q.rank_, q.size_);
+  }
+}
+
+// ---- Group ----
+
+Group::Group(Group&& o) noexcept { *this = std::move(o); }
+
+Group& Group::operator=(Group&& o) noexcept {
+  if (this != &o) {
+    release();
+    comm_ = o.comm_;
+    valid_ = std::exchange(o.valid_, false);
+    rank_ = std::exchange(o.rank_, -1);
+    size_ = std::exchange(o.size_, 0);
+    world_rank_ = o.world_rank_;
+    world_ranks_ = std::move(o.world_ranks_);
+  }
+  return *this;
+}
+
+Group::~Group() { release(); }
+
+void Group::release() noexcept {
+  if (!valid_) return;
+  valid_ = false;
+  if (!mpi_alive()) return;  // outlived MpiRuntime: MPI_Finalize has freed it
+  MPI_Comm c = unpack<MPI_Comm>(comm_);
+  MPI_Comm_free(&c);
+}
+
+namespace {
+// Fills a Group's fields from an owned communicator.
+void adopt(MPI_Comm c, uint64_t& comm, bool& valid, int& rank, int& size, int& world_rank,
+           std::vector<int>& world_ranks) {
+  comm = pack(c);
+  valid = true;
+  auto check = [&](int rc, const char* op) {
+    if (rc != MPI_SUCCESS) fail(op, rc, rank, size);
+  };
+  check(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  check(MPI_Comm_rank(c, &rank), "MPI_Comm_rank");
+  check(MPI_Comm_size(c, &size), "MPI_Comm_size");
+  check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank(MPI_COMM_WORLD)");
+  MPI_Group g, w;
+  check(MPI_Comm_group(c, &g), "MPI_Comm_group");
+  check(MPI_Comm_group(MPI_COMM_WORLD, &w), "MPI_Comm_group(MPI_COMM_WORLD)");
+  std::vector<int> mine(size);
+  for (int i = 0; i < size; ++i) mine[i] = i;
+  world_ranks.assign(size, -1);
+  int rc = MPI_Group_translate_ranks(g, size, mine.data(), w, world_ranks.data());
+  MPI_Group_free(&g);
+  MPI_Group_free(&w);
+  check(rc, "MPI_Group_translate_ranks");
+}
+}  // namespace
+
+Group Group::world() {
+  MOE_CHECK(mpi_alive(), "Group::world: MPI is not initialised (create a comm::MpiRuntime first)");
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm c;
+  int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c);
+  if (rc != MPI_SUCCESS) {
+    int r = 0, n = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    fail("MPI_Comm_dup(MPI_COMM_WORLD)", rc, r, n);
+  }
+  Group g;
+  adopt(c, g.comm_, g.valid_, g.rank_, g.size_, g.world_rank_, g.world_ranks_);
+  return g;
+}
+
+Group Group::split(int color, int key) const {
+  MOE_CHECK(valid_, "Group::split on an invalid group");
+  MPI_Comm c;
+  int rc = MPI_Comm_split(unpack<MPI_Comm>(comm_), color < 0 ? MPI_UNDEFINED : color, key, &c);
+  if (rc != MPI_SUCCESS) fail("MPI_Comm_split", rc, rank_, size_);
+  Group g;
+  if (c == MPI_COMM_NULL) return g;
+  adopt(c, g.comm_, g.valid_, g.rank_, g.size_, g.world_rank_, g.world_ranks_);
+  return g;
+}
+
+int Group::world_rank_of(int group_rank) const {
+  MOE_CHECK(group_rank >= 0 && group_rank < size_, "Group::world_rank_of: rank ", group_rank,
+            " out of range [0, ", size_, ")");
+  return world_ranks_[group_rank];
+}
+
+void Group::check_peer(int peer, const char* op) const {
+  MOE_CHECK(valid_, op, " on an invalid group");
+  MOE_CHECK(peer >= 0 && peer < size_, op, " on group rank ", rank_, " of ", size_, ": peer ",
+            peer, " out of range [0, ", size_, ")");
+}
+
+void Group::barrier() const {
+  MOE_CHECK(valid_, "MPI_Barrier on an invalid group");
+  int rc = MPI_Barrier(unpack<MPI_Comm>(comm_));
+  if (rc != MPI_SUCCESS) fail("MPI_Barrier", rc, rank_, size_);
+}
+
+void Group::alltoall(const int32_t* send, int32_t* recv, int count_per_rank) const {
+  MOE_CHECK(valid_, "MPI_Alltoall on an invalid group");
+  int rc = MPI_Alltoall(send, count_per_rank, MPI_INT32_T, recv, count_per_rank, MPI_INT32_T,
+                        unpack<MPI_Comm>(comm_));
+  if (rc != MPI_SUCCESS) fail("MPI_Alltoall", rc, rank_, size_);
+}
+
+void Group::alltoallv_impl(int dtype, const void* send, const std::vector<int>& send_counts,
+                           const std::vector<int>& send_displs, void* recv,
+                           const std::vector<int>& recv_counts,
+                           const std::vector<int>& recv_displs) const {
+  MOE_CHECK(valid_, "MPI_Alltoallv on an invalid group");
+  size_t n = static_cast<size_t>(size_);
+  MOE_CHECK(send_counts.size() == n && send_displs.size() == n && recv_counts.size() == n &&
+                recv_displs.size() == n,
+            "MPI_Alltoallv on group rank ", rank_, " of ", size_,
+            ": counts/displacements must have one entry per rank (got ", send_counts.size(), ", ",
+            send_displs.size(), ", ", recv_counts.size(), ", ", recv_displs.size(), ")");
+  MPI_Datatype t = mpi_type(dtype);
+  int rc = MPI_Alltoallv(send, send_counts.data(), send_displs.data(), t, recv, recv_counts.data(),
+                         recv_displs.data(), t, unpack<MPI_Comm>(comm_));
+  if (rc != MPI_SUCCESS) fail("MPI_Alltoallv", rc, rank_, size_);
+}
+
+void Group::alltoallv(const float* send, const std::vector<int>& sc, const std::vector<int>& sd,
+                      float* recv, const std::vector<int>& rc, const std::vector<int>& rd) const {
+  alltoallv_impl(kFloat, send, sc, sd, recv, rc, rd);
+}
+void Group::alltoallv(const int32_t* send, const std::vector<int>& sc, const std::vector<int>& sd,
+                      int32_t* recv, const std::vector<int>& rc, const std::vector<int>& rd) const {
+  alltoallv_impl(kInt32, send, sc, sd, recv, rc, rd);
+}
+
+void Group::allreduce_impl(int dtype, int op, void* data, int64_t count, const char* name) const {
+  MOE_CHECK(valid_, name, " on an invalid group");
+  int n = to_int(count, name);
+  int rc = MPI_Allreduce(MPI_IN_PLACE, data, n, mpi_type(dtype), op == 0 ? MPI_SUM : MPI_MAX,
+                         unpack<MPI_Comm>(comm_));
+  if (rc != MPI_SUCCESS) fail(name, rc, rank_, size_);
+}
+
+void Group::allreduce_sum(float* d, int64_t n) const { allreduce_impl(kFloat, 0, d, n, "MPI_Allreduce(sum)"); }
+void Group::allreduce_sum(double* d, int64_t n) const { allreduce_impl(kDouble, 0, d, n, "MPI_Allreduce(sum)"); }
+void Group::allreduce_sum(int64_t* d, int64_t n) const { allreduce_impl(kInt64, 0, d, n, "MPI_Allreduce(sum)"); }
+void Group::allreduce_max(double* d, int64_t n) const { allreduce_impl(kDouble, 1, d, n, "MPI_Allreduce(max)"); }
+void Group::allreduce_max(int64_t* d, int64_t n) const { allreduce_impl(kInt64, 1, d, n, "MPI_Allreduce(max)"); }
+
+void Group::allgather(const int32_t* send, int32_t* recv, int count_per_rank) const {
+  MOE_CHECK(valid_, "MPI_Allgather on an invalid group");
+  int rc = MPI_Allgather(send, count_per_rank, MPI_INT32_T, recv, count_per_rank, MPI_INT32_T,
+                         unpack<MPI_Comm>(comm_));
+  if (rc != MPI_SUCCESS) fail("MPI_Allgather", rc, rank_, size_);
+}
+
+void Group::allgather(const double* send, double* recv, int count_per_rank) const {
+  MOE_CHECK(valid_, "MPI_Allgather on an invalid group");
+  int rc = MPI_Allgather(send, count_per_rank, MPI_DOUBLE, recv, count_per_rank, MPI_DOUBLE,
+                         unpack<MPI_Comm>(comm_));
+  if (rc != MPI_SUCCESS) fail("MPI_Allgather", rc, rank_, size_);
+}
+
+void Group::blocking(bool is_recv, int dtype, void* data, int64_t count, int peer, int tag) const {
+  const char* op = is_recv ? "MPI_Recv" : "MPI_Send";
+  check_peer(peer, op);
+  int n = to_int(count, op);
+  MPI_Comm c = unpack<MPI_Comm>(comm_);
+  if (!is_recv) {
+    int rc = MPI_Send(data, n, mpi_type(dtype), peer, tag, c);
+    if (rc != MPI_SUCCESS) fail(op, rc, rank_, size_, peer, tag);
+    return;
+  }
+  MPI_Status st;
+  int rc = MPI_Recv(data, n, mpi_type(dtype), peer, tag, c, &st);
+  if (rc != MPI_SUCCESS) fail(op, rc, rank_, size_, peer, tag);
+  int got = 0;
+  MPI_Get_count(&st, mpi_type(dtype), &got);
+  MOE_CHECK(got == n, "MPI_Recv on group rank ", rank_, " of ", size_, " (peer ", peer, ", tag ",
+            tag, "): expected ", n, " elements, received ", got);
+}
+
+Request Group::post(bool is_recv, int dtype, void* data, int64_t count, int peer, int tag) const {
+  const char* op = is_recv ? "MPI_Irecv" : "MPI_Isend";
+  check_peer(peer, op);
+  int n = to_int(count, op);
+  MPI_Request r;
+  int rc = is_recv ? MPI_Irecv(data, n, mpi_type(dtype), peer, tag, unpack<MPI_Comm>(comm_), &r)
+                   : MPI_Isend(data, n, mpi_type(dtype), peer, tag, unpack<MPI_Comm>(comm_), &r);
+  if (rc != MPI_SUCCESS) fail(op, rc, rank_, size_, peer, tag);
+  Request q;
+  q.handle_ = pack(r);
+  q.active_ = true;
+  q.is_recv_ = is_recv;
+  q.dtype_ = dtype;
+  q.count_ = n;
+  q.peer_ = peer;
+  q.tag_ = tag;
+  q.rank_ = rank_;
+  q.size_ = size_;
+  return q;
+}
+
+void Group::send(const float* d, int64_t n, int p, int t) const { blocking(false, kFloat, const_cast<float*>(d), n, p, t); }
+void Group::send(const int32_t* d, int64_t n, int p, int t) const { blocking(false, kInt32, const_cast<int32_t*>(d), n, p, t); }
+void Group::recv(float* d, int64_t n, int p, int t) const { blocking(true, kFloat, d, n, p, t); }
+void Group::recv(int32_t* d, int64_t n, int p, int t) const { blocking(true, kInt32, d, n, p, t); }
+Request Group::isend(const float* d, int64_t n, int p, int t) const { return post(false, kFloat, const_cast<float*>(d), n, p, t); }
+Request Group::isend(const int32_t* d, int64_t n, int p, int t) const { return post(false, kInt32, const_cast<int32_t*>(d), n, p, t); }
+Request Group::irecv(float* d, int64_t n, int p, int t) const { return post(true, kFloat, d, n, p, t); }
+Request Group::irecv(int32_t* d, int64_t n, int p, int t) const { return post(true, kInt32, d, n, p, t); }
+
+}  // namespace moe::comm

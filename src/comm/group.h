@@ -1,0 +1,113 @@
+// A communicator: a set of ranks that exchange data (the world, an expert-parallel group, a
+// pipeline pair). Owns a duplicated MPI communicator, so its traffic never mixes with other
+// groups'. Every call checks MPI's return code and throws moe::Error naming the operation, this
+// rank's place in the group, the peer where there is one, and MPI's own message.
+// Counts and displacements are in elements. mpi.h stays out of this header: MPI handles are
+// kept as opaque 64-bit words (checked by static_assert in group.cpp).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace moe::comm {
+
+// A pending non-blocking send or receive. Movable, not copyable. A receive checks on completion
+// that exactly the posted number of elements arrived. Destroying a pending request cancels a
+// receive and detaches a send (only on error paths: wait for every request you post).
+class Request {
+ public:
+  Request() = default;
+  Request(Request&& o) noexcept;
+  Request& operator=(Request&& o) noexcept;
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request();
+
+  bool pending() const { return active_; }
+  void wait();
+
+ private:
+  friend class Group;
+  friend void wait_all(std::vector<Request>& reqs);
+  void release() noexcept;
+  uint64_t handle_ = 0;       // MPI_Request
+  bool active_ = false;
+  bool is_recv_ = false;
+  int dtype_ = 0;             // 0 float, 1 int32
+  int64_t count_ = 0;         // elements posted
+  int peer_ = -1, tag_ = 0, rank_ = -1, size_ = 0;
+};
+
+// Waits for all (MPI_Waitall); pending requests only, done ones are skipped.
+void wait_all(std::vector<Request>& reqs);
+
+class Group {
+ public:
+  Group() = default;  // invalid (valid() == false) until assigned
+  Group(Group&& o) noexcept;
+  Group& operator=(Group&& o) noexcept;
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+  ~Group();
+
+  // A duplicate of MPI_COMM_WORLD (MPI must be initialised: see MpiRuntime).
+  static Group world();
+  // Collective. Ranks with the same color form one group, ordered by (key, rank). color < 0: this
+  // rank joins no group (the result is invalid).
+  Group split(int color, int key) const;
+
+  bool valid() const { return valid_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int world_rank() const { return world_rank_; }   // of this process
+  int world_rank_of(int group_rank) const;          // of a member
+
+  void barrier() const;
+
+  // count_per_rank elements to and from every rank.
+  void alltoall(const int32_t* send, int32_t* recv, int count_per_rank) const;
+  // Counts/displacements: size() entries each, in elements.
+  void alltoallv(const float* send, const std::vector<int>& send_counts,
+                 const std::vector<int>& send_displs, float* recv,
+                 const std::vector<int>& recv_counts, const std::vector<int>& recv_displs) const;
+  void alltoallv(const int32_t* send, const std::vector<int>& send_counts,
+                 const std::vector<int>& send_displs, int32_t* recv,
+                 const std::vector<int>& recv_counts, const std::vector<int>& recv_displs) const;
+
+  // In place, over all ranks.
+  void allreduce_sum(float* data, int64_t count) const;
+  void allreduce_sum(double* data, int64_t count) const;
+  void allreduce_sum(int64_t* data, int64_t count) const;
+  void allreduce_max(double* data, int64_t count) const;
+  void allreduce_max(int64_t* data, int64_t count) const;
+
+  // recv[r * count_per_rank + i] = rank r's send[i]
+  void allgather(const int32_t* send, int32_t* recv, int count_per_rank) const;
+  void allgather(const double* send, double* recv, int count_per_rank) const;
+
+  void send(const float* data, int64_t count, int peer, int tag = 0) const;
+  void send(const int32_t* data, int64_t count, int peer, int tag = 0) const;
+  void recv(float* data, int64_t count, int peer, int tag = 0) const;   // exactly count arrive
+  void recv(int32_t* data, int64_t count, int peer, int tag = 0) const;
+  Request isend(const float* data, int64_t count, int peer, int tag = 0) const;
+  Request isend(const int32_t* data, int64_t count, int peer, int tag = 0) const;
+  Request irecv(float* data, int64_t count, int peer, int tag = 0) const;
+  Request irecv(int32_t* data, int64_t count, int peer, int tag = 0) const;
+
+ private:
+  void release() noexcept;
+  Request post(bool is_recv, int dtype, void* data, int64_t count, int peer, int tag) const;
+  void blocking(bool is_recv, int dtype, void* data, int64_t count, int peer, int tag) const;
+  void alltoallv_impl(int dtype, const void* send, const std::vector<int>& send_counts,
+                      const std::vector<int>& send_displs, void* recv,
+                      const std::vector<int>& recv_counts,
+                      const std::vector<int>& recv_displs) const;
+  void allreduce_impl(int dtype, int op, void* data, int64_t count, const char* name) const;
+  void check_peer(int peer, const char* op) const;
+
+  uint64_t comm_ = 0;  // MPI_Comm (owned; freed in the destructor)
+  bool valid_ = false;
+  int rank_ = -1, size_ = 0, world_rank_ = -1;
+  std::vector<int> world_ranks_;  // [size] world rank of each member
+};
+
+}  // namespace moe::comm
