@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/config.h"
+#include "model/memory_sizes.h"
 #include "model/model.h"
 #include "model/weights_io.h"
 #include "train/optimizer.h"
@@ -296,4 +297,22 @@ TEST(Model, StagesChainedEqualTheWholeModel) {
   EXPECT_FALSE(a.layout().contains("lm_head.weight"));
   EXPECT_FALSE(b.layout().contains("model.embed_tokens.weight"));
   EXPECT_EQ(a.layout().total() + b.layout().total(), whole.layout().total());
+}
+
+// The planner's size functions are the allocations: the activation high-water mark of a whole
+// model equals their sum to the byte, for every recompute mode.
+TEST(Model, MemorySizeFunctionsMatchTheAllocations) {
+  model::ModelConfig c = model::preset("test-moe");
+  const int B = 2, T = 16;
+  auto tok = random_tokens(B, T, 256, 3);
+  for (const char* rc : {"none", "moe", "full"}) {
+    model::Model m(c, {}, nullptr, {}, model::parse_recompute(rc));
+    m.init_weights(1);
+    m.forward(tok.data(), B, T);
+    size_t elems = model::head_kept_elems(c, B, T);
+    for (int l = 0; l < c.num_hidden_layers; ++l)
+      elems += model::layer_kept_elems(c, l, B, T, static_cast<size_t>(B) * T * c.num_experts_per_tok, rc);
+    EXPECT_EQ(m.activation_memory().peak(), 4 * elems) << rc;
+    m.backward();
+  }
 }

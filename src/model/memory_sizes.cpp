@@ -1,0 +1,38 @@
+#include "model/memory_sizes.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace moe::model {
+
+LayerActivationSizes layer_activation_elems(const ModelConfig& c, int B, int T, size_t R) {
+  const size_t N = static_cast<size_t>(B) * T, H = c.hidden_size, nh = c.num_attention_heads;
+  const size_t E = c.n_routed_experts, k = c.num_experts_per_tok, F = c.moe_intermediate_size;
+  const size_t Fs = F * c.n_shared_experts, I = c.intermediate_size;
+  LayerActivationSizes s;
+  s.attention = 8 * N * H + 2 * N + static_cast<size_t>(B) * nh * T * T;
+  s.dense_ffn = 3 * N * I;
+  const size_t aux = c.aux_loss_alpha > 0 ? (c.seq_aux ? static_cast<size_t>(B) * E : E) : 0;
+  s.moe_ffn = N * E + 2 * N * k + aux + (2 * E + 1) + R + N * k + 2 * R * H + 3 * R * F + 3 * N * Fs;
+  s.input = N * H;
+  return s;
+}
+
+size_t layer_kept_elems(const ModelConfig& c, int layer, int B, int T, size_t moe_rows,
+                        const char* recompute) {
+  const LayerActivationSizes s = layer_activation_elems(c, B, T, moe_rows);
+  const bool moe = c.is_moe_layer(layer);
+  if (std::strcmp(recompute, "full") == 0) return s.input;
+  if (std::strcmp(recompute, "moe") == 0 && moe) return s.attention;
+  MOE_CHECK(std::strcmp(recompute, "none") == 0 || std::strcmp(recompute, "moe") == 0,
+            "unknown recompute mode '", recompute, "'");
+  return s.attention + (moe ? s.moe_ffn : s.dense_ffn);
+}
+
+size_t head_kept_elems(const ModelConfig& c, int B, int T) {
+  const size_t N = static_cast<size_t>(B) * T;
+  return 2 * N * c.hidden_size + 2 * N + 2 * N * c.vocab_size;
+}
+
+}  // namespace moe::model
