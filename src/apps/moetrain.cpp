@@ -56,6 +56,12 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   t->add_option("--a2a", o.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase)")->capture_default_str();
   t->add_option("--topo.ranks-per-node", o.topo_ranks_per_node, "emulate nodes of this many ranks (0 = from the launcher)");
   t->add_option("--topo.nodes-per-group", o.topo_nodes_per_group, "emulate switch groups of this many nodes (0 = one group)");
+  t->add_option("--checkpoint.dir", o.checkpoint_dir, "checkpoint folder (default <out>/checkpoints)");
+  t->add_option("--checkpoint.every", o.checkpoint_every, "checkpoint every N steps (0: at the end and on SIGTERM)")->capture_default_str();
+  t->add_option("--checkpoint.keep", o.checkpoint_keep, "complete checkpoints to keep (0 = all)")->capture_default_str();
+  t->add_option("--resume", o.resume, "continue from 'latest' (in the checkpoint folder) or a step-N folder");
+  t->add_option("--max-bad-steps", o.max_bad_steps, "non-finite steps in a row before stopping")->capture_default_str();
+  t->add_option("--fault.nan-steps", o.fault_nan_steps, "testing: poison the gradients of these steps")->delimiter(',');
   t->add_flag("--quiet", quiet, "no progress output");
 }
 
@@ -177,6 +183,7 @@ int main(int argc, char** argv) {
       comm::MpiRuntime mpi(&argc, &argv);
       try {
         train_opts.progress = !quiet;
+        train::install_stop_handlers();
         train::run_training(train_opts);
       } catch (const train::SetupError& e) {
         // Every rank stopped at the same point: report once, finalise MPI, exit 1.

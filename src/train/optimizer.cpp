@@ -29,6 +29,7 @@ double AdamW::step(float* params, const float* grads, int s) {
     (p.is_expert ? sq_experts : sq_replicated) += kernels::sum_squares(grads + p.offset, p.numel);
   const double norm = std::sqrt(reduce_sq_ ? reduce_sq_(sq_replicated, sq_experts)
                                            : sq_replicated + sq_experts);
+  if (!std::isfinite(norm)) return norm;  // a non-finite gradient: no update (the caller counts it)
   float scale = 1.0f;
   if (cfg_.grad_clip > 0.0f) {
     // torch: clip_coef = max_norm / (total_norm + 1e-6), applied when < 1, in float32.

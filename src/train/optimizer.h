@@ -31,7 +31,7 @@ class AdamW {
  public:
   AdamW(const model::ParamLayout& layout, OptimConfig cfg, MemTracker* mem = nullptr);
   // One update of params from grads (grads are read, not zeroed). Returns the global gradient
-  // norm before clipping. `step` is 0-based.
+  // norm before clipping; when it is not finite, nothing is updated. `step` is 0-based.
   double step(float* params, const float* grads, int step);
   const OptimConfig& config() const { return cfg_; }
   // Expert parallelism: each rank holds only its experts, and with pipeline stages only its

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -22,6 +23,7 @@
 #include "model/weights_io.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
+#include "train/checkpoint.h"
 
 namespace moe::train {
 namespace fs = std::filesystem;
@@ -30,6 +32,15 @@ using nlohmann::json;
 std::string default_corpus_path() {
   if (fs::exists("data/kjv.txt")) return "data/kjv.txt";
   return std::string(MOETRAIN_SOURCE_DIR) + "/data/kjv.txt";
+}
+
+volatile std::sig_atomic_t g_stop_requested = 0;
+
+void request_stop(int) { g_stop_requested = 1; }
+
+void install_stop_handlers() {
+  std::signal(SIGTERM, request_stop);
+  std::signal(SIGINT, request_stop);
 }
 
 namespace {
@@ -138,7 +149,7 @@ TrainResult run_training(const TrainOptions& opts) {
   std::optional<io::ByteCorpus> corpus;
   std::ofstream metrics;
   const bool root = world.rank() == 0;
-  std::string setup_error;
+  std::string setup_error, ckpt_dir, resume_path;
   comm::A2aAlgorithm algo = comm::A2aAlgorithm::kFlat;
   try {
     algo = comm::parse_a2a_algorithm(opts.a2a);
@@ -167,12 +178,30 @@ TrainResult run_training(const TrainOptions& opts) {
       std::vector<int32_t> one(static_cast<size_t>(opts.seq_len) + 1);
       corpus->sample_batch(one.data(), 1, opts.seq_len, probe, io::Split::kTrain);
     }
+    ckpt_dir = opts.checkpoint_dir.empty() ? opts.out_dir + "/checkpoints" : opts.checkpoint_dir;
+    MOE_CHECK(opts.checkpoint_keep >= 0, "--checkpoint.keep must be >= 0, got ", opts.checkpoint_keep);
+    MOE_CHECK(opts.checkpoint_every >= 0, "--checkpoint.every must be >= 0, got ", opts.checkpoint_every);
+    MOE_CHECK(opts.max_bad_steps >= 1, "--max-bad-steps must be >= 1, got ", opts.max_bad_steps);
+    if (!opts.resume.empty()) {
+      resume_path = opts.resume == "latest" ? find_latest_checkpoint(ckpt_dir) : opts.resume;
+      MOE_CHECK(!resume_path.empty(), ckpt_dir, ": --resume latest found no complete checkpoint");
+      CheckpointMeta meta = read_checkpoint_meta(resume_path, /*verify=*/true);
+      const json want = model::config_to_json(cfg);
+      for (const auto& [key, value] : want.items())
+        MOE_CHECK(meta.config.contains(key) && meta.config[key] == value, resume_path,
+                  ": checkpoint was written for a different model (", key, " = ",
+                  meta.config.contains(key) ? meta.config[key].dump() : "missing", ", this run: ",
+                  value.dump(), ")");
+      MOE_CHECK(meta.step <= opts.steps, resume_path, ": checkpoint is at step ", meta.step,
+                ", beyond --steps ", opts.steps);
+    }
     if (root) {
       std::error_code ec;
       fs::create_directories(opts.out_dir, ec);
       MOE_CHECK(!ec, opts.out_dir, ": cannot create output folder (", ec.message(), ")");
       const std::string metrics_path = opts.out_dir + "/metrics.jsonl";
-      metrics.open(metrics_path, std::ios::trunc);
+      // A resumed run appends to the metrics of the run it continues.
+      metrics.open(metrics_path, opts.resume.empty() ? std::ios::trunc : std::ios::app);
       MOE_CHECK(metrics.good(), metrics_path, ": cannot open for writing");
     }
   } catch (const Error& e) {
@@ -227,6 +256,33 @@ TrainResult run_training(const TrainOptions& opts) {
   });
   MemTracker pipe_mem(&model.total_memory());
   Rng data_rng = derive_rng(opts.seed, /*stream=*/1);
+  // Which rank writes each logical tensor (each exactly once): data-parallel index 0, and for
+  // tensors replicated over the EP group, its first rank.
+  const parallel::RankCoords me = grid.me;
+  auto owned = [me](const model::ParamSpec& s) { return me.dp == 0 && me.tp == 0 && (me.ep == 0 || s.is_expert); };
+  json parallel_json = {{"pp", grid.dims.pp}, {"dp", grid.dims.dp}, {"ep", grid.dims.ep},
+                        {"tp", grid.dims.tp}, {"layers_per_stage", layers_per_stage},
+                        {"micro_batches", M}, {"a2a", opts.a2a}, {"batch_per_rank", B}};
+  json placement_json = json::object();
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
+    if (!cfg.is_moe_layer(l)) continue;
+    std::vector<int> where;
+    for (int e = 0; e < cfg.n_routed_experts; ++e) where.push_back(e / (cfg.n_routed_experts / grid.dims.ep));
+    placement_json[std::to_string(l)] = where;
+  }
+  int step0 = 0, bad_steps = 0, bad_in_a_row = 0;
+  std::string last_checkpoint;
+  bool stopped_early = false;
+  if (!resume_path.empty()) {
+    CheckpointMeta meta = read_checkpoint_meta(resume_path, /*verify=*/false);  // verified in setup
+    load_checkpoint_tensors(resume_path, model.layout(), model.params(), opt.m().data(), opt.v().data());
+    step0 = meta.step;
+    bad_steps = meta.bad_steps;
+    data_rng.set_state(meta.data_rng_state);
+    last_checkpoint = resume_path;
+    if (root && opts.progress)
+      std::fprintf(stderr, "resumed from %s at step %d\n", resume_path.c_str(), step0);
+  }
   // The global batch is [M][D][Bm] sequences: micro-batch m of data rank d is one block, so the
   // m-th micro-batches of all data ranks form the m-th micro-batch of one process.
   std::vector<int32_t> tokens(static_cast<size_t>(B_global) * (T + 1));
@@ -256,7 +312,7 @@ TrainResult run_training(const TrainOptions& opts) {
   for (int m = 0; m < M; ++m) mbs.push_back(model.new_micro_batch());
   const double t_start = now_seconds();
   double ema_tps = 0.0;
-  for (int step = 0; step < opts.steps; ++step) {
+  for (int step = step0; step < opts.steps; ++step) {
     double t_sync = 0, t_opt = 0;
     traffic.reset();
     const double t0 = now_seconds();
@@ -288,12 +344,6 @@ TrainResult run_training(const TrainOptions& opts) {
       ScopedTimer t(t_sync);
       parallel::sync_gradients(model.layout(), model.grads(), grid);
     }
-    double gnorm;
-    {
-      ScopedTimer t(t_opt);
-      gnorm = opt.step(model.params(), model.grads(), step);
-    }
-    const double dt = now_seconds() - t0;
     // Global figures: losses averaged over the data ranks and summed over the stages (ce lives on
     // the last stage, each stage has its own layers' aux losses); loads and bytes summed.
     loss.ce = data_mean(grid, loss.ce);
@@ -305,7 +355,32 @@ TrainResult run_training(const TrainOptions& opts) {
       loss.aux = parts[1];
     }
     loss.total = loss.ce + loss.aux;
-    MOE_CHECK(std::isfinite(loss.total), "step ", step + 1, ": loss is not finite (", loss.total, ")");
+    if (std::find(opts.fault_nan_steps.begin(), opts.fault_nan_steps.end(), step + 1) !=
+        opts.fault_nan_steps.end())
+      model.grads()[0] = NAN;  // test hook: a non-finite gradient on every rank's first tensor
+    double gnorm = NAN;
+    bool skipped = false;
+    {
+      ScopedTimer t(t_opt);
+      // A non-finite loss or gradient norm (the same on every rank) skips the update.
+      if (std::isfinite(loss.total)) gnorm = opt.step(model.params(), model.grads(), step);
+      skipped = !std::isfinite(loss.total) || !std::isfinite(gnorm);
+    }
+    if (skipped) {
+      ++bad_steps;
+      ++bad_in_a_row;
+      if (root)
+        std::fprintf(stderr, "%sstep %d: non-finite %s, update skipped (%d in a row, %d in all)\n",
+                     tty ? "\n" : "", step + 1, std::isfinite(loss.total) ? "gradient" : "loss",
+                     bad_in_a_row, bad_steps);
+      MOE_CHECK(bad_in_a_row < opts.max_bad_steps, bad_in_a_row,
+                " non-finite steps in a row (--max-bad-steps ", opts.max_bad_steps,
+                "): stopping; the last good checkpoint is ",
+                last_checkpoint.empty() ? std::string("none") : last_checkpoint);
+    } else {
+      bad_in_a_row = 0;
+    }
+    const double dt = now_seconds() - t0;
     std::vector<int64_t> bytes;
     for (int c = 0; c < comm::kNumLinkClasses; ++c) bytes.push_back(static_cast<int64_t>(traffic.bytes[c]));
     if (grid.data.size() > 1 && !flat_loads.empty())
@@ -352,7 +427,35 @@ TrainResult run_training(const TrainOptions& opts) {
       vl = validation_loss(model, val, B, T, opts.eval_batches, grid);
       res.val_losses.emplace_back(step + 1, vl);
     }
-    if (!root) continue;
+    // Checkpoint every N steps, at the end, and when a scheduler asks us to stop (SIGTERM/SIGINT
+    // on any rank: all ranks agree, finish this step, save, and exit cleanly).
+    int64_t stop = g_stop_requested ? 1 : 0;
+    if (grid.world.size() > 1) grid.world.allreduce_max(&stop, 1);
+    const bool save = last || stop ||
+                      (opts.checkpoint_every > 0 && (step + 1) % opts.checkpoint_every == 0);
+    if (save && !ckpt_dir.empty()) {
+      CheckpointMeta meta;
+      meta.step = step + 1;
+      meta.data_rng_state = data_rng.state();
+      meta.seed = opts.seed;
+      meta.bad_steps = bad_steps;
+      meta.config = model::config_to_json(cfg);
+      meta.parallel = parallel_json;
+      meta.expert_placement = placement_json;
+      last_checkpoint = save_checkpoint(grid.world, ckpt_dir, opts.checkpoint_keep, meta,
+                                        {&model.layout(), model.params(), opt.m().data(),
+                                         opt.v().data(), owned});
+    }
+    if (stop) {
+      stopped_early = true;
+      if (root)
+        std::fprintf(stderr, "%sstopping on request after step %d; checkpoint %s\n", tty ? "\n" : "",
+                     step + 1, last_checkpoint.c_str());
+    }
+    if (!root) {
+      if (stop) break;
+      continue;
+    }
 
     json loads_json = json::array();
     const int E = cfg.n_routed_experts;
@@ -397,7 +500,7 @@ TrainResult run_training(const TrainOptions& opts) {
 
     if (opts.progress) {
       const double elapsed = now_seconds() - t_start;
-      const double eta = elapsed / (step + 1) * (opts.steps - step - 1);
+      const double eta = elapsed / (step + 1 - step0) * (opts.steps - step - 1);
       char line[256];
       std::snprintf(line, sizeof line,
                     "step %5d/%d  loss %.4f  aux %.4f  %7.0f tok/s  MFU %5.1f%%  a2a %4.1f%%  "
@@ -414,10 +517,14 @@ TrainResult run_training(const TrainOptions& opts) {
       }
       std::fflush(stderr);
     }
+    if (stop) break;
   }
   res.seconds = now_seconds() - t_start;
-  res.tokens_per_s = static_cast<double>(B_global) * T * opts.steps / res.seconds;
-  res.mfu = flops_per_step * opts.steps / res.seconds / (res.peak_gflops * 1e9 * grid.world.size());
+  res.bad_steps = bad_steps;
+  if (stopped_early) return res;
+  const int ran = std::max(1, opts.steps - step0);
+  res.tokens_per_s = static_cast<double>(B_global) * T * ran / res.seconds;
+  res.mfu = flops_per_step * ran / res.seconds / (res.peak_gflops * 1e9 * grid.world.size());
 
   if (root) model::save_config(cfg, opts.out_dir + "/config.json");
   save_full_weights(model, cfg, grid, layers_per_stage, opts.out_dir + "/model.safetensors");
@@ -426,7 +533,7 @@ TrainResult run_training(const TrainOptions& opts) {
                  "done: %d steps in %s, %.0f tokens/s, MFU %.1f%%, final val loss %.4f nats/byte; "
                  "wrote %s/{model.safetensors,config.json,metrics.jsonl}\n",
                  opts.steps, format_duration(res.seconds).c_str(), res.tokens_per_s, 100 * res.mfu,
-                 res.val_losses.back().second, opts.out_dir.c_str());
+                 res.val_losses.empty() ? NAN : res.val_losses.back().second, opts.out_dir.c_str());
   return res;
 }
 

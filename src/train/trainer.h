@@ -40,6 +40,14 @@ struct TrainOptions {
   std::vector<int> pp_layers;   // explicit layers per stage (--pp.layers); empty = even split
   std::string schedule = "1f1b";  // pipeline schedule: 1f1b | gpipe
   std::string recompute = "none";  // activation checkpointing: none | moe | full
+  // Checkpoints (train/checkpoint.h): folder (default <out>/checkpoints), every N steps (0: only
+  // at the end and on SIGTERM/SIGINT), how many to keep; resume from "latest" or a folder.
+  std::string checkpoint_dir;
+  int checkpoint_every = 0;
+  int checkpoint_keep = 3;
+  std::string resume;
+  int max_bad_steps = 5;        // non-finite steps in a row before the run stops with an error
+  std::vector<int> fault_nan_steps;  // test hook: poison the gradients of these (1-based) steps
 };
 
 // Per-stage figures of one step, as reported in metrics.jsonl ("stages": [...]).
@@ -57,7 +65,12 @@ struct TrainResult {
   double peak_gflops = 0.0;
   double seconds = 0.0;
   std::vector<StageStats> last_stages;             // per-stage figures of the last step
+  int bad_steps = 0;                               // non-finite steps skipped
 };
+
+// SIGTERM / SIGINT handlers that make run_training finish its step, checkpoint and return (the
+// CLI installs them; a scheduler's time limit then costs no work).
+void install_stop_handlers();
 
 
 
