@@ -1,6 +1,7 @@
 // moetrain: the command-line entry point. Thin: parses flags with CLI11 and calls the library.
 // Any moe::Error (bad flag value, bad file, bad config) is printed as one line and exits 1.
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 
@@ -145,6 +146,8 @@ int run_a2a_bench_cli(int* argc, char*** argv, A2aCli& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f) must make a write fail with an error we report, not kill us.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"moetrain: train DeepSeek-style Mixture-of-Experts models"};
   app.require_subcommand(0, 1);
   train::TrainOptions train_opts;

@@ -427,12 +427,78 @@ TrainResult run_training(const TrainOptions& opts) {
       vl = validation_loss(model, val, B, T, opts.eval_batches, grid);
       res.val_losses.emplace_back(step + 1, vl);
     }
+    // Metrics go out before the checkpoint: a step whose checkpoint exists has its line.
+    auto write_metrics_and_progress = [&]() {
+
+      json loads_json = json::array();
+      const int E = cfg.n_routed_experts;
+      for (size_t pos = 0; E > 0 && pos < flat_loads.size(); pos += E)
+        loads_json.push_back(std::vector<int64_t>(flat_loads.begin() + pos, flat_loads.begin() + pos + E));
+      json stages_json = json::array();
+      for (size_t i = 0; i < stages.size(); ++i) {
+        const StageStats& st = stages[i];
+        stages_json.push_back({{"stage", i},
+                               {"layers", layers_per_stage[i]},
+                               {"compute_s", st.compute_s},
+                               {"bubble_s", st.bubble_s},
+                               {"all_to_all_s", st.a2a_s},
+                               {"step_s", st.step_s},
+                               {"activation_peak_bytes", st.activation_peak_bytes},
+                               {"total_peak_bytes", st.total_peak_bytes},
+                               {"max_in_flight", st.max_in_flight}});
+      }
+      json rec = {{"step", step + 1},
+                  {"loss", loss.total},
+                  {"ce_loss", loss.ce},
+                  {"aux_loss", loss.aux},
+                  {"lr", learning_rate(oc, step)},
+                  {"grad_norm", gnorm},
+                  {"tokens", static_cast<long long>(B_global) * T},
+                  {"tokens_per_s", tps},
+                  {"mfu", mfu},
+                  {"step_time_s", dt},
+                  {"bubble_fraction", bubble},
+                  {"time_s",
+                   {{"pipeline", pt.total_s}, {"compute", pt.compute_s}, {"bubble", pt.wait_s},
+                    {"grad_sync", t_sync}, {"optimizer", t_opt}, {"all_to_all", t_a2a}}},
+                  {"a2a_bytes",
+                   {{"same_rank", bytes[0]}, {"intra_node", bytes[1]}, {"inter_node", bytes[2]},
+                    {"inter_group", bytes[3]}}},
+                  {"activation_peak_bytes", model.activation_memory().peak()},
+                  {"stages", stages_json},
+                  {"expert_loads", loads_json}};
+      if (!std::isnan(vl)) rec["val_loss"] = vl;
+      metrics << rec.dump() << "\n";
+      metrics.flush();
+
+      if (opts.progress) {
+        const double elapsed = now_seconds() - t_start;
+        const double eta = elapsed / (step + 1 - step0) * (opts.steps - step - 1);
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "step %5d/%d  loss %.4f  aux %.4f  %7.0f tok/s  MFU %5.1f%%  a2a %4.1f%%  "
+                      "bubble %4.1f%%  ETA %s",
+                      step + 1, opts.steps, loss.total, loss.aux, ema_tps, 100.0 * mfu,
+                      100.0 * t_a2a / dt, 100.0 * bubble, format_duration(eta).c_str());
+        std::string s = line;
+        if (!std::isnan(vl)) s += str_cat("  val ", vl);
+        if (tty) {
+          std::fprintf(stderr, "\r%-130s", s.c_str());
+          if (!std::isnan(vl) || last) std::fprintf(stderr, "\n");
+        } else if (!std::isnan(vl) || step == 0 || (step + 1) % 20 == 0) {
+          std::fprintf(stderr, "%s\n", s.c_str());
+        }
+        std::fflush(stderr);
+      }
+    };
+    if (root) write_metrics_and_progress();
     // Checkpoint every N steps, at the end, and when a scheduler asks us to stop (SIGTERM/SIGINT
     // on any rank: all ranks agree, finish this step, save, and exit cleanly).
     int64_t stop = g_stop_requested ? 1 : 0;
     if (grid.world.size() > 1) grid.world.allreduce_max(&stop, 1);
-    const bool save = last || stop ||
-                      (opts.checkpoint_every > 0 && (step + 1) % opts.checkpoint_every == 0);
+    // No checkpoint during a streak of non-finite steps: the last good one stays the newest.
+    const bool save = bad_in_a_row == 0 &&
+                      (last || stop || (opts.checkpoint_every > 0 && (step + 1) % opts.checkpoint_every == 0));
     if (save && !ckpt_dir.empty()) {
       CheckpointMeta meta;
       meta.step = step + 1;
@@ -451,71 +517,6 @@ TrainResult run_training(const TrainOptions& opts) {
       if (root)
         std::fprintf(stderr, "%sstopping on request after step %d; checkpoint %s\n", tty ? "\n" : "",
                      step + 1, last_checkpoint.c_str());
-    }
-    if (!root) {
-      if (stop) break;
-      continue;
-    }
-
-    json loads_json = json::array();
-    const int E = cfg.n_routed_experts;
-    for (size_t pos = 0; E > 0 && pos < flat_loads.size(); pos += E)
-      loads_json.push_back(std::vector<int64_t>(flat_loads.begin() + pos, flat_loads.begin() + pos + E));
-    json stages_json = json::array();
-    for (size_t i = 0; i < stages.size(); ++i) {
-      const StageStats& st = stages[i];
-      stages_json.push_back({{"stage", i},
-                             {"layers", layers_per_stage[i]},
-                             {"compute_s", st.compute_s},
-                             {"bubble_s", st.bubble_s},
-                             {"all_to_all_s", st.a2a_s},
-                             {"step_s", st.step_s},
-                             {"activation_peak_bytes", st.activation_peak_bytes},
-                             {"total_peak_bytes", st.total_peak_bytes},
-                             {"max_in_flight", st.max_in_flight}});
-    }
-    json rec = {{"step", step + 1},
-                {"loss", loss.total},
-                {"ce_loss", loss.ce},
-                {"aux_loss", loss.aux},
-                {"lr", learning_rate(oc, step)},
-                {"grad_norm", gnorm},
-                {"tokens", static_cast<long long>(B_global) * T},
-                {"tokens_per_s", tps},
-                {"mfu", mfu},
-                {"step_time_s", dt},
-                {"bubble_fraction", bubble},
-                {"time_s",
-                 {{"pipeline", pt.total_s}, {"compute", pt.compute_s}, {"bubble", pt.wait_s},
-                  {"grad_sync", t_sync}, {"optimizer", t_opt}, {"all_to_all", t_a2a}}},
-                {"a2a_bytes",
-                 {{"same_rank", bytes[0]}, {"intra_node", bytes[1]}, {"inter_node", bytes[2]},
-                  {"inter_group", bytes[3]}}},
-                {"activation_peak_bytes", model.activation_memory().peak()},
-                {"stages", stages_json},
-                {"expert_loads", loads_json}};
-    if (!std::isnan(vl)) rec["val_loss"] = vl;
-    metrics << rec.dump() << "\n";
-    metrics.flush();
-
-    if (opts.progress) {
-      const double elapsed = now_seconds() - t_start;
-      const double eta = elapsed / (step + 1 - step0) * (opts.steps - step - 1);
-      char line[256];
-      std::snprintf(line, sizeof line,
-                    "step %5d/%d  loss %.4f  aux %.4f  %7.0f tok/s  MFU %5.1f%%  a2a %4.1f%%  "
-                    "bubble %4.1f%%  ETA %s",
-                    step + 1, opts.steps, loss.total, loss.aux, ema_tps, 100.0 * mfu,
-                    100.0 * t_a2a / dt, 100.0 * bubble, format_duration(eta).c_str());
-      std::string s = line;
-      if (!std::isnan(vl)) s += str_cat("  val ", vl);
-      if (tty) {
-        std::fprintf(stderr, "\r%-130s", s.c_str());
-        if (!std::isnan(vl) || last) std::fprintf(stderr, "\n");
-      } else if (!std::isnan(vl) || step == 0 || (step + 1) % 20 == 0) {
-        std::fprintf(stderr, "%s\n", s.c_str());
-      }
-      std::fflush(stderr);
     }
     if (stop) break;
   }

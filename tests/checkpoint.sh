@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Checkpoints and faults, end to end through the CLI:
+#  1. stop + resume gives the losses of an uninterrupted run bit for bit (1 and 4 ranks);
+#  2. kill -9 at random moments (one rank, or the whole job; checkpoints every step so some kills
+#     land mid-write), resume until done: final losses equal the uninterrupted run's, bit for bit,
+#     and every checkpoint the resume accepted verified its checksums;
+#  3. resharding: a checkpoint of PP2 x EP2 x DP2 continues on 1 rank, EP 2 and PP 4 (<= 1e-5);
+#  4. SIGTERM finishes the step, checkpoints and exits 0;
+#  5. non-finite steps are skipped and counted; too many in a row stop the run with an error and
+#     leave the last good checkpoint valid;
+#  6. a write that fails (file-size limit = disk full) is a clean error, the previous checkpoint
+#     stays valid; an unwritable checkpoint folder is refused.
+# Usage: checkpoint.sh MOETRAIN CORPUS WORKDIR
+set -uo pipefail
+bin="$1"
+corpus="$2"
+work="$3"
+rm -rf "$work"
+mkdir -p "$work"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+mpi() { mpirun --oversubscribe --bind-to none "$@"; }
+STEPS=12
+common=(train --preset test-moe4 --steps $STEPS --seq-len 32 --eval-every 0 --eval-batches 1 --quiet
+        --data "$corpus" --micro-batches 2)
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+
+# compare NAME A B TOL: the last loss recorded for each step in B's metrics equals A's.
+compare() {
+  /usr/bin/env python3 - "$2/metrics.jsonl" "$3/metrics.jsonl" "$4" <<'PY' && ok "$1" || bad "$1"
+import json, sys
+def last(path):
+    d = {}
+    for line in open(path):
+        r = json.loads(line); d[r["step"]] = r["loss"]
+    return d
+a, b, tol = last(sys.argv[1]), last(sys.argv[2]), float(sys.argv[3])
+if sorted(a) != sorted(b): print("steps differ", sorted(a), sorted(b)); sys.exit(1)
+worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in a)
+print(f"     worst relative difference {worst:.2e} over {len(a)} steps")
+sys.exit(0 if worst <= tol else 1)
+PY
+}
+
+# 1. Uninterrupted references, then stop at step 5 and resume.
+"$bin" "${common[@]}" --batch 8 --out "$work/ref1"
+mpi -np 4 "$bin" "${common[@]}" --batch 4 --ep 2 --pp 2 --out "$work/ref4"
+"$bin" "${common[@]}" --batch 8 --checkpoint.every 5 --out "$work/res1"
+rm -rf "$work/res1/checkpoints/step-10" "$work/res1/checkpoints/step-12"
+/usr/bin/env python3 -c "
+import sys; p='$work/res1/metrics.jsonl'; l=open(p).readlines()[:5]; open(p,'w').writelines(l)"
+"$bin" "${common[@]}" --batch 8 --out "$work/res1" --resume latest
+compare "resume at step 5, 1 rank: bit for bit" "$work/ref1" "$work/res1" 0
+cmp -s "$work/ref1/model.safetensors" "$work/res1/model.safetensors" && ok "resume: final weights identical" || bad "resume: final weights differ"
+
+# 2. kill -9 at random moments, resume until done.
+kill_loop() {  # kill_loop NAME NP WHO ARGS...   WHO: all | rank
+  local name="$1" np="$2" who="$3"
+  shift 3
+  local out="$work/$name" tries=0
+  RANDOM=7
+  while :; do
+    local resume=()
+    [ -d "$out/checkpoints" ] && [ -n "$(ls "$out/checkpoints" | grep -v tmp)" ] && resume=(--resume latest)
+    if [ "$np" -eq 1 ]; then
+      "$bin" "${common[@]}" "$@" --checkpoint.every 1 --checkpoint.keep 2 --out "$out" "${resume[@]}" >"$out.log" 2>&1 &
+    else
+      mpirun --oversubscribe --bind-to none -np "$np" "$bin" "${common[@]}" "$@" --checkpoint.every 1 \
+        --checkpoint.keep 2 --out "$out" "${resume[@]}" >"$out.log" 2>&1 &
+    fi
+    local pid=$!
+    tries=$((tries + 1))
+    if [ "$tries" -le 4 ]; then
+      # a random moment: single processes run fast, mpirun needs a second to start
+      if [ "$np" -eq 1 ]; then sleep "0.$((RANDOM % 8 + 1))"; else sleep "$((RANDOM % 2)).$((RANDOM % 10))"; fi
+      if [ "$who" = all ]; then
+        pkill -9 -P "$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null
+      else
+        local victim
+        victim=$(pgrep -P "$pid" | sed -n "$((RANDOM % np + 1))p")
+        [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null
+      fi
+    fi
+    local t0=$SECONDS
+    wait "$pid" 2>/dev/null
+    local rc=$?
+    [ $((SECONDS - t0)) -le 30 ] || { bad "$name: the job took $((SECONDS - t0)) s to end after a kill"; }
+    if [ "$rc" -eq 0 ] && [ -f "$out/model.safetensors" ]; then break; fi
+    grep -q "checksum mismatch\|truncated\|malformed" "$out.log" && { bad "$name: resume met a corrupt checkpoint"; cat "$out.log"; break; }
+    [ "$tries" -gt 12 ] && { bad "$name: did not finish"; cat "$out.log"; break; }
+  done
+  [ "$tries" -gt 2 ] || bad "$name: finished before two kills landed"
+  echo "     $name: finished after $tries launches ($((tries - 1)) killed)"
+}
+# (longer runs, so that four kills land before the end)
+common=("${common[@]}" --steps 40)
+"$bin" "${common[@]}" --batch 8 --out "$work/ref1-40"
+mpi -np 4 "$bin" "${common[@]}" --batch 4 --ep 2 --pp 2 --out "$work/ref4-40"
+kill_loop kill-1rank 1 all --batch 8
+compare "kill -9 (single process) at random moments + resume: bit for bit" "$work/ref1-40" "$work/kill-1rank" 0
+kill_loop kill-one-of-4 4 rank --batch 4 --ep 2 --pp 2
+compare "kill -9 of one rank of 4 + resume: bit for bit" "$work/ref4-40" "$work/kill-one-of-4" 0
+kill_loop kill-all-4 4 all --batch 4 --ep 2 --pp 2
+compare "kill -9 of the whole 4-rank job + resume: bit for bit" "$work/ref4-40" "$work/kill-all-4" 0
+common=("${common[@]}" --steps $STEPS)
+
+# 3. Resharding a PP2 x EP2 x DP2 checkpoint (global batch 16).
+mpi -np 8 "$bin" "${common[@]}" --batch 4 --ep 2 --pp 2 --dp 2 --checkpoint.every 6 --checkpoint.keep 0 --out "$work/grid"
+for layout in "1|1|--batch 16" "ep2|2|--batch 8 --ep 2" "pp4|4|--batch 16 --pp 4" "ep4dp2|8|--batch 2 --ep 4 --dp 2"; do
+  IFS='|' read -r tag np args <<<"$layout"
+  out="$work/reshard-$tag"
+  mkdir -p "$out"
+  head -6 "$work/grid/metrics.jsonl" >"$out/metrics.jsonl"
+  # shellcheck disable=SC2086
+  mpi -np "$np" "$bin" "${common[@]}" $args --out "$out" --resume "$work/grid/checkpoints/step-6" >/dev/null 2>&1
+  compare "reshard PP2xEP2xDP2 -> $tag" "$work/grid" "$out" 1e-5
+done
+
+# 4. SIGTERM: finish the step, checkpoint, exit 0; the resumed run continues exactly.
+"$bin" "${common[@]}" --batch 8 --steps 400 --out "$work/term" >/dev/null 2>&1 &
+pid=$!
+sleep 1.5
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+last=$(ls "$work/term/checkpoints" 2>/dev/null | grep -v tmp | sort -t- -k2 -n | tail -1)
+[ "$rc" -eq 0 ] && [ -n "$last" ] && ok "SIGTERM: exit 0 with checkpoint $last" || bad "SIGTERM: rc=$rc checkpoint '$last'"
+
+# 5. Non-finite steps.
+"$bin" "${common[@]}" --batch 8 --fault.nan-steps 3 --out "$work/nan1" 2>"$work/nan1.log"
+[ $? -eq 0 ] && grep -q "step 3: non-finite gradient, update skipped" "$work/nan1.log" && ok "one non-finite step skipped and counted" || bad "one non-finite step"
+"$bin" "${common[@]}" --batch 8 --checkpoint.every 2 --fault.nan-steps 5,6,7 --max-bad-steps 3 --out "$work/nan3" 2>"$work/nan3.log"
+rc=$?
+[ "$rc" -ne 0 ] && grep -q "3 non-finite steps in a row (--max-bad-steps 3): stopping; the last good checkpoint is .*step-4" "$work/nan3.log" \
+  && "$bin" "${common[@]}" --batch 8 --out "$work/nan3" --resume latest --steps $STEPS >/dev/null 2>&1 \
+  && ok "too many non-finite steps: error, last good checkpoint resumes" || { bad "too many non-finite steps (rc=$rc)"; cat "$work/nan3.log"; }
+
+# 6. A failing write (a full disk: a small tmpfs that holds one checkpoint, not two) is a clean
+#    error and leaves the previous checkpoint valid.
+"$bin" "${common[@]}" --batch 8 --steps 1 --out "$work/size" >/dev/null 2>&1
+kb=$(du -sk "$work/size/checkpoints/step-1" | cut -f1)
+mkdir -p "$work/smallfs"
+if mount -t tmpfs -o size=$((kb * 3 / 2))k tmpfs "$work/smallfs" 2>/dev/null; then
+  err=$("$bin" "${common[@]}" --batch 8 --checkpoint.every 4 --checkpoint.keep 2 \
+        --checkpoint.dir "$work/smallfs" --out "$work/full" 2>&1 >/dev/null)
+  rc=$?
+  [ "$rc" -ne 0 ] && echo "$err" | grep -q "No space left on device" && [ ! -e "$work/smallfs/step-8.tmp" ] \
+    && [ -f "$work/smallfs/step-4/manifest.json" ] \
+    && "$bin" "${common[@]}" --batch 8 --checkpoint.dir "$work/full-ck" \
+         --out "$work/full" --resume "$work/smallfs/step-4" >/dev/null 2>&1 \
+    && ok "disk full: clean error ($(echo "$err" | tail -1 | cut -c1-100)...), previous checkpoint resumes" \
+    || bad "disk full: rc=$rc err=$err"
+  umount "$work/smallfs"
+else
+  echo "SKIP disk full: cannot mount a tmpfs here (not root?)"
+fi
+err=$("$bin" "${common[@]}" --batch 8 --checkpoint.dir /proc/nope --out "$work/unwritable" 2>&1 >/dev/null)
+[ $? -ne 0 ] && echo "$err" | grep -q "/proc/nope" && ok "unwritable checkpoint folder: $err" || bad "unwritable: $err"
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
