@@ -12,6 +12,7 @@
 #include "kernels/gemm.h"
 #include "model/config.h"
 #include "moe/bench_moe_layer.h"
+#include "train/export.h"
 #include "train/trainer.h"
 
 using namespace moe;
@@ -158,6 +159,12 @@ int main(int argc, char** argv) {
   add_train_command(app, train_opts, quiet);
   A2aCli a2a_cli;
   add_bench_command(app, bench_opts, bench_json, bench_threads, a2a_cli);
+  std::string export_ckpt, export_out;
+  double export_shard_mb = 2048;
+  CLI::App* ex = app.add_subcommand("export", "checkpoint -> Hugging Face folder (config.json + safetensors)");
+  ex->add_option("checkpoint", export_ckpt, "a step-N checkpoint folder")->required();
+  ex->add_option("out", export_out, "output folder")->required();
+  ex->add_option("--shard-mb", export_shard_mb, "largest safetensors file (MB) before sharding")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -176,6 +183,13 @@ int main(int argc, char** argv) {
       auto result = mixture::run_moe_layer_bench(bench_opts);
       std::printf("%s\n", bench_json ? mixture::moe_bench_json(result).c_str()
                                      : mixture::format_moe_bench_table(result).c_str());
+      return 0;
+    }
+    if (app.got_subcommand("export")) {
+      train::ExportResult r = train::export_checkpoint(
+          export_ckpt, export_out, static_cast<size_t>(export_shard_mb * 1024 * 1024));
+      std::printf("exported %s -> %s (%d file(s), %.1f MB)\n", export_ckpt.c_str(), export_out.c_str(),
+                  r.num_files, r.bytes / 1e6);
       return 0;
     }
     if (app.get_subcommands().empty()) {

@@ -1,0 +1,72 @@
+#include "train/export.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/params.h"
+#include "train/checkpoint.h"
+
+namespace moe::train {
+namespace fs = std::filesystem;
+
+ExportResult export_checkpoint(const std::string& checkpoint, const std::string& out_dir,
+                               size_t max_shard_bytes) {
+  MOE_CHECK(max_shard_bytes > 0, "export: shard size must be positive");
+  CheckpointMeta meta = read_checkpoint_meta(checkpoint, /*verify=*/true);
+  model::ModelConfig cfg = model::config_from_json(meta.config, checkpoint + "/manifest.json");
+  model::ParamLayout layout(cfg);
+  std::vector<float> params(layout.total());
+  load_checkpoint_tensors(checkpoint, layout, params.data(), nullptr, nullptr);
+
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  MOE_CHECK(!ec, out_dir, ": cannot create output folder (", ec.message(), ")");
+  // Group tensors into shards of at most max_shard_bytes (a tensor larger than that is alone).
+  std::vector<std::vector<const model::ParamSpec*>> shards(1);
+  size_t in_shard = 0, total = 0;
+  for (const model::ParamSpec& s : layout.specs()) {
+    const size_t b = s.numel * sizeof(float);
+    if (in_shard > 0 && in_shard + b > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(&s);
+    in_shard += b;
+    total += b;
+  }
+  const int n = static_cast<int>(shards.size());
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (int i = 0; i < n; ++i) {
+    char name[64];
+    if (n == 1)
+      std::snprintf(name, sizeof name, "model.safetensors");
+    else
+      std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", i + 1, n);
+    io::SafetensorsWriter w;
+    w.set_metadata("format", "pt");
+    for (const model::ParamSpec* s : shards[i]) {
+      w.add_f32(s->name, s->shape, params.data() + s->offset);
+      weight_map[s->name] = name;
+    }
+    w.write(out_dir + "/" + name);
+  }
+  if (n > 1) {
+    nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    std::ofstream f(out_dir + "/model.safetensors.index.json.tmp");
+    f << index.dump(2) << "\n";
+    f.close();
+    MOE_CHECK(f.good(), out_dir, "/model.safetensors.index.json: write failed");
+    fs::rename(out_dir + "/model.safetensors.index.json.tmp", out_dir + "/model.safetensors.index.json", ec);
+    MOE_CHECK(!ec, out_dir, "/model.safetensors.index.json: cannot rename into place");
+  }
+  model::save_config(cfg, out_dir + "/config.json");  // last: the folder is usable once it exists
+  return {n, total};
+}
+
+}  // namespace moe::train

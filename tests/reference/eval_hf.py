@@ -1,0 +1,52 @@
+"""Evaluates an exported Hugging Face folder with the independent PyTorch model.
+
+Usage: eval_hf.py HF_DIR BATCH.safetensors  -- loads config.json and model.safetensors (or the
+shards named by model.safetensors.index.json), computes the loss of BATCH's "tokens" and compares
+it with BATCH's "loss" (written by the C++ side from the checkpoint); relative error <= 1e-5.
+"""
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from deepseek_ref import Config, forward, load_safetensors  # noqa: E402
+
+
+def load_hf(d):
+    index = os.path.join(d, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        return load_safetensors(os.path.join(d, "model.safetensors"))[0]
+    weights = {}
+    with open(index) as f:
+        files = sorted(set(json.load(f)["weight_map"].values()))
+    for name in files:
+        weights.update(load_safetensors(os.path.join(d, name))[0])
+    return weights
+
+
+def main():
+    d, batch_path = sys.argv[1], sys.argv[2]
+    torch.set_num_threads(1)
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = Config(json.load(f))
+    weights = load_hf(d)
+    missing = set(cfg.param_shapes()) - set(weights)
+    extra = set(weights) - set(cfg.param_shapes())
+    if missing or extra:
+        print(f"{d}: missing {sorted(missing)[:3]} extra {sorted(extra)[:3]}")
+        return 1
+    batch = load_safetensors(batch_path)[0]
+    with torch.no_grad():
+        _, loss, _, _, _ = forward(weights, cfg, batch["tokens"])
+    want = float(batch["loss"][0])
+    err = abs(float(loss) - want) / abs(want)
+    ok = err <= 1e-5
+    print(f"{d}: torch loss {float(loss):.7f}, C++ {want:.7f}, relative error {err:.2e} "
+          f"{'ok' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
