@@ -159,5 +159,34 @@ fi
 err=$("$bin" "${common[@]}" --batch 8 --checkpoint.dir /proc/nope --out "$work/unwritable" 2>&1 >/dev/null)
 [ $? -ne 0 ] && echo "$err" | grep -q "/proc/nope" && ok "unwritable checkpoint folder: $err" || bad "unwritable: $err"
 
+# 7. Damaged checkpoints are refused with an error naming the folder and what is wrong.
+"$bin" "${common[@]}" --batch 8 --steps 2 --out "$work/good" >/dev/null 2>&1
+ck="$work/good/checkpoints/step-2"
+damaged() {  # damaged NAME PATTERN EDIT-COMMAND...
+  local name="$1" pattern="$2"
+  shift 2
+  rm -rf "$work/dmg"; cp -r "$ck" "$work/dmg"
+  "$@"
+  local err
+  err=$("$bin" "${common[@]}" --batch 8 --steps 4 --out "$work/dmg-out" --resume "$work/dmg" 2>&1 >/dev/null)
+  if [ $? -ne 0 ] && echo "$err" | grep -q -- "$pattern" && [ "$(echo "$err" | wc -l)" -eq 1 ]; then
+    ok "damaged checkpoint ($name): $err"
+  else
+    bad "damaged checkpoint ($name): $err"
+  fi
+}
+flip() { printf '\x55' | dd of="$1" bs=1 seek="$2" conv=notrunc status=none; }
+damaged "flipped byte" "shard shard-00000.safetensors checksum mismatch" flip "$work/dmg/shard-00000.safetensors" 5000
+damaged "truncated shard" "truncated" truncate -s 1000 "$work/dmg/shard-00000.safetensors"
+damaged "missing shard" "shard shard-00000.safetensors is missing" rm "$work/dmg/shard-00000.safetensors"
+damaged "no manifest" "no manifest" rm "$work/dmg/manifest.json"
+damaged "manifest not JSON" "manifest.json: not valid JSON" sh -c "echo '{broken' > '$work/dmg/manifest.json'"
+damaged "other format" 'format "x"' sed -i 's/"format": "moetrain-checkpoint-1"/"format": "x"/' "$work/dmg/manifest.json"
+err=$("$bin" "${common[@]}" --preset test-moe --batch 8 --steps 4 --out "$work/dmg-out" --resume "$ck" 2>&1 >/dev/null)
+[ $? -ne 0 ] && echo "$err" | grep -q "checkpoint was written for a different model (num_hidden_layers = 4, this run: 3)" \
+  && ok "checkpoint of another model: $err" || bad "checkpoint of another model: $err"
+err=$("$bin" "${common[@]}" --batch 8 --out "$work/none" --resume latest 2>&1 >/dev/null)
+[ $? -ne 0 ] && echo "$err" | grep -q "found no complete checkpoint" && ok "resume latest with none: $err" || bad "resume latest with none: $err"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
