@@ -7,6 +7,7 @@
 
 #include "comm/bench_a2a.h"
 #include "comm/mpi_runtime.h"
+#include "parallel/bench_pipeline.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "kernels/gemm.h"
@@ -18,6 +19,11 @@
 using namespace moe;
 
 namespace {
+
+struct PipeCli {
+  parallel::PipelineBenchOptions opts;
+  bool json = false;
+};
 
 struct A2aCli {
   comm::A2aBenchOptions opts;
@@ -69,11 +75,14 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
 
 void add_a2a_bench(CLI::App* bench, A2aCli& a);
 
+void add_pipeline_bench(CLI::App* bench, PipeCli& p);
+
 void add_bench_command(CLI::App& app, mixture::MoeBenchOptions& b, bool& json, int& threads,
-                       A2aCli& a2a) {
+                       A2aCli& a2a, PipeCli& pipe) {
   CLI::App* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
   add_a2a_bench(bench, a2a);
+  add_pipeline_bench(bench, pipe);
   CLI::App* m = bench->add_subcommand("moe-layer", "one MoE layer forward+backward: padding-free vs padded");
   m->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   m->add_option("--tokens", b.tokens, "tokens T")->capture_default_str();
@@ -124,6 +133,33 @@ void add_a2a_bench(CLI::App* bench, A2aCli& a) {
   m->add_flag("--json", a.opts.json, "print JSON instead of a table");
 }
 
+void add_pipeline_bench(CLI::App* bench, PipeCli& p) {
+  CLI::App* m = bench->add_subcommand("pipeline", "pipeline bubble of 1F1B / GPipe vs (PP-1)/(M+PP-1) (run under mpirun, one rank per stage)");
+  m->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  m->add_option("--micro-batches", p.opts.micro_batches, "M values, e.g. 1,2,4,8,16")->delimiter(',');
+  m->add_option("--schedule", p.opts.schedule, "1f1b, gpipe or both")->capture_default_str();
+  m->add_option("--forward-ms", p.opts.forward_ms, "forward time per micro-batch and stage (backward = 2x)")->capture_default_str();
+  m->add_option("--activation-floats", p.opts.activation_floats, "floats per micro-batch activation")->capture_default_str();
+  m->add_option("--iters", p.opts.iters, "measured steps per row")->capture_default_str();
+  m->add_option("--mode", p.opts.mode, "sleep (fixed-time stages) or gemm (real sgemm; one core per rank)")->capture_default_str();
+  m->add_flag("--json", p.json, "print JSON instead of a table");
+}
+
+int run_pipeline_bench_cli(int* argc, char*** argv, PipeCli& p) {
+  comm::MpiRuntime mpi(argc, argv);
+  try {
+    comm::Group world = comm::Group::world();
+    parallel::PipelineBenchResult r = parallel::run_pipeline_bench(world, p.opts);
+    if (world.rank() == 0)
+      std::printf("%s\n", p.json ? parallel::pipeline_bench_json(r).c_str() : parallel::format_pipeline_table(r).c_str());
+  } catch (const std::exception& e) {
+    if (mpi.world_size() == 1) throw;
+    std::fprintf(stderr, "moetrain: error (rank %d of %d): %s\n", mpi.world_rank(), mpi.world_size(), e.what());
+    comm::MpiRuntime::abort(1);
+  }
+  return 0;
+}
+
 int run_a2a_bench_cli(int* argc, char*** argv, A2aCli& a) {
   comm::MpiRuntime mpi(argc, argv);
   try {
@@ -158,7 +194,8 @@ int main(int argc, char** argv) {
   int bench_threads = 1;
   add_train_command(app, train_opts, quiet);
   A2aCli a2a_cli;
-  add_bench_command(app, bench_opts, bench_json, bench_threads, a2a_cli);
+  PipeCli pipe_cli;
+  add_bench_command(app, bench_opts, bench_json, bench_threads, a2a_cli, pipe_cli);
   std::string export_ckpt, export_out;
   double export_shard_mb = 2048;
   CLI::App* ex = app.add_subcommand("export", "checkpoint -> Hugging Face folder (config.json + safetensors)");
@@ -178,6 +215,8 @@ int main(int argc, char** argv) {
   try {
     if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("a2a"))
       return run_a2a_bench_cli(&argc, &argv, a2a_cli);
+    if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("pipeline"))
+      return run_pipeline_bench_cli(&argc, &argv, pipe_cli);
     if (app.got_subcommand("bench")) {
       kernels::set_blas_threads(bench_threads);
       auto result = mixture::run_moe_layer_bench(bench_opts);
