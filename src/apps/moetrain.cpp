@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "comm/bench_a2a.h"
@@ -146,6 +147,9 @@ void add_pipeline_bench(CLI::App* bench, PipeCli& p) {
 }
 
 int run_pipeline_bench_cli(int* argc, char*** argv, PipeCli& p) {
+  // Ranks waiting for a neighbour yield their core instead of busy-polling (unless the user says
+  // otherwise): with more ranks than cores, polling would steal time from the working stage.
+  ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
   comm::MpiRuntime mpi(argc, argv);
   try {
     comm::Group world = comm::Group::world();

@@ -2,6 +2,10 @@
 // stages of known, equal cost, measuring the bubble of 1F1B and GPipe against the theoretical
 // (PP − 1)/(M + PP − 1). Activations are stamped with (step, stage, micro-batch, index), so every
 // stage checks that what it receives is what its neighbour wrote (#wrong, nccl-tests style).
+// Timing caveat: a rank waiting for a neighbour busy-polls inside MPI_Wait. With fewer free cores
+// than ranks (oversubscription, or other jobs on the machine) the poller competes for a core with
+// the stage that just woke up, and each hop between stages gains scheduling delay that shows up
+// as bubble; OMPI_MCA_mpi_yield_when_idle=1 (set before MPI_Init) makes waiting ranks yield.
 #pragma once
 #include <cstddef>
 #include <cstdint>
