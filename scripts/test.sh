@@ -1,8 +1,28 @@
 #!/usr/bin/env bash
 # One command for a new user and for CI: install, build, run every test (unit, PyTorch reference).
+#   scripts/test.sh [CTEST ARGS...]             Release build in build/
+#   scripts/test.sh --sanitize [CTEST ARGS...]  AddressSanitizer + UBSan build in build-asan/
+#                                               (-DMOETRAIN_SANITIZE=ON, RelWithDebInfo): the same
+#                                               tests; any memory error, leak in our code or UB fails
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-"$root/scripts/build.sh"
-cd "$root/build"
+if [ "${1:-}" = "--sanitize" ]; then
+  shift
+  "$root/scripts/setup.sh"
+  build="$root/build-asan"
+  mkdir -p "$build"
+  log="$build/build.log"
+  if ! { cmake -S "$root" -B "$build" -DMOETRAIN_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
+         cmake --build "$build" -j"$(nproc)"; } >"$log" 2>&1; then
+    grep -E -A3 "error|Error" "$log" | head -60 >&2
+    echo "sanitizer build failed; full log: $log" >&2
+    exit 1
+  fi
+  echo "build: ok (build-asan, ASan + UBSan)"
+else
+  "$root/scripts/build.sh"
+  build="$root/build"
+fi
+cd "$build"
 export OPENBLAS_NUM_THREADS=1
 ctest --output-on-failure -j"$(nproc)" "$@"

@@ -1,32 +1,64 @@
 #!/usr/bin/env bash
-# Bad input through the CLI: each case must exit non-zero with a one-line error naming the problem,
-# and leave no output files behind. Usage: cli_errors.sh MOETRAIN
+# Bad input through the CLI (one process): each case must exit non-zero with a one-line error
+# naming the problem, and leave no weights behind.
+# Usage: cli_errors.sh MOETRAIN [--markdown]
+#   --markdown: also print one markdown table row per case (case | command | error printed) on
+#   stdout, for docs/bad_inputs.md (scripts/bad_inputs_table.sh); failures still fail the run.
 set -uo pipefail
 bin="$1"
+markdown=0
+[ "${2:-}" = "--markdown" ] && markdown=1
 dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
 pass=0
 fail=0
 
-# expect NAME PATTERN ARGS...: the command fails, prints exactly one line to stderr matching PATTERN.
+printf 'In the beginning God created the heaven and the earth.\n%.0s' {1..3000} > "$dir/text.txt"
+common=(train --steps 2 --batch 2 --seq-len 16 --eval-batches 1 --quiet --data "$dir/text.txt")
+
+# The command as the table shows it: temporary paths by their base name, the shared flags
+# (${common[@]}) as "…", the per-case --out folder left out.
+show_command() {
+  local -a a=("$@")
+  local s="moetrain" i=0
+  if [ "${#a[@]}" -ge "${#common[@]}" ] && [ "${a[*]:0:${#common[@]}}" = "${common[*]}" ]; then
+    s+=" train …"
+    i=${#common[@]}
+  fi
+  for (( ; i < ${#a[@]}; i++)); do
+    if [ "${a[i]}" = "--out" ] && [[ "${a[i + 1]:-}" == "$dir"/o* ]]; then
+      i=$((i + 1))
+      continue
+    fi
+    s+=" ${a[i]//$dir\//}"
+  done
+  printf '%s' "$s"
+}
+
+# expect NAME 'WHAT' PATTERN ARGS...: the command fails and prints exactly one line to stderr
+# matching PATTERN (fixed string). WHAT is the case as the table names it.
 expect() {
-  local name="$1" pattern="$2"
-  shift 2
-  local err rc
+  local name="$1" what="$2" pattern="$3"
+  shift 3
+  local err rc lines
   err="$("$bin" "$@" 2>&1 >/dev/null)"
   rc=$?
-  local lines
   lines=$(printf '%s\n' "$err" | grep -c .)
-  if [ "$rc" -ne 0 ] && [ "$lines" -eq 1 ] && printf '%s' "$err" | grep -q -- "$pattern"; then
+  if [ "$rc" -ne 0 ] && [ "$lines" -eq 1 ] && printf '%s' "$err" | grep -qF -- "$pattern"; then
     pass=$((pass + 1))
+    if [ "$markdown" -eq 1 ]; then
+      local cmd shown
+      cmd="$(show_command "$@")"
+      shown="${err//$dir\//}"
+      printf '| %s | `%s` | `%s` |\n' "$what" "${cmd//|/\\|}" "${shown//|/\\|}"
+    fi
   else
-    echo "FAIL $name: rc=$rc lines=$lines stderr: $err"
+    echo "FAIL $name: rc=$rc lines=$lines stderr: $err" >&2
     fail=$((fail + 1))
   fi
 }
 
-printf 'In the beginning God created the heaven and the earth.\n%.0s' {1..3000} > "$dir/text.txt"
-cfg() {  # cfg FILE JQ-LIKE-PYTHON-EDIT: writes the test-moe config with one edit
+cfg() {  # cfg FILE PYTHON-EDIT: writes a test-moe-like config.json with one edit applied to c
   /usr/bin/python3 - "$1" "$2" <<'PY'
 import json, sys
 c = {"model_type": "deepseek", "vocab_size": 256, "hidden_size": 32, "num_hidden_layers": 2,
@@ -37,31 +69,121 @@ exec(sys.argv[2])
 open(sys.argv[1], "w").write(json.dumps(c))
 PY
 }
-common=(train --steps 2 --batch 2 --seq-len 16 --eval-batches 1 --quiet --data "$dir/text.txt")
+if [ "$markdown" -eq 1 ]; then
+  echo '| case | command | error printed |'
+  echo '|---|---|---|'
+fi
 
-expect unknown-preset 'unknown model preset "huge"' "${common[@]}" --preset huge --out "$dir/o1"
+# --- model config -------------------------------------------------------------------------------
+expect unknown-preset 'unknown preset' \
+  'unknown model preset "huge"' "${common[@]}" --preset huge --out "$dir/o1"
 cfg "$dir/k.json" 'c["num_experts_per_tok"] = 9'
-expect k-greater-than-E 'num_experts_per_tok (9) exceeds n_routed_experts (8)' "${common[@]}" --config "$dir/k.json" --out "$dir/o2"
+expect k-greater-than-E 'config: top-k > experts (`num_experts_per_tok` 9, E = 8)' \
+  'num_experts_per_tok (9) exceeds n_routed_experts (8)' "${common[@]}" --config "$dir/k.json" --out "$dir/o2"
 cfg "$dir/div.json" 'c["num_attention_heads"] = 5'
-expect heads-not-divisible 'not divisible by num_attention_heads (5)' "${common[@]}" --config "$dir/div.json" --out "$dir/o3"
+expect heads-not-divisible 'config: hidden 32 not divisible by 5 heads' \
+  'not divisible by num_attention_heads (5)' "${common[@]}" --config "$dir/div.json" --out "$dir/o3"
 cfg "$dir/miss.json" 'del c["hidden_size"]'
-expect missing-field 'missing field "hidden_size"' "${common[@]}" --config "$dir/miss.json" --out "$dir/o4"
+expect missing-field 'config: required field missing (`hidden_size`)' \
+  'missing field "hidden_size"' "${common[@]}" --config "$dir/miss.json" --out "$dir/o4"
 cfg "$dir/type.json" 'c["n_routed_experts"] = "eight"'
-expect wrong-type '"n_routed_experts" must be an integer' "${common[@]}" --config "$dir/type.json" --out "$dir/o5"
+expect wrong-type 'config: field of the wrong type (`"n_routed_experts": "eight"`)' \
+  '"n_routed_experts" must be an integer' "${common[@]}" --config "$dir/type.json" --out "$dir/o5"
 echo '{"hidden_size": 32,' > "$dir/broken.json"
-expect broken-json 'broken.json: not valid JSON' "${common[@]}" --config "$dir/broken.json" --out "$dir/o6"
-expect missing-config 'nope.json: cannot open' "${common[@]}" --config "$dir/nope.json" --out "$dir/o7"
-expect missing-data 'missing.txt' train --steps 2 --quiet --data "$dir/missing.txt" --out "$dir/o8"
+expect broken-json 'config: truncated JSON' \
+  'broken.json: not valid JSON' "${common[@]}" --config "$dir/broken.json" --out "$dir/o6"
+expect missing-config 'config: file does not exist' \
+  'nope.json: cannot open' "${common[@]}" --config "$dir/nope.json" --out "$dir/o7"
+echo '[32, 2, 4]' > "$dir/array.json"
+expect config-not-object 'config: JSON but not an object' \
+  'a config must be a JSON object' "${common[@]}" --config "$dir/array.json" --out "$dir/o13"
+cfg "$dir/neg.json" 'c["hidden_size"] = -32'
+expect negative-hidden 'config: negative size (`hidden_size` -32)' \
+  '"hidden_size" must be positive, got -32' "${common[@]}" --config "$dir/neg.json" --out "$dir/o14"
+cfg "$dir/huge.json" 'c["hidden_size"] = 10**10'
+expect int-out-of-range 'config: integer beyond int32 (`hidden_size` 10^10)' \
+  'field "hidden_size" = 10000000000 is out of range' "${common[@]}" --config "$dir/huge.json" --out "$dir/o15"
+cfg "$dir/theta.json" 'c["rope_theta"] = 1e300'
+expect float-out-of-range 'config: number beyond float32 (`rope_theta` 1e300)' \
+  'field "rope_theta" = 1e+300 is out of range for a 32-bit float' "${common[@]}" --config "$dir/theta.json" --out "$dir/o38"
+cfg "$dir/llama.json" 'c["model_type"] = "llama"'
+expect unsupported-model-type 'config: another architecture (`model_type` llama)' \
+  'model_type "llama" is not supported' "${common[@]}" --config "$dir/llama.json" --out "$dir/o16"
+cfg "$dir/odd.json" 'c["hidden_size"] = 12'
+expect odd-head-dim 'config: odd head_dim (12 / 4 heads = 3), no RoPE pairs' \
+  'head_dim = hidden_size / num_attention_heads = 3 must be even' "${common[@]}" --config "$dir/odd.json" --out "$dir/o17"
+cfg "$dir/gqa.json" 'c["num_key_value_heads"] = 2'
+expect gqa 'config: grouped-query attention (`num_key_value_heads` 2 of 4)' \
+  'grouped-query attention is not supported' "${common[@]}" --config "$dir/gqa.json" --out "$dir/o18"
+cfg "$dir/sigmoid.json" 'c["scoring_func"] = "sigmoid"'
+expect sigmoid-router 'config: unsupported router (`scoring_func` sigmoid)' \
+  'scoring_func "sigmoid" is not supported' "${common[@]}" --config "$dir/sigmoid.json" --out "$dir/o19"
+cfg "$dir/vocab.json" 'c["vocab_size"] = 100'
+expect small-vocab 'config: vocabulary smaller than the 256 byte tokens' \
+  'byte-level data needs vocab_size >= 256, the config has 100' "${common[@]}" --config "$dir/vocab.json" --out "$dir/o20"
+cfg "$dir/k0.json" 'c["num_experts_per_tok"] = 0'
+expect zero-topk 'config: MoE layers with top-k 0' \
+  '"num_experts_per_tok" must be positive, got 0' "${common[@]}" --config "$dir/k0.json" --out "$dir/o21"
+
+# --- parallel degrees on one process --------------------------------------------------------------
+expect ep-one-process '`--ep 2` on one process' \
+  'pp(1) * dp(1) * ep(2) * tp(1) = 2 != world size 1' "${common[@]}" --preset test-moe --ep 2 --out "$dir/o22"
+expect pp-one-process '`--pp 2` on one process' \
+  'pp(2) * dp(1) * ep(1) * tp(1) = 2 != world size 1' "${common[@]}" --preset test-moe --pp 2 --out "$dir/o23"
+expect dp-zero '`--dp 0`' \
+  'parallel degrees must be >= 1, got pp(1) dp(0) ep(1) tp(1)' "${common[@]}" --preset test-moe --dp 0 --out "$dir/o24"
+expect topo-one-process 'emulated nodes that do not tile the world' \
+  'world size 1 is not a multiple of ranks per node 2' "${common[@]}" --topo.ranks-per-node 2 --out "$dir/o25"
+
+# --- dataset --------------------------------------------------------------------------------------
+expect missing-data 'data: file does not exist' \
+  'missing.txt: cannot open' train --steps 2 --quiet --data "$dir/missing.txt" --out "$dir/o8"
 : > "$dir/empty.txt"
-expect empty-data 'empty.txt' train --steps 2 --quiet --data "$dir/empty.txt" --out "$dir/o9"
+expect empty-data 'data: empty file' \
+  'empty.txt: file is empty' train --steps 2 --quiet --data "$dir/empty.txt" --out "$dir/o9"
 printf 'short' > "$dir/short.txt"
-expect tiny-data 'short.txt' train --steps 2 --quiet --data "$dir/short.txt" --out "$dir/o10"
-expect bad-steps '--steps must be positive' "${common[@]}" --steps 0 --out "$dir/o11"
-expect seq-too-long 'exceeds the model' "${common[@]}" --preset test-moe --seq-len 100000 --out "$dir/o12"
-expect unknown-flag 'bogus' train --bogus
+expect tiny-data 'data: 5 bytes, no window of seq-len + 1' \
+  'short.txt: the val split has no window' train --steps 2 --quiet --data "$dir/short.txt" --out "$dir/o10"
+head -c 3000 "$dir/text.txt" > "$dir/3k.txt"
+expect data-too-small-for-seq-len 'data: 3 KB file, `--seq-len 200` (held-out blocks too short)' \
+  '3k.txt: the val split has no window of seq_len+1 = 201 bytes' "${common[@]}" --preset test-moe --data "$dir/3k.txt" --seq-len 200 --out "$dir/o26"
+mkdir -p "$dir/corpus_dir"
+expect data-directory 'data: `--data` is a directory' \
+  'corpus_dir: is a directory' "${common[@]}" --data "$dir/corpus_dir" --out "$dir/o27"
+
+# --- flag values ----------------------------------------------------------------------------------
+expect bad-steps '`--steps 0`' \
+  '--steps must be positive, got 0' "${common[@]}" --steps 0 --out "$dir/o11"
+expect bad-batch '`--batch 0`' \
+  '--batch must be positive, got 0' "${common[@]}" --batch 0 --out "$dir/o28"
+expect seq-len-one '`--seq-len 1`' \
+  '--seq-len must be at least 2, got 1' "${common[@]}" --seq-len 1 --out "$dir/o29"
+expect seq-too-long '`--seq-len` beyond max_position_embeddings' \
+  "--seq-len 100000 exceeds the model's max_position_embeddings 256" "${common[@]}" --preset test-moe --seq-len 100000 --out "$dir/o12"
+expect batch-vs-micro '`--batch` not divisible by `--micro-batches`' \
+  '--batch 2 is not divisible by --micro-batches 4' "${common[@]}" --micro-batches 4 --out "$dir/o30"
+expect bad-a2a 'unknown `--a2a`' \
+  "unknown all-to-all algorithm 'ring'" "${common[@]}" --a2a ring --out "$dir/o31"
+expect bad-recompute 'unknown `--recompute`' \
+  'some' "${common[@]}" --recompute some --out "$dir/o32"
+expect bad-schedule 'unknown `--pp.schedule`' \
+  'zigzag' "${common[@]}" --pp.schedule zigzag --out "$dir/o33"
+expect negative-capacity '`--capacity-factor -1`' \
+  '--capacity-factor must be >= 0 (0 = dropless), got -1' "${common[@]}" --preset test-moe --capacity-factor -1 --out "$dir/o34"
+expect negative-capacity-dense '`--capacity-factor -1` on a dense model' \
+  '--capacity-factor must be >= 0 (0 = dropless), got -1' "${common[@]}" --preset test-dense --capacity-factor -1 --out "$dir/o35"
+expect bad-threads '`--threads 0`' \
+  '--threads must be positive, got 0' "${common[@]}" --threads 0 --out "$dir/o36"
+expect not-a-number '`--threads` not a number' \
+  'abc' "${common[@]}" --threads abc --out "$dir/o37"
+expect out-not-writable 'output folder cannot be created (`--out /proc/x`)' \
+  '/proc/x: cannot create output folder' "${common[@]}" --out /proc/x
+expect out-is-a-file 'output folder is an existing file' \
+  'text.txt: cannot create output folder' "${common[@]}" --out "$dir/text.txt"
+expect unknown-flag 'unknown flag' 'bogus' train --bogus
 
 for o in "$dir"/o*; do
-  [ -e "$o/model.safetensors" ] && { echo "FAIL: $o has weights after an error"; fail=$((fail + 1)); }
+  [ -e "$o/model.safetensors" ] && { echo "FAIL: $o has weights after an error" >&2; fail=$((fail + 1)); }
 done
-echo "$pass passed, $fail failed"
+echo "$pass passed, $fail failed" >&2
 [ "$fail" -eq 0 ]

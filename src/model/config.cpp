@@ -1,8 +1,10 @@
 #include "model/config.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -22,11 +24,20 @@ void read_field(const json& j, const char* name, T& out, bool required, const st
   if constexpr (std::is_same_v<T, bool>) {
     MOE_CHECK(it->is_boolean(), src, ": field \"", name, "\" must be true or false, got ", it->dump());
   } else if constexpr (std::is_integral_v<T>) {
+    // Whole numbers (32 or 32.0) within T's range: casting a double outside it is undefined.
     MOE_CHECK(it->is_number_integer() ||
-                  (it->is_number_float() && it->get<double>() == static_cast<long long>(it->get<double>())),
+                  (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>()),
               src, ": field \"", name, "\" must be an integer, got ", it->dump());
+    MOE_CHECK(it->get<double>() >= static_cast<double>(std::numeric_limits<T>::min()) &&
+                  it->get<double>() <= static_cast<double>(std::numeric_limits<T>::max()),
+              src, ": field \"", name, "\" = ", it->dump(), " is out of range [",
+              std::numeric_limits<T>::min(), ", ", std::numeric_limits<T>::max(), "]");
   } else if constexpr (std::is_floating_point_v<T>) {
     MOE_CHECK(it->is_number(), src, ": field \"", name, "\" must be a number, got ", it->dump());
+    // Beyond T's range a double would become inf (and config.json would save it as null).
+    MOE_CHECK(std::abs(it->get<double>()) <= static_cast<double>(std::numeric_limits<T>::max()),
+              src, ": field \"", name, "\" = ", it->dump(), " is out of range for a ",
+              8 * sizeof(T), "-bit float");
   } else {
     MOE_CHECK(it->is_string(), src, ": field \"", name, "\" must be a string, got ", it->dump());
   }

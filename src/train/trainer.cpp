@@ -158,6 +158,8 @@ TrainResult run_training(const TrainOptions& opts) {
     MOE_CHECK(opts.micro_batches >= 1, "--micro-batches must be >= 1, got ", opts.micro_batches);
     MOE_CHECK(opts.batch % opts.micro_batches == 0, "--batch ", opts.batch,
               " is not divisible by --micro-batches ", opts.micro_batches);
+    MOE_CHECK(opts.moe.capacity_factor >= 0.0f, "--capacity-factor must be >= 0 (0 = dropless), got ",
+              opts.moe.capacity_factor);
     comm::Topology::detect(world.size(), opts.topo_ranks_per_node, opts.topo_nodes_per_group);
     cfg = opts.config_path.empty() ? model::preset(opts.preset) : model::load_config(opts.config_path);
     MOE_CHECK(opts.seq_len <= cfg.max_position_embeddings, "--seq-len ", opts.seq_len,

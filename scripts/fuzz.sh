@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Fuzzes the parsers of user files with libFuzzer (clang-14): safetensors, config.json, dataset.
+# Usage: scripts/fuzz.sh [SECONDS]   (per target, default 30)
+# Installs clang-14 + libclang-rt-14-dev if missing (and moetrain's dependencies), builds the
+# targets of tests/fuzz in build-fuzz/ (-DMOETRAIN_FUZZ=ON), runs each on a fresh copy of its seed
+# corpus tests/fuzz/corpus/<target>/ for SECONDS, and fails on any finding (crash, sanitizer
+# report, unexpected exception, timeout). A finding's input is kept in build-fuzz/artifacts/;
+# replay it with build-fuzz/tests/fuzz/<target> <file>.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+seconds="${1:-30}"
+targets=(fuzz_safetensors fuzz_config fuzz_dataset)
+
+"$root/scripts/setup.sh"
+missing=()
+for p in clang-14 libclang-rt-14-dev; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "fuzz: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+build="$root/build-fuzz"
+mkdir -p "$build"
+log="$build/build.log"
+if ! { cmake -S "$root" -B "$build" -DMOETRAIN_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+         -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 &&
+       cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"; } >"$log" 2>&1; then
+  grep -E -A3 "error|Error" "$log" | head -60 >&2
+  echo "fuzz build failed; full log: $log" >&2
+  exit 1
+fi
+
+rm -rf "$build/corpus" "$build/artifacts"
+mkdir -p "$build/artifacts"
+failed=()
+for t in "${targets[@]}"; do
+  work="$build/corpus/$t"
+  mkdir -p "$work"
+  cp "$root/tests/fuzz/corpus/$t/"* "$work/"
+  out="$build/$t.log"
+  # -timeout: an input that runs this long is a finding (a hang); -rss_limit_mb likewise for memory.
+  if (cd "$build" && "$build/tests/fuzz/$t" -max_total_time="$seconds" -timeout=25 \
+        -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" \
+        "$work") >"$out" 2>&1; then
+    runs=$(grep -oE "^stat::number_of_executed_units: *[0-9]+" "$out" | grep -oE "[0-9]+$" || echo "?")
+    echo "fuzz: $t ok: $runs inputs in ${seconds}s, corpus $(ls "$work" | wc -l) files"
+  else
+    echo "fuzz: $t FAILED (log $out):" >&2
+    grep -E "ERROR|runtime error|SUMMARY|Test unit written|deadly signal|terminate called|what\(\)" \
+      "$out" | head -20 >&2
+    failed+=("$t")
+  fi
+done
+[ ${#failed[@]} -eq 0 ] || { echo "fuzz: findings in ${failed[*]}" >&2; exit 1; }
