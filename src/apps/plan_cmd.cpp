@@ -1,0 +1,146 @@
+// `moetrain plan` / `moetrain calibrate`. See plan_cmd.h.
+#include "apps/plan_cmd.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "comm/mpi_runtime.h"
+#include "core/error.h"
+#include "plan/cluster.h"
+#include "plan/plan_model.h"
+#include "plan/report.h"
+#include "plan/search.h"
+
+namespace moe::apps {
+
+void add_plan_commands(CLI::App& app, PlanCli& s) {
+  CLI::App* p = app.add_subcommand("plan", "resource model: which layout fits, and how fast it runs");
+  p->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  p->add_option("--model", s.model, "preset (xmoe-small..super, piper-110b/862b/1.7t, mixtral-8x7b/8x22b, "
+                                    "deepseek-v2/v3, tiny, ...) or a Hugging Face config.json")->capture_default_str();
+  p->add_option("--cluster", s.cluster, "frontier, dgx-h100, or a profile.json from moetrain calibrate")->capture_default_str();
+  p->add_option("--gpus", s.gpus, "world size (GPUs or ranks)");
+  p->add_option("--seq-len", s.seq_len, "tokens per sequence (default: the model's training length)");
+  p->add_option("--global-batch", s.global_batch, "sequences per step (default: 2 per rank)");
+  p->add_option("--precision", s.precision, "bf16 (mixed precision) or fp32 (default: the cluster's)");
+  p->add_option("--top", s.top, "plans to list")->capture_default_str();
+  p->add_option("--max-tp", s.max_tp, "largest tensor-parallel degree to consider (moetrain train: 1)")->capture_default_str();
+  p->add_option("--max-micro-batches", s.max_micro_batches, "largest micro-batch count to consider")->capture_default_str();
+  p->add_option("--imbalance", s.imbalance, "expert rows on the busiest rank / the balanced mean")->capture_default_str();
+  p->add_option("--loads", s.loads, "a metrics.jsonl of this model: its expert_loads give the routing imbalance per EP degree");
+  p->add_flag("--explain", s.explain, "why each rejected family was rejected; padded vs padding-free dispatch memory");
+  p->add_flag("--json", s.json, "print JSON");
+  p->add_flag("--zero1", s.zero1, "shard the optimizer state over the data ranks (ZeRO-1)");
+  p->add_flag("--evaluate", s.evaluate, "predict the one layout given by --layout instead of searching");
+  p->add_option("--layout", s.layout, "with --evaluate: \"pp=2,ep=2,dp=1,mb=4,recompute=moe,a2a=flat\"");
+
+  CLI::App* c = app.add_subcommand("calibrate", "measure this machine for the planner (run under mpirun per rank count)");
+  c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  c->add_option("-o,--out", s.calibrate.out, "profile file to write")->capture_default_str();
+  c->add_flag("--append", s.calibrate.append, "add this rank count's sharing and communication curves to an existing profile");
+  c->add_option("--ranks-per-node", s.calibrate.ranks_per_node, "emulate nodes of this many ranks for the exchange benchmarks");
+  c->add_option("--nodes-per-group", s.calibrate.nodes_per_group, "emulate switch groups of this many nodes");
+  c->add_option("--threads", s.calibrate.threads, "BLAS threads per rank")->capture_default_str();
+  c->add_flag("--quick", s.calibrate.quick, "small grids, few iterations (tests)");
+  c->add_flag("--quiet", s.calibrate_quiet, "no progress output");
+}
+
+namespace {
+
+int run_plan(const PlanCli& s) {
+  plan::PlanModel m = plan::resolve_model(s.model);
+  plan::ClusterProfile c = plan::resolve_cluster(s.cluster);
+  plan::TrainShape shape;
+  shape.seq_len = s.seq_len > 0 ? s.seq_len : m.default_seq_len;
+  MOE_CHECK(s.seq_len >= 0, "--seq-len must be positive, got ", s.seq_len);
+  MOE_CHECK(s.global_batch >= 0, "--global-batch must be positive, got ", s.global_batch);
+  MOE_CHECK(s.top >= 1, "--top must be >= 1, got ", s.top);
+  MOE_CHECK(s.max_tp >= 1, "--max-tp must be >= 1, got ", s.max_tp);
+  MOE_CHECK(s.imbalance >= 1.0, "--imbalance must be >= 1 (rows on the busiest rank / the mean), got ", s.imbalance);
+  shape.precision = s.precision.empty() ? c.precision : s.precision;
+  MOE_CHECK(shape.precision == "bf16" || shape.precision == "fp32", "--precision ", shape.precision,
+            " (expected bf16 or fp32)");
+  if (m.max_position_embeddings > 0)
+    MOE_CHECK(shape.seq_len <= m.max_position_embeddings, "--seq-len ", shape.seq_len,
+              " exceeds the model's max_position_embeddings ", m.max_position_embeddings);
+  plan::ReportContext ctx{&m, &c, shape, s.gpus};
+  plan::RoutingStats routing;
+  if (!s.loads.empty()) routing = plan::read_routing_stats(s.loads);
+  const plan::RoutingStats* rp = s.loads.empty() ? nullptr : &routing;
+
+  if (s.evaluate) {
+    MOE_CHECK(!s.layout.empty(), "--evaluate needs --layout \"pp=..,dp=..,ep=..,mb=..,recompute=..,a2a=..\"");
+    plan::Layout l = plan::parse_layout(s.layout);
+    l.zero1 = l.zero1 || s.zero1;
+    MOE_CHECK(s.gpus == 0 || s.gpus == l.world(), "--gpus ", s.gpus, " != pp(", l.pp, ") * dp(", l.dp,
+              ") * ep(", l.ep, ") * tp(", l.tp, ") = ", l.world(), " of --layout");
+    if (c.nodes > 0)
+      MOE_CHECK(l.world() <= static_cast<long long>(c.nodes) * c.ranks_per_node, "layout needs ", l.world(),
+                " ranks; cluster ", c.name, " has ", c.nodes, " node(s) x ", c.ranks_per_node);
+    ctx.shape.global_batch = s.global_batch > 0 ? s.global_batch
+                                                : static_cast<long long>(l.data_ranks()) * l.micro_batches;
+    ctx.gpus = l.world();
+    plan::Candidate cand = plan::evaluate_layout(m, c, l, ctx.shape, rp, s.imbalance);
+    if (s.json) {
+      nlohmann::json j = plan::candidate_json(ctx, cand);
+      j["model"] = m.name;
+      j["cluster"] = c.name;
+      j["seq_len"] = ctx.shape.seq_len;
+      j["global_batch"] = ctx.shape.global_batch;
+      j["precision"] = ctx.shape.precision;
+      if (s.explain && m.num_moe_layers() > 0) j["dispatch"] = plan::padded_json(ctx, cand);
+      std::printf("%s\n", j.dump(1).c_str());
+    } else {
+      std::printf("%s", plan::format_evaluation(ctx, cand).c_str());
+      if (s.explain) {
+        plan::SearchResult none;
+        std::printf("%s", plan::format_explain(ctx, none, &cand).c_str());
+      }
+    }
+    return cand.fits ? 0 : 3;
+  }
+
+  MOE_CHECK(s.gpus >= 1, "--gpus must be given and >= 1 (got ", s.gpus, "), or use --evaluate --layout");
+  ctx.shape.global_batch = s.global_batch > 0 ? s.global_batch : 2LL * s.gpus;
+  plan::SearchOptions so;
+  so.gpus = s.gpus;
+  so.shape = ctx.shape;
+  so.zero1 = s.zero1;
+  so.top = s.top;
+  so.max_tp = s.max_tp;
+  so.max_micro_batches = s.max_micro_batches;
+  so.imbalance = s.imbalance;
+  so.routing = rp;
+  plan::SearchResult r = plan::search_plans(m, c, so);
+  if (s.json) {
+    std::printf("%s\n", plan::search_json(ctx, r, s.explain).dump(1).c_str());
+  } else {
+    std::printf("%s", plan::format_plans(ctx, r).c_str());
+    if (s.explain) std::printf("%s", plan::format_explain(ctx, r, r.best.empty() ? nullptr : &r.best.front()).c_str());
+  }
+  return r.best.empty() ? 3 : 0;
+}
+
+int run_calibrate_cli(PlanCli& s, int* argc, char*** argv) {
+  comm::MpiRuntime mpi(argc, argv);
+  try {
+    s.calibrate.verbose = !s.calibrate_quiet;
+    train::run_calibrate(s.calibrate);
+  } catch (const std::exception& e) {
+    if (mpi.world_size() == 1) throw;
+    if (mpi.world_rank() == 0) std::fprintf(stderr, "moetrain: error: %s\n", e.what());
+    std::fflush(stderr);
+    comm::MpiRuntime::abort(1);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_plan_commands(CLI::App& app, PlanCli& s, int* argc, char*** argv) {
+  if (app.got_subcommand("plan")) return run_plan(s);
+  if (app.got_subcommand("calibrate")) return run_calibrate_cli(s, argc, argv);
+  return -1;
+}
+
+}  // namespace moe::apps

@@ -1,0 +1,36 @@
+// Communication micro-benchmarks for `moetrain calibrate`: the token exchange (flat, rbd, halo) by
+// size and group, point-to-point between neighbouring ranks, and all-reduce by size and group.
+// Every group of the world measures at once (as in training, where every EP group exchanges at
+// the same time); a point is the median over iterations of the slowest rank's time. Plain data
+// out: the planner's profile format lives in plan/, which does not link MPI.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "comm/group.h"
+#include "comm/topology.h"
+
+namespace moe::comm {
+
+struct CommMeasurement {
+  std::string op;               // a2a | p2p | allreduce
+  std::string algo;             // a2a: flat | rbd | halo
+  int world = 0, group = 0, ranks_per_node = 0;
+  std::vector<double> bytes;    // per rank (a2a: flat dispatch bytes tokens·k·H·4)
+  std::vector<double> seconds;  // median of the per-iteration maximum over ranks
+};
+
+// Collective over `world`. Groups of `group` adjacent ranks (group divides world.size()).
+std::vector<CommMeasurement> measure_a2a(const Group& world, const Topology& topo, int group,
+                                         const std::vector<std::string>& algos, double min_bytes,
+                                         double max_bytes, int hidden, int topk, int iters);
+// Pairs (2i, 2i+1) exchange one message each way; the time of one direction.
+CommMeasurement measure_p2p(const Group& world, double min_bytes, double max_bytes, int iters);
+CommMeasurement measure_allreduce(const Group& world, int group, double min_bytes, double max_bytes,
+                                  int iters);
+
+// A barrier over MPI_COMM_WORLD that sleeps instead of spinning, so one rank can time kernels
+// alone on a machine with fewer cores than ranks.
+void quiet_barrier();
+
+}  // namespace moe::comm

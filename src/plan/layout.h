@@ -1,0 +1,54 @@
+// One candidate parallel layout and the training shape it runs: the vocabulary shared by the
+// memory model, the time model, the search and the CLI (`--layout "pp=2,ep=2,mb=4,..."`).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace moe::plan {
+
+struct Layout {
+  int pp = 1, dp = 1, ep = 1, tp = 1;
+  int micro_batches = 1;          // M
+  std::string recompute = "none"; // none | moe | full
+  std::string a2a = "flat";       // flat | rbd | halo
+  bool zero1 = false;             // optimizer state sharded over the data ranks
+  std::string schedule = "1f1b";  // 1f1b | gpipe
+
+  int world() const { return pp * dp * ep * tp; }
+  int data_ranks() const { return dp * ep; }  // ranks that read their own share of the batch
+  std::string describe() const;               // "pp=2,dp=1,ep=2,tp=1,mb=4,recompute=moe,a2a=flat"
+};
+
+// "pp=2,ep=2,dp=1,mb=4,recompute=moe,a2a=flat" (keys: pp dp ep tp mb|micro-batches recompute a2a
+// zero1 schedule; missing keys keep their defaults). Errors name the key or value at fault.
+Layout parse_layout(const std::string& text);
+
+struct TrainShape {
+  int seq_len = 0;                // s (tokens per sequence)
+  long long global_batch = 0;     // sequences per optimizer step, all data ranks together
+  std::string precision = "bf16"; // bf16 (mixed precision: 16 B/param, 2 B activations) | fp32
+};
+
+// The per-rank numbers a layout implies for a shape. Errors name the numbers that do not divide.
+struct RankShape {
+  long long batch_per_rank = 0;   // b = global / (dp · ep)   (sequences; `train --batch`)
+  long long micro_batch = 0;      // b / M sequences
+  long long tokens = 0;           // N = micro_batch · s tokens per micro-batch
+};
+RankShape rank_shape(const Layout& l, const TrainShape& s);
+
+// Layers of each stage: an even split, the remainder on the first stages (as the trainer).
+std::vector<int> split_stages(int layers, int pp);
+
+// The ops of one stage of a pipeline schedule (forward = true), and the number of activation-
+// sized pipeline buffers that stage's executor allocates (parallel/pipeline.cpp's dry run,
+// reproduced here because plan/ does not link the communication layer).
+struct PipeOpSpec {
+  bool forward = true;
+  int micro_batch = 0;
+};
+std::vector<PipeOpSpec> schedule_ops(const std::string& schedule, int num_stages, int stage, int M);
+int max_in_flight(const std::vector<PipeOpSpec>& ops);
+int pipeline_buffer_slots(const std::string& schedule, int num_stages, int stage, int M);
+
+}  // namespace moe::plan

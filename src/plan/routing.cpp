@@ -1,0 +1,82 @@
+// Routing statistics from measured expert loads. See routing.h.
+#include "plan/routing.h"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace moe::plan {
+
+RoutingStats read_routing_stats(const std::string& path) {
+  std::ifstream f(path);
+  MOE_CHECK(f.good(), path, ": cannot open metrics file");
+  RoutingStats s;
+  std::string line;
+  int n = 0;
+  while (std::getline(f, line)) {
+    ++n;
+    if (line.empty()) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(str_cat(path, ": line ", n, " is not valid JSON (", e.what(), ")"));
+    }
+    if (!j.contains("expert_loads")) continue;
+    const auto& loads = j["expert_loads"];
+    MOE_CHECK(loads.is_array(), path, ": line ", n, ": \"expert_loads\" must be a list of lists");
+    std::vector<std::vector<double>> step;
+    for (const auto& layer : loads) {
+      MOE_CHECK(layer.is_array() && !layer.empty(), path, ": line ", n, ": \"expert_loads\" must be a list of lists");
+      std::vector<double> v;
+      for (const auto& x : layer) {
+        MOE_CHECK(x.is_number() && x.get<double>() >= 0, path, ": line ", n, ": expert load ", x.dump(),
+                  " is not a count");
+        v.push_back(x.get<double>());
+      }
+      MOE_CHECK(s.experts == 0 || static_cast<int>(v.size()) == s.experts, path, ": line ", n, ": ",
+                v.size(), " experts in a layer, earlier lines had ", s.experts);
+      s.experts = static_cast<int>(v.size());
+      step.push_back(std::move(v));
+    }
+    if (!step.empty()) s.steps.push_back(std::move(step));
+  }
+  MOE_CHECK(!s.steps.empty(), path, ": no \"expert_loads\" in any line (a metrics.jsonl of moetrain train with MoE layers?)");
+  return s;
+}
+
+Imbalance routing_imbalance(const RoutingStats& s, int ep) {
+  Imbalance im;
+  if (ep <= 1 || s.steps.empty()) return im;
+  MOE_CHECK(s.experts % ep == 0, "routing statistics: ep(", ep, ") does not divide the ", s.experts, " experts");
+  const int per = s.experts / ep;
+  double time_sum = 0;
+  int time_n = 0;
+  im.memory = 0;
+  for (const auto& step : s.steps) {
+    std::vector<double> rank_rows(ep, 0.0);
+    double total = 0;
+    for (const auto& layer : step) {
+      std::vector<double> r(ep, 0.0);
+      double t = 0;
+      for (int e = 0; e < s.experts; ++e) {
+        r[e / per] += layer[e];
+        t += layer[e];
+      }
+      for (int i = 0; i < ep; ++i) rank_rows[i] += r[i];
+      total += t;
+      if (t > 0) {
+        time_sum += *std::max_element(r.begin(), r.end()) / (t / ep);
+        ++time_n;
+      }
+    }
+    if (total > 0) im.memory = std::max(im.memory, *std::max_element(rank_rows.begin(), rank_rows.end()) / (total / ep));
+  }
+  if (im.memory <= 0) im.memory = 1.0;
+  im.time = time_n > 0 ? time_sum / time_n : 1.0;
+  return im;
+}
+
+}  // namespace moe::plan

@@ -1,0 +1,297 @@
+// The time model. See time_model.h for the terms.
+// Legend: N tokens per micro-batch per rank, Nm tokens in the MoE block (N / tp), R expert rows
+// per rank (Nm · k), El local experts (E / ep), r = R / El rows per local expert.
+#include "plan/time_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "plan/step_ops.h"
+
+namespace moe::plan {
+namespace {
+
+// Nodes spanned by `g` ranks at rank stride `stride` with rpn ranks per node.
+int nodes_spanned(int g, int stride, int rpn) {
+  if (g <= 1) return 1;
+  const long long span = static_cast<long long>(stride) * (g - 1) + 1;
+  return static_cast<int>(std::min<long long>(g, (span + rpn - 1) / rpn));
+}
+
+// The link between nodes: inter-group beyond one switch group; its bandwidth per rank is capped
+// by the node's NICs shared by its ranks (every rank of a node injects at once in an exchange).
+LinkClass link_between_nodes(const ClusterProfile& c, int nodes) {
+  LinkClass l = c.nodes_per_group > 0 && nodes > c.nodes_per_group ? c.inter_group : c.inter_node;
+  l.bandwidth = std::min(l.bandwidth, c.nics_per_node * c.nic_bandwidth / c.ranks_per_node);
+  return l;
+}
+
+}  // namespace
+
+double pass_seconds(const PassOps& ops, const ClusterProfile& c, double elem_s) {
+  double t = elem_s * ops.elems;
+  for (const GemmOp& g : ops.gemms) {
+    const GemmTable& table = g.form == GemmForm::kNT ? c.gemm_nt : g.form == GemmForm::kNN ? c.gemm_nn : c.gemm_tn;
+    t += g.count * table.seconds(g.m, g.n, g.k);
+  }
+  for (const AttentionOp& a : ops.attention)
+    t += a.seq_heads * (a.backward ? c.attention.bwd(a.seq_len, a.head_dim) : c.attention.fwd(a.seq_len, a.head_dim));
+  return t;
+}
+
+double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, int ep, int tp,
+                   double bytes, int k) {
+  if (ep <= 1 || bytes <= 0) return 0;
+  const int rpn = std::min(world, c.ranks_per_node);
+  if (const CommCurve* cc = c.find_comm("a2a", algo, world, ep, rpn)) return cc->seconds.time_at(bytes);
+  // Link model. Ranks of the group per node, nodes spanned.
+  const int r_n = std::max(1, std::min(ep, c.ranks_per_node / std::max(1, tp)));
+  const int n_g = (ep + r_n - 1) / r_n;
+  const LinkClass inter = link_between_nodes(c, n_g);
+  const double intra_bytes = bytes * (r_n - 1) / ep;
+  const double inter_bytes = bytes * (ep - r_n) / ep;
+  if (n_g == 1 || algo == "flat") {
+    return std::max(intra_bytes / c.intra_node.bandwidth, inter_bytes / inter.bandwidth) +
+           (r_n - 1) * c.intra_node.latency + (ep - r_n) * inter.latency;
+  }
+  if (algo == "rbd") {
+    // One pilot per (token, remote node): (n_g − 1)(1 − (1 − 1/n_g)^k) rows instead of
+    // k (n_g − 1)/n_g; the replicas are copied inside the destination node.
+    const double pilots = (n_g - 1) * (1 - std::pow(1 - 1.0 / n_g, k));
+    const double rows = k * static_cast<double>(n_g - 1) / n_g;
+    const double inter_rbd = inter_bytes * pilots / rows;
+    const double copies = inter_bytes - inter_rbd;
+    return std::max((intra_bytes + copies) / c.intra_node.bandwidth, inter_rbd / inter.bandwidth) +
+           (r_n - 1) * c.intra_node.latency + (ep - r_n) * inter.latency;
+  }
+  // halo: phase I (intra) overlaps phase II (one message per remote node, rail to rail) and
+  // phase III (forward inside the destination node).
+  const double phase1 = intra_bytes / c.intra_node.bandwidth + (r_n - 1) * c.intra_node.latency;
+  const double phase2 = inter_bytes / inter.bandwidth + (n_g - 1) * inter.latency;
+  const double phase3 = inter_bytes * (r_n - 1) / r_n / c.intra_node.bandwidth + (r_n - 1) * c.intra_node.latency;
+  return std::max(phase1, phase2 + phase3);
+}
+
+double allreduce_seconds(const ClusterProfile& c, int world, int group, int stride, double bytes) {
+  if (group <= 1 || bytes <= 0) return 0;
+  if (const CommCurve* cc = c.find_comm("allreduce", "", world, group, 0)) return cc->seconds.time_at(bytes);
+  const int rpn = std::min(world, c.ranks_per_node);
+  const int nodes = nodes_spanned(group, stride, rpn);
+  const LinkClass l = nodes > 1 ? link_between_nodes(c, nodes) : c.intra_node;
+  // Ring: 2(g−1)/g of the buffer over the slowest link, 2(g−1) steps of latency.
+  return 2.0 * (group - 1) / group * bytes / l.bandwidth + 2.0 * (group - 1) * l.latency;
+}
+
+double p2p_seconds(const ClusterProfile& c, int world, int stride, double bytes) {
+  if (bytes <= 0) return 0;
+  if (const CommCurve* cc = c.find_comm("p2p", "", world, 2, 0)) return cc->seconds.time_at(bytes);
+  const int rpn = std::min(world, c.ranks_per_node);
+  const LinkClass l = stride >= rpn ? link_between_nodes(c, 2) : c.intra_node;
+  return l.latency + bytes / l.bandwidth;
+}
+
+namespace {
+
+// One stage's work per micro-batch: compute in solo-rank seconds (GEMM + attention +
+// memory-bound, recomputation included) and communication in wall seconds (all-to-all).
+struct StageWork {
+  double fwd_compute = 0, bwd_compute = 0, fwd_comm = 0, bwd_comm = 0;
+};
+
+// The pipeline of one step on ranks that share a node's cores (CPU profiles). Every stage runs
+// its schedule's ops in order; an op's compute phase advances at the per-rank speed for the
+// number of ranks computing at that moment (share(active stages x replicas)), its communication
+// phase in wall time without holding a core (OpenMPI yields when oversubscribed). A forward
+// needs the previous stage's forward of that micro-batch, a backward the next stage's backward,
+// each plus one p2p transfer. Returns the wall time of the last op.
+double shared_pipeline(const std::vector<StageWork>& w, const std::string& schedule, int M, int replicas,
+                       double p2p, const ClusterProfile& c) {
+  const int P = static_cast<int>(w.size());
+  std::vector<std::vector<PipeOpSpec>> ops(P);
+  for (int s = 0; s < P; ++s) ops[s] = schedule_ops(schedule, P, s, M);
+  const double kNever = 1e300;
+  std::vector<std::vector<double>> fwd_done(P, std::vector<double>(M, kNever)), bwd_done = fwd_done;
+  std::vector<size_t> next(P, 0);
+  std::vector<int> phase(P, 0);         // 0 waiting, 1 computing, 2 communicating
+  std::vector<double> left(P, 0.0);     // remaining compute (solo s) or comm (wall s)
+  double now = 0;
+  auto ready_at = [&](int s) {
+    const PipeOpSpec& op = ops[s][next[s]];
+    if (op.forward) return s == 0 ? 0.0 : fwd_done[s - 1][op.micro_batch] + p2p;
+    return s == P - 1 ? 0.0 : bwd_done[s + 1][op.micro_batch] + p2p;
+  };
+  int remaining = 0;
+  for (int s = 0; s < P; ++s) remaining += static_cast<int>(ops[s].size());
+  while (remaining > 0) {
+    // Start every op whose input has arrived.
+    for (int s = 0; s < P; ++s)
+      if (phase[s] == 0 && next[s] < ops[s].size() && ready_at(s) <= now) {
+        phase[s] = 1;
+        left[s] = ops[s][next[s]].forward ? w[s].fwd_compute : w[s].bwd_compute;
+      }
+    int active = 0;
+    for (int s = 0; s < P; ++s) active += phase[s] == 1 ? 1 : 0;
+    const double rate = active > 0 ? c.compute_share_at(active * replicas) : 1.0;
+    // Next event: a phase ends or an input arrives.
+    double dt = kNever;
+    for (int s = 0; s < P; ++s) {
+      if (phase[s] == 1) dt = std::min(dt, left[s] / rate);
+      else if (phase[s] == 2) dt = std::min(dt, left[s]);
+      else if (next[s] < ops[s].size()) dt = std::min(dt, std::max(0.0, ready_at(s) - now));
+    }
+    MOE_CHECK(dt < kNever, "internal: pipeline simulation stalled");
+    now += dt;
+    for (int s = 0; s < P; ++s) {
+      if (phase[s] == 0) continue;
+      left[s] -= phase[s] == 1 ? dt * rate : dt;
+      if (left[s] > 1e-15) continue;
+      const PipeOpSpec& op = ops[s][next[s]];
+      if (phase[s] == 1) {
+        phase[s] = 2;
+        left[s] = op.forward ? w[s].fwd_comm : w[s].bwd_comm;
+        if (left[s] > 1e-15) continue;
+      }
+      (op.forward ? fwd_done : bwd_done)[s][op.micro_batch] = now;
+      phase[s] = 0;
+      ++next[s];
+      --remaining;
+    }
+  }
+  return now;
+}
+
+}  // namespace
+
+TimeBreakdown estimate_time(const PlanModel& m, const Layout& lay, const TrainShape& shape,
+                            const ClusterProfile& c, const MemoryOptions& mo) {
+  const RankShape rs = rank_shape(lay, shape);
+  const int world = lay.world(), T = shape.seq_len, tp = lay.tp;
+  const int ranks_on_node = std::min(world, c.ranks_per_node);
+  const double N = static_cast<double>(rs.tokens), H = m.hidden;
+  const double V = static_cast<double>(m.vocab_size);
+  const double elem_scale = mo.act_bytes / (c.precision == "fp32" ? 4.0 : 2.0);
+  // Memory-bound costs at this micro-batch's activation size.
+  const double act_size = N * H * mo.act_bytes;
+  const double ef = c.elem_fwd.at(act_size) * elem_scale, eb = c.elem_bwd.at(act_size) * elem_scale;
+  const double rf = c.recompute_fwd.at(act_size) * elem_scale, rb = c.recompute_bwd.at(act_size) * elem_scale;
+  // Megatron attention with TP: an all-reduce of N·H after attention each way; SSMB's all-gather
+  // of the MoE output (about half an all-reduce) each way.
+  const double tp_comm = tp > 1 ? 1.5 * allreduce_seconds(c, world, tp, 1, N * H * mo.act_bytes) : 0;
+
+  TimeBreakdown tb;
+  const std::vector<int> split = split_stages(m.layers, lay.pp);
+  std::vector<StageWork> work;
+  int first = 0;
+  double worst_sync = 0, worst_opt_params = 0;
+  for (int s = 0; s < lay.pp; ++s) {
+    StageWork w;
+    for (int l = first; l < first + split[s]; ++l) {
+      const LayerOps o = layer_ops(m, l, lay, rs, T, mo);
+      const double attn_f = pass_seconds(o.attn_fwd, c, ef) + tp_comm, attn_b = pass_seconds(o.attn_bwd, c, eb) + tp_comm;
+      const double ffn_f = pass_seconds(o.ffn_fwd, c, ef), ffn_b = pass_seconds(o.ffn_bwd, c, eb);
+      const double a2a = o.moe ? a2a_seconds(c, lay.a2a, world, lay.ep, tp, o.rows * H * mo.act_bytes, m.top_k) : 0;
+      w.fwd_compute += attn_f + ffn_f + rf * o.dropped;
+      w.bwd_compute += attn_b + ffn_b + rb * o.dropped;
+      w.fwd_comm += 2 * a2a;  // dispatch + combine
+      w.bwd_comm += 2 * a2a;
+      if (lay.recompute == "full") {
+        w.bwd_compute += attn_f + ffn_f;
+        w.bwd_comm += 2 * a2a;
+      } else if (lay.recompute == "moe" && o.moe) {
+        w.bwd_compute += ffn_f;
+        w.bwd_comm += 2 * a2a;
+      }
+    }
+    if (s == 0) w.fwd_compute += ef * embedding_elems(m, rs);
+    if (s == lay.pp - 1) {
+      PassOps hf, hb;
+      head_ops(m, rs, T, hf, hb);
+      w.fwd_compute += pass_seconds(hf, c, ef);
+      w.bwd_compute += pass_seconds(hb, c, eb);
+    }
+    work.push_back(w);
+
+    // Gradient synchronisation: contiguous spans of replicated tensors over the data ranks,
+    // routed experts over dp (parallel/grid.cpp), in the gradients' precision.
+    double sync = 0, replicated = 0, local_params = 0;
+    const int data = lay.data_ranks();
+    auto flush = [&]() {
+      sync += allreduce_seconds(c, world, data, tp, replicated * mo.grad_bytes);
+      replicated = 0;
+    };
+    if (s == 0 && mo.embeddings) replicated += V * H / tp;
+    for (int l = first; l < first + split[s]; ++l) {
+      const LayerParams p = layer_params(m, l);
+      replicated += p.attention / tp + p.norms + p.dense_ffn / tp + p.router;
+      local_params += p.attention / tp + p.norms + p.dense_ffn / tp + p.router + p.shared;
+      if (p.experts > 0) {
+        flush();
+        const double experts = p.per_expert * p.experts / lay.ep;
+        sync += allreduce_seconds(c, world, lay.dp, lay.ep * tp, experts * mo.grad_bytes);
+        local_params += experts;
+      }
+      replicated += p.shared;
+    }
+    if (s == lay.pp - 1 && mo.embeddings) replicated += V * H / tp + H;
+    if (mo.embeddings) local_params += (s == 0 ? V * H / tp : 0) + (s == lay.pp - 1 ? V * H / tp + H : 0);
+    flush();
+    worst_sync = std::max(worst_sync, sync);
+    worst_opt_params = std::max(worst_opt_params, local_params);
+    first += split[s];
+  }
+
+  // Per-rank speed when every rank computes (1 on GPUs), and the pipeline.
+  const double share_all = c.compute_share_at(ranks_on_node);
+  const double p2p_one = lay.pp > 1 ? p2p_seconds(c, world, world / lay.pp, N * H * mo.act_bytes) : 0;
+  const int M = lay.micro_batches;
+  double max_stage = 0, sum_stage = 0;
+  int slowest = 0;
+  for (int s = 0; s < lay.pp; ++s) {
+    StageTime st;
+    st.fwd_compute = work[s].fwd_compute / share_all;
+    st.bwd_compute = work[s].bwd_compute / share_all;
+    st.a2a = work[s].fwd_comm + work[s].bwd_comm;
+    st.fwd = st.fwd_compute + work[s].fwd_comm;
+    st.bwd = st.bwd_compute + work[s].bwd_comm;
+    if (st.fwd + st.bwd > max_stage) {
+      max_stage = st.fwd + st.bwd;
+      slowest = s;
+    }
+    sum_stage += st.fwd + st.bwd;
+    tb.stages.push_back(st);
+  }
+  double pipeline;
+  if (c.kind == "cpu" && lay.pp > 1) {
+    pipeline = shared_pipeline(work, lay.schedule, M, world / lay.pp, p2p_one, c);
+  } else if (c.kind == "cpu") {
+    pipeline = M * max_stage;
+  } else {
+    // Each micro-batch passes every stage once; the slowest stage paces the rest.
+    pipeline = sum_stage + (M - 1) * max_stage + 2 * (lay.pp - 1) * p2p_one;
+  }
+  const StageTime& sl = tb.stages[slowest];
+  tb.compute = M * (sl.fwd_compute + sl.bwd_compute);
+  tb.a2a = M * sl.a2a;
+  tb.p2p = 2 * (lay.pp - 1) * p2p_one;
+  tb.bubble = pipeline - tb.compute - tb.a2a - tb.p2p;
+  if (tb.bubble < 0) {
+    // Shared cores: fill and drain ran faster than the fully shared steady state; the parts are
+    // scaled to what the pipeline took.
+    const double f = std::max(0.0, pipeline - tb.p2p) / (tb.compute + tb.a2a);
+    tb.compute *= f;
+    tb.a2a *= f;
+    tb.bubble = 0;
+  }
+  tb.allreduce = worst_sync;
+  tb.optimizer = c.optimizer_s_per_param * worst_opt_params / share_all;
+  tb.step = pipeline + tb.allreduce + tb.optimizer;
+  const double tokens = static_cast<double>(shape.global_batch) * T;
+  tb.tokens_per_s = tokens / tb.step;
+  tb.model_flops = model_flops_per_token(m, T) * tokens;
+  tb.tflops_per_rank = tb.model_flops / tb.step / world * 1e-12;
+  tb.mfu = tb.model_flops / (tb.step * world * c.peak_flops);
+  return tb;
+}
+
+}  // namespace moe::plan

@@ -1,0 +1,66 @@
+// Time of one training step of a layout, from a cluster profile:
+//   per stage and micro-batch, forward = Σ layers [ GEMMs by shape (calibrated table: q/k/v/o,
+//     router, each local expert on its rows R/El — tall-skinny when experts are many —, shared
+//     experts, dense FFN) + attention (table by T, head_dim) + memory-bound work (per activation
+//     element allocated) + 2 all-to-alls (dispatch, combine) ] (+ head on the last stage);
+//   backward = the GEMMs' dx and dw forms + attention backward + memory-bound work + 2
+//     all-to-alls; recomputation adds the recomputed part's forward;
+//   pipeline (1F1B or GPipe) = Σ_s (f_s + b_s) + (M − 1) · max_s (f_s + b_s) + 2 (PP − 1) p2p:
+//     each micro-batch passes every stage once, the slowest stage paces the rest; the bubble is
+//     what exceeds M · max_s (f_s + b_s);
+//   step = pipeline + gradient all-reduce (replicated tensors over dp·ep, experts over dp, one
+//     call per contiguous span, as parallel/grid.cpp) + optimizer.
+// On a CPU profile the ranks of a node share its cores: compute runs at the measured per-rank
+// share for that many ranks (compute_share), communication curves were measured with that many
+// ranks running. MFU counts model FLOPs (REFERENCE §2/§5, no recomputation) against peak.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "plan/cluster.h"
+#include "plan/layout.h"
+#include "plan/memory_model.h"
+#include "plan/plan_model.h"
+#include "plan/step_ops.h"
+
+namespace moe::plan {
+
+struct StageTime {
+  double fwd = 0, bwd = 0;      // per micro-batch, all included (compute + a2a + recompute)
+  double fwd_compute = 0, bwd_compute = 0;  // GEMM + attention + memory-bound (+ recompute in bwd)
+  double a2a = 0;               // per micro-batch, forward + backward (+ recompute)
+};
+
+struct TimeBreakdown {
+  std::vector<StageTime> stages;
+  double compute = 0;    // M · (compute of the slowest stage)
+  double a2a = 0;        // M · (all-to-all of the slowest stage)
+  double p2p = 0;        // pipeline sends on the critical path
+  double bubble = 0;     // fill and drain
+  double allreduce = 0;  // gradient synchronisation
+  double optimizer = 0;
+  double step = 0;       // seconds
+  double tokens_per_s = 0;
+  double model_flops = 0;  // per step
+  double mfu = 0;
+  double tflops_per_rank = 0;
+};
+
+// Seconds of one pass's work on one rank alone: GEMMs and attention from the profile's tables,
+// plus `elem_s` per memory-bound element.
+double pass_seconds(const PassOps& ops, const ClusterProfile& c, double elem_s);
+
+// `mem` supplies the activation element size and the padded/padding-free choice.
+TimeBreakdown estimate_time(const PlanModel& m, const Layout& layout, const TrainShape& shape,
+                            const ClusterProfile& c, const MemoryOptions& mem);
+
+// Seconds of one all-to-all (dispatch or combine) of `bytes` per rank over an EP group of `ep`
+// ranks (stride tp) with `k` routed experts per token: the calibrated curve when the profile has
+// one for this group and world, else the link model (flat: (p−1) messages, all rows; rbd: one
+// pilot per (token, remote node); halo: one message per remote node, intra-node forward).
+double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, int ep, int tp,
+                   double bytes, int k);
+double allreduce_seconds(const ClusterProfile& c, int world, int group, int stride, double bytes);
+double p2p_seconds(const ClusterProfile& c, int world, int stride, double bytes);
+
+}  // namespace moe::plan
