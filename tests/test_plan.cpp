@@ -257,7 +257,11 @@ TEST(PlanSearch, XmoeSuperOnFrontier1024IsFeasibleAndFast) {
   const auto t0 = std::chrono::steady_clock::now();
   const plan::SearchResult r = plan::search_plans(m, f, o);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+#ifdef __SANITIZE_ADDRESS__
+  EXPECT_LT(secs, 10.0);  // -DMOETRAIN_SANITIZE=ON runs ~3x slower; the 1 s bound is for Release
+#else
   EXPECT_LT(secs, 1.0);
+#endif
   ASSERT_FALSE(r.best.empty());
   const plan::Candidate& b = r.best.front();
   EXPECT_EQ(b.layout.world(), 1024);
