@@ -36,8 +36,8 @@ layouts=(
   "2r-pp2-mb4  2 pp=2,dp=1,ep=1,mb=4,recompute=none,a2a=flat 16"
   "4r-pp2-ep2  4 pp=2,dp=1,ep=2,mb=4,recompute=moe,a2a=flat 16"
   "4r-dp2-ep2  4 pp=1,dp=2,ep=2,mb=2,recompute=full,a2a=flat 16"
-  "8r-pp2-ep4  8 pp=2,dp=1,ep=4,mb=2,recompute=moe,a2a=flat 16"
-  "8r-pp4-dp2  8 pp=4,dp=2,ep=1,mb=2,recompute=none,a2a=flat 16"
+  "8r-pp2-ep4  8 pp=2,dp=1,ep=4,mb=4,recompute=moe,a2a=flat 16"
+  "8r-pp4-dp2  8 pp=4,dp=2,ep=1,mb=8,recompute=none,a2a=flat 16"
 )
 # Calibration of each rank count right before its layouts (the machine's load then is the one
 # they run under): one rank alone first (kernel tables), then --append per rank count.

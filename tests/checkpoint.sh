@@ -56,6 +56,11 @@ compare "resume at step 5, 1 rank: bit for bit" "$work/ref1" "$work/res1" 0
 cmp -s "$work/ref1/model.safetensors" "$work/res1/model.safetensors" && ok "resume: final weights identical" || bad "resume: final weights differ"
 
 # 2. kill -9 at random moments, resume until done.
+latest_step() {  # the newest complete checkpoint's step, 0 if none
+  local d
+  d=$(ls "$1/checkpoints" 2>/dev/null | grep '^step-[0-9]*$' | sed 's/step-//' | sort -n | tail -1)
+  echo "${d:-0}"
+}
 kill_loop() {  # kill_loop NAME NP WHO ARGS...   WHO: all | rank
   local name="$1" np="$2" who="$3"
   shift 3
@@ -73,8 +78,15 @@ kill_loop() {  # kill_loop NAME NP WHO ARGS...   WHO: all | rank
     local pid=$!
     tries=$((tries + 1))
     if [ "$tries" -le 4 ]; then
-      # a random moment: single processes run fast, mpirun needs a second to start
-      if [ "$np" -eq 1 ]; then sleep "0.$((RANDOM % 8 + 1))"; else sleep "$((RANDOM % 2)).$((RANDOM % 10))"; fi
+      # a random moment, chosen by progress rather than by wall time so that it lands on fast and
+      # slow machines alike: wait until the newest checkpoint is a few steps past the resume point,
+      # then a random fraction of a step more.
+      local target=$(( $(latest_step "$out") + 2 + RANDOM % 5 ))
+      local waited=0
+      while kill -0 "$pid" 2>/dev/null && [ "$(latest_step "$out")" -lt "$target" ] && [ "$waited" -lt 600 ]; do
+        sleep 0.1; waited=$((waited + 1))
+      done
+      sleep "0.0$((RANDOM % 10))"
       if [ "$who" = all ]; then
         pkill -9 -P "$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null
       else

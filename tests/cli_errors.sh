@@ -182,6 +182,42 @@ expect out-is-a-file 'output folder is an existing file' \
   'text.txt: cannot create output folder' "${common[@]}" --out "$dir/text.txt"
 expect unknown-flag 'unknown flag' 'bogus' train --bogus
 
+# The planner (moetrain plan): models, clusters, layouts.
+expect plan-unknown-model '`plan`: unknown model' \
+  'unknown model "nosuch"' plan --model nosuch --gpus 8
+cfg "$dir/llama.json" 'c["model_type"] = "llama"'
+expect plan-unsupported-type '`plan`: unsupported model_type' \
+  'llama.json: model_type "llama" is not supported by the planner' plan --model "$dir/llama.json" --gpus 8
+cfg "$dir/novocab.json" 'del c["vocab_size"]'
+expect plan-missing-field '`plan`: config.json without vocab_size' \
+  'novocab.json: missing field "vocab_size"' plan --model "$dir/novocab.json" --gpus 8
+expect plan-unknown-cluster '`plan`: unknown cluster' \
+  'unknown cluster "nosuch"' plan --cluster nosuch --gpus 8
+expect plan-partial-node '`plan`: GPUs not a whole number of nodes' \
+  '--gpus 12 is not a whole number of frontier nodes of 8 GPUs' plan --cluster frontier --gpus 12
+expect plan-too-many-gpus '`plan`: more GPUs than the cluster has' \
+  '--gpus 100000000 does not fit cluster frontier' plan --cluster frontier --gpus 100000000
+"$bin" plan --cluster frontier --save-cluster "$dir/frontier.json" >/dev/null
+/usr/bin/python3 -c "
+import json, sys; p = sys.argv[1]; c = json.load(open(p)); c['nics_per_node'] = 0; json.dump(c, open(p, 'w'))" "$dir/frontier.json"
+expect plan-cluster-zero-nics '`plan`: cluster profile with 0 NICs per node' \
+  'frontier.json: "nics_per_node" must be positive, got 0' plan --cluster "$dir/frontier.json" --gpus 8
+"$bin" plan --cluster dgx-h100 --save-cluster "$dir/dgx.json" >/dev/null
+/usr/bin/python3 -c "
+import json, sys; p = sys.argv[1]; c = json.load(open(p)); c['hbm_bytes'] = -80e9; json.dump(c, open(p, 'w'))" "$dir/dgx.json"
+expect plan-cluster-negative-hbm '`plan`: cluster profile with negative HBM' \
+  'dgx.json: "hbm_bytes" must be positive' plan --cluster "$dir/dgx.json" --gpus 8
+expect plan-layout-world '`plan --evaluate`: layout ranks differ from `--gpus`' \
+  '--gpus 64 != pp(2) * dp(3) * ep(8) * tp(1) = 48 of --layout' \
+  plan --model xmoe-small --gpus 64 --evaluate --layout pp=2,dp=3,ep=8,mb=4,recompute=none,a2a=flat
+expect plan-batch-indivisible '`plan --evaluate`: global batch the layout cannot divide' \
+  'global batch 100 is not divisible by dp(4) * ep(8) * micro-batches(4) = 128' \
+  plan --model xmoe-small --global-batch 100 --evaluate --layout pp=2,dp=4,ep=8,mb=4,recompute=none,a2a=flat
+expect plan-layout-experts '`plan --evaluate`: EP degree that does not divide the experts' \
+  'ep(48)' plan --model xmoe-small --evaluate --layout pp=1,dp=1,ep=48,mb=1,recompute=none,a2a=flat
+expect plan-layout-syntax '`plan --evaluate`: malformed `--layout`' \
+  'pp=two' plan --model xmoe-small --evaluate --layout pp=two
+
 for o in "$dir"/o*; do
   [ -e "$o/model.safetensors" ] && { echo "FAIL: $o has weights after an error" >&2; fail=$((fail + 1)); }
 done

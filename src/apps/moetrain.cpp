@@ -16,6 +16,7 @@
 #include "moe/bench_moe_layer.h"
 #include "train/export.h"
 #include "train/trainer.h"
+#include "apps/plan_cmd.h"
 
 using namespace moe;
 
@@ -200,6 +201,8 @@ int main(int argc, char** argv) {
   A2aCli a2a_cli;
   PipeCli pipe_cli;
   add_bench_command(app, bench_opts, bench_json, bench_threads, a2a_cli, pipe_cli);
+  apps::PlanCli plan_cli;
+  apps::add_plan_commands(app, plan_cli);
   std::string export_ckpt, export_out;
   double export_shard_mb = 2048;
   CLI::App* ex = app.add_subcommand("export", "checkpoint -> Hugging Face folder (config.json + safetensors)");
@@ -217,6 +220,7 @@ int main(int argc, char** argv) {
     return e.get_exit_code() == 0 ? 2 : e.get_exit_code();
   }
   try {
+    if (int rc = apps::run_plan_commands(app, plan_cli, &argc, &argv); rc >= 0) return rc;
     if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("a2a"))
       return run_a2a_bench_cli(&argc, &argv, a2a_cli);
     if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("pipeline"))

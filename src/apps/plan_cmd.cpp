@@ -28,6 +28,8 @@ void add_plan_commands(CLI::App& app, PlanCli& s) {
   p->add_option("--max-micro-batches", s.max_micro_batches, "largest micro-batch count to consider")->capture_default_str();
   p->add_option("--imbalance", s.imbalance, "expert rows on the busiest rank / the balanced mean")->capture_default_str();
   p->add_option("--loads", s.loads, "a metrics.jsonl of this model: its expert_loads give the routing imbalance per EP degree");
+  p->add_option("--save-cluster", s.save_cluster,
+                "write the --cluster profile (a preset or a file) as profile.json and stop: a start for describing another cluster");
   p->add_flag("--explain", s.explain, "why each rejected family was rejected; padded vs padding-free dispatch memory");
   p->add_flag("--json", s.json, "print JSON");
   p->add_flag("--zero1", s.zero1, "shard the optimizer state over the data ranks (ZeRO-1)");
@@ -50,6 +52,11 @@ namespace {
 int run_plan(const PlanCli& s) {
   plan::PlanModel m = plan::resolve_model(s.model);
   plan::ClusterProfile c = plan::resolve_cluster(s.cluster);
+  if (!s.save_cluster.empty()) {
+    plan::save_profile(c, s.save_cluster);
+    std::printf("cluster %s written to %s\n", c.name.c_str(), s.save_cluster.c_str());
+    return 0;
+  }
   plan::TrainShape shape;
   shape.seq_len = s.seq_len > 0 ? s.seq_len : m.default_seq_len;
   MOE_CHECK(s.seq_len >= 0, "--seq-len must be positive, got ", s.seq_len);

@@ -22,6 +22,7 @@ struct PlanCli {
   std::string layout;                // with --evaluate
   double imbalance = 1.0;
   std::string loads;                 // metrics.jsonl whose expert_loads give the routing
+  std::string save_cluster;          // write the resolved cluster profile here and stop
   train::CalibrateOptions calibrate;
   bool calibrate_quiet = false;
 };

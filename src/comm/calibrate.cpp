@@ -7,18 +7,13 @@
 #include <chrono>
 #include <thread>
 
-#include "comm/bench_a2a.h"
+#include "comm/exchange.h"
+#include "core/rng.h"
 #include "core/error.h"
 #include "core/timer.h"
 
 namespace moe::comm {
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 std::vector<double> sizes(double lo, double hi) {
   std::vector<double> s;
@@ -26,20 +21,22 @@ std::vector<double> sizes(double lo, double hi) {
   return s;
 }
 
-// Median over iterations of the slowest rank's time of `op`, all ranks of `world` together.
+// Mean over iterations of the slowest rank's time of `op`, all ranks of `world` together. The
+// mean, not the median: a step sums many such operations, occasional slow ones included (on a
+// machine with more ranks than cores, a descheduled peer costs a scheduler tick).
 template <class Op>
 double timed(const Group& world, int iters, Op op) {
   op();  // warm-up
-  std::vector<double> t(iters);
+  double sum = 0;
   for (int i = 0; i < iters; ++i) {
     world.barrier();
     const double t0 = now_seconds();
     op();
     double dt = now_seconds() - t0;
     world.allreduce_max(&dt, 1);
-    t[i] = dt;
+    sum += dt;
   }
-  return median(t);
+  return sum / iters;
 }
 
 }  // namespace
@@ -61,20 +58,10 @@ std::vector<CommMeasurement> measure_a2a(const Group& world, const Topology& top
   MOE_CHECK(group >= 2 && world.size() % group == 0, "calibrate: a2a group ", group,
             " does not divide the ", world.size(), " ranks");
   Group g = world.split(world.rank() / group, world.rank());
-  A2aBenchOptions o;
-  o.min_bytes = static_cast<int64_t>(min_bytes);
-  o.max_bytes = static_cast<int64_t>(max_bytes);
-  o.factor = 4;
-  o.hidden = hidden;
-  o.topk = topk;
-  o.experts = std::max(8, group);
-  while (o.experts % group != 0) ++o.experts;
-  o.iters = iters;
-  o.warmup = 2;
-  o.algorithms.clear();
-  for (const std::string& a : algos) o.algorithms.push_back(parse_a2a_algorithm(a));
-  A2aBenchResult r = run_a2a_bench(g, topo, o);
-  // Every group measured at once; report the slowest group's time.
+  const int H = hidden, k = topk;
+  int E = std::max(8, group);
+  while (E % group != 0) ++E;
+  const int per_rank = E / group;
   std::vector<CommMeasurement> out;
   for (const std::string& a : algos) {
     CommMeasurement m;
@@ -83,12 +70,44 @@ std::vector<CommMeasurement> measure_a2a(const Group& world, const Topology& top
     m.world = world.size();
     m.group = group;
     m.ranks_per_node = topo.ranks_per_node;
-    for (const A2aBenchRow& row : r.rows) {
-      if (a2a_algorithm_name(row.algo) != a) continue;
-      double t = row.time_us * 1e-6;
-      world.allreduce_max(&t, 1);
-      m.bytes.push_back(static_cast<double>(row.size));
-      m.seconds.push_back(t);
+    TokenExchange ex(g, topo, parse_a2a_algorithm(a), nullptr);
+    for (double bytes : sizes(min_bytes, max_bytes)) {
+      // Uniform routing: every token picks k distinct experts; pairs grouped by destination.
+      const int T = std::max(1, static_cast<int>(bytes / (static_cast<double>(k) * H * 4)));
+      Rng rng = derive_rng(17, static_cast<uint64_t>(world.rank()) * 64 + out.size());
+      std::vector<std::vector<int32_t>> rows_to(group), tag_to(group);
+      std::vector<int> chosen;
+      for (int t = 0; t < T; ++t) {
+        chosen.clear();
+        while (static_cast<int>(chosen.size()) < k) {
+          const int e = static_cast<int>(rng.uniform() * E) % E;
+          if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
+        }
+        for (int e : chosen) {
+          rows_to[e / per_rank].push_back(t);
+          tag_to[e / per_rank].push_back(e % per_rank);
+        }
+      }
+      std::vector<int32_t> src_row, dst, tag;
+      for (int d = 0; d < group; ++d) {
+        src_row.insert(src_row.end(), rows_to[d].begin(), rows_to[d].end());
+        tag.insert(tag.end(), tag_to[d].begin(), tag_to[d].end());
+        dst.insert(dst.end(), rows_to[d].size(), d);
+      }
+      const std::vector<float> value(src_row.size(), 1.0f);
+      std::vector<float> src(static_cast<size_t>(T) * H, 1.0f), back(src.size()), recv;
+      // One dispatch (plan + rows out) and one combine (rows back, summed): the time of one
+      // all-to-all is half of it.
+      const int n_iters = bytes > (1 << 20) ? std::max(3, iters / 2) : iters;
+      const double t = timed(world, n_iters, [&] {
+        ExchangePlan plan = ex.plan(T, static_cast<int>(src_row.size()), src_row.data(), dst.data(),
+                                    tag.data(), value.data());
+        recv.resize(static_cast<size_t>(plan.num_recv) * H);
+        ex.multicast(plan, src.data(), recv.data(), H);
+        ex.reduce(plan, recv.data(), back.data(), H);
+      });
+      m.bytes.push_back(static_cast<double>(T) * k * H * 4);
+      m.seconds.push_back(t / 2);
     }
     out.push_back(m);
   }

@@ -1,8 +1,9 @@
 // Communication micro-benchmarks for `moetrain calibrate`: the token exchange (flat, rbd, halo) by
 // size and group, point-to-point between neighbouring ranks, and all-reduce by size and group.
 // Every group of the world measures at once (as in training, where every EP group exchanges at
-// the same time); a point is the median over iterations of the slowest rank's time. Plain data
-// out: the planner's profile format lives in plan/, which does not link MPI.
+// the same time); a point is the mean over iterations of the slowest rank's time (a step sums
+// many of them, slow ones included). Plain data out: the planner's profile format lives in plan/,
+// which does not link MPI.
 #pragma once
 #include <string>
 #include <vector>
@@ -17,10 +18,12 @@ struct CommMeasurement {
   std::string algo;             // a2a: flat | rbd | halo
   int world = 0, group = 0, ranks_per_node = 0;
   std::vector<double> bytes;    // per rank (a2a: flat dispatch bytes tokens·k·H·4)
-  std::vector<double> seconds;  // median of the per-iteration maximum over ranks
+  std::vector<double> seconds;  // mean of the per-iteration maximum over ranks (a2a: one of
+                                // dispatch and combine: half of plan + multicast + reduce)
 };
 
-// Collective over `world`. Groups of `group` adjacent ranks (group divides world.size()).
+// Collective over `world`. Groups of `group` adjacent ranks (group divides world.size()); uniform
+// routing of k distinct experts of max(8, group) per token over a TokenExchange.
 std::vector<CommMeasurement> measure_a2a(const Group& world, const Topology& topo, int group,
                                          const std::vector<std::string>& algos, double min_bytes,
                                          double max_bytes, int hidden, int topk, int iters);

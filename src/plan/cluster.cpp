@@ -1,6 +1,7 @@
 // Cluster presets, profile files and their validation. See cluster.h.
 #include "plan/cluster.h"
 
+#include <cstdio>
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -333,14 +334,19 @@ ClusterProfile load_profile(const std::string& path) {
 
 void save_profile(const ClusterProfile& p, const std::string& path) {
   const std::string tmp = path + ".tmp";
+  bool ok;
   {
     std::ofstream f(tmp);
     MOE_CHECK(f.good(), tmp, ": cannot open for writing");
     f << profile_to_json(p).dump(1) << "\n";
     f.flush();
-    MOE_CHECK(f.good(), tmp, ": write failed (disk full?)");
+    ok = f.good();
   }
-  MOE_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": cannot rename ", tmp, " into place");
+  if (!ok) std::remove(tmp.c_str());  // nothing half-written stays behind
+  MOE_CHECK(ok, tmp, ": write failed (disk full?)");
+  const bool moved = std::rename(tmp.c_str(), path.c_str()) == 0;
+  if (!moved) std::remove(tmp.c_str());
+  MOE_CHECK(moved, path, ": cannot rename ", tmp, " into place");
 }
 
 ClusterProfile resolve_cluster(const std::string& s) {

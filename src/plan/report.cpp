@@ -68,7 +68,10 @@ std::string format_header(const ReportContext& ctx) {
   const ClusterProfile& c = *ctx.cluster;
   const ModelParams p = count_params(m);
   const int nodes = (ctx.gpus + c.ranks_per_node - 1) / c.ranks_per_node;
-  std::string s = str_cat("moetrain plan: ", m.name, " (", human_count(p.total), " params, ",
+  std::string published;
+  if (m.published_excludes_embeddings)  // the papers' L·(4H² + 2·E·H·F) in their units
+    published = str_cat(" [paper: ", fmt("%.1f", count_params(m, {false, false, false}).total / m.published_unit), "B]");
+  std::string s = str_cat("moetrain plan: ", m.name, " (", human_count(p.total), " params", published, ", ",
                           human_count(p.active), " active; L=", m.layers, " H=", m.hidden, " E=",
                           m.experts, " k=", m.top_k, ") on ", c.name, ": ", ctx.gpus, " ",
                           c.kind == "cpu" ? "rank(s)" : "GPUs", " (", nodes, " node(s) x ",
@@ -167,9 +170,10 @@ std::string format_explain(const ReportContext& ctx, const SearchResult& r, cons
   std::string s = "\nrejected families (pp dp ep tp: constraint: why)\n";
   if (r.rejected.empty()) s += "  none\n";
   for (const Rejection& j : r.rejected) {
-    char head[64];
-    std::snprintf(head, sizeof head, "  pp=%-3d dp=%-4d ep=%-3d tp=%-2d ", j.family.pp, j.family.dp,
-                  j.family.ep, j.family.tp);
+    char head[96];
+    auto deg = [](int v) { return v > 0 ? std::to_string(v) : std::string("*"); };
+    std::snprintf(head, sizeof head, "  pp=%-3s dp=%-4s ep=%-3d tp=%-2d ", deg(j.family.pp).c_str(),
+                  deg(j.family.dp).c_str(), j.family.ep, j.family.tp);
     s += str_cat(head, j.constraint, ": ", j.reason, "\n");
   }
   if (best && ctx.model->num_moe_layers() > 0) {

@@ -116,7 +116,17 @@ SearchResult search_plans(const PlanModel& m, const ClusterProfile& c, const Sea
       moe ? std::vector<std::string>{"none", "moe", "full"} : std::vector<std::string>{"none", "full"};
   for (int tp : divisors(o.gpus, o.max_tp)) {
     for (int ep : divisors(o.gpus / tp, o.gpus)) {
-      if (ep > 1 && (!moe || m.experts % ep != 0)) continue;  // silently: EP must divide E
+      if (ep > 1 && (!moe || m.experts % ep != 0)) {  // one entry for every pp of this ep
+        Rejection rej;
+        rej.family.tp = tp;
+        rej.family.ep = ep;
+        rej.family.pp = rej.family.dp = 0;  // any
+        rej.constraint = "divisibility";
+        rej.reason = moe ? str_cat("ep(", ep, ") does not divide the ", m.experts, " routed experts")
+                         : str_cat("ep(", ep, ") needs MoE layers; ", m.name, " has none");
+        res.rejected.push_back(rej);
+        continue;
+      }
       for (int pp : divisors(o.gpus / tp / ep, o.gpus)) {
         Layout fam;
         fam.tp = tp;

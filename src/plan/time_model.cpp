@@ -99,12 +99,13 @@ struct StageWork {
   double fwd_compute = 0, bwd_compute = 0, fwd_comm = 0, bwd_comm = 0;
 };
 
-// The pipeline of one step on ranks that share a node's cores (CPU profiles). Every stage runs
-// its schedule's ops in order; an op's compute phase advances at the per-rank speed for the
-// number of ranks computing at that moment (share(active stages x replicas)), its communication
-// phase in wall time without holding a core (OpenMPI yields when oversubscribed). A forward
-// needs the previous stage's forward of that micro-batch, a backward the next stage's backward,
-// each plus one p2p transfer. Returns the wall time of the last op.
+// The pipeline of one step on ranks that share a node's cores (CPU profiles): an event simulation
+// of every stage's schedule. A forward needs the previous stage's forward of that micro-batch, a
+// backward the next stage's backward, each plus one p2p transfer; an op computes, then
+// communicates (its all-to-alls). Compute advances at the per-rank share of the node's cores for
+// the ranks computing at that moment (stages computing x `replicas` ranks each): a rank waiting
+// for a neighbour yields its core (OpenMPI yields when oversubscribed; measured: 1 of 8 ranks
+// computing runs at the speed of one rank alone). Returns the wall time of the last op.
 double shared_pipeline(const std::vector<StageWork>& w, const std::string& schedule, int M, int replicas,
                        double p2p, const ClusterProfile& c) {
   const int P = static_cast<int>(w.size());
@@ -276,8 +277,8 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& lay, const TrainSh
   tb.p2p = 2 * (lay.pp - 1) * p2p_one;
   tb.bubble = pipeline - tb.compute - tb.a2a - tb.p2p;
   if (tb.bubble < 0) {
-    // Shared cores: fill and drain ran faster than the fully shared steady state; the parts are
-    // scaled to what the pipeline took.
+    // Shared cores: fill and drain ran faster than the fully shared steady state (and unequal
+    // stages overlap); the parts are scaled to what the pipeline took.
     const double f = std::max(0.0, pipeline - tb.p2p) / (tb.compute + tb.a2a);
     tb.compute *= f;
     tb.a2a *= f;

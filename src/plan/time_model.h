@@ -4,15 +4,19 @@
 //     experts, dense FFN) + attention (table by T, head_dim) + memory-bound work (per activation
 //     element allocated) + 2 all-to-alls (dispatch, combine) ] (+ head on the last stage);
 //   backward = the GEMMs' dx and dw forms + attention backward + memory-bound work + 2
-//     all-to-alls; recomputation adds the recomputed part's forward;
+//     all-to-alls; recomputation adds the recomputed part's forward, and both passes the
+//     profile's per-element cost of dropping and rebuilding those activations; expert GEMMs and
+//     all-to-alls use the busiest EP rank's rows (balanced, or measured routing: --loads);
 //   pipeline (1F1B or GPipe) = Σ_s (f_s + b_s) + (M − 1) · max_s (f_s + b_s) + 2 (PP − 1) p2p:
 //     each micro-batch passes every stage once, the slowest stage paces the rest; the bubble is
 //     what exceeds M · max_s (f_s + b_s);
 //   step = pipeline + gradient all-reduce (replicated tensors over dp·ep, experts over dp, one
 //     call per contiguous span, as parallel/grid.cpp) + optimizer.
 // On a CPU profile the ranks of a node share its cores: compute runs at the measured per-rank
-// share for that many ranks (compute_share), communication curves were measured with that many
-// ranks running. MFU counts model FLOPs (REFERENCE §2/§5, no recomputation) against peak.
+// share for the number of ranks computing at that moment (compute_share; a rank waiting in the
+// bubble yields its core), the pipeline simulated op by op (heterogeneous stages, p2p on the
+// dependencies); communication curves were measured with that many ranks running.
+// MFU counts model FLOPs (REFERENCE §2/§5, no recomputation) against peak.
 #pragma once
 #include <string>
 #include <vector>

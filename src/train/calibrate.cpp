@@ -328,17 +328,18 @@ void add_comm(plan::ClusterProfile& p, const comm::CommMeasurement& m) {
   p.comm.push_back(c);
 }
 
-void set_share(plan::ClusterProfile& p, int ranks, double share) {
+// Sets table(x) = y, keeping the other points (x ascending).
+void set_point(plan::Table1D& t, double x, double y) {
   std::vector<std::pair<double, double>> pts;
-  for (size_t i = 0; i < p.compute_share.x.size(); ++i)
-    if (p.compute_share.x[i] != ranks) pts.emplace_back(p.compute_share.x[i], p.compute_share.y[i]);
-  pts.emplace_back(ranks, share);
+  for (size_t i = 0; i < t.x.size(); ++i)
+    if (t.x[i] != x) pts.emplace_back(t.x[i], t.y[i]);
+  pts.emplace_back(x, y);
   std::sort(pts.begin(), pts.end());
-  p.compute_share.x.clear();
-  p.compute_share.y.clear();
-  for (auto& [x, y] : pts) {
-    p.compute_share.x.push_back(x);
-    p.compute_share.y.push_back(y);
+  t.x.clear();
+  t.y.clear();
+  for (auto& [px, py] : pts) {
+    t.x.push_back(px);
+    t.y.push_back(py);
   }
 }
 
@@ -410,28 +411,33 @@ void run_calibrate(const CalibrateOptions& o) {
       // One machine: every "link" is shared memory (p2p below refines it).
       p.intra_node = p.inter_node = p.inter_group = {p.mem_bandwidth / 2, 2e-6};
       p.nic_bandwidth = p.mem_bandwidth / 2;
-      set_share(p, 1, 1.0);
+      set_point(p.compute_share, 1, 1.0);
       p.notes = "measured by moetrain calibrate on this machine (fp32 trainer kernels, 1 BLAS thread per rank)";
     }
     if (n > 1) comm::quiet_barrier();
   }
 
-  // 2. Compute sharing: the probe step on one rank alone, then on every rank at once.
+  // 2. Compute sharing: the probe step on one rank alone (the others sleep), then on every rank
+  // at once; three rounds, the median ratio (the load of a shared machine drifts).
   if (n > 1) {
-    double alone = 0;
-    if (root) {
-      ProbeTimes t = time_probe(kProbeB, o.quick ? 2 : 9);
-      alone = t.fwd + t.bwd;
+    std::vector<double> ratios;
+    for (int round = 0; round < (o.quick ? 1 : 3); ++round) {
+      double alone = 0;
+      if (root) {
+        ProbeTimes t = time_probe(kProbeB, o.quick ? 2 : 5);
+        alone = t.fwd + t.bwd;
+      }
+      comm::quiet_barrier();
+      world.barrier();
+      ProbeTimes t = time_probe(kProbeB, o.quick ? 2 : 5);
+      std::vector<double> all(n);
+      double mine = t.fwd + t.bwd;
+      world.allgather(&mine, all.data(), 1);
+      ratios.push_back(alone / median(all));
     }
-    comm::quiet_barrier();
-    world.barrier();
-    ProbeTimes t = time_probe(kProbeB, o.quick ? 2 : 9);
-    std::vector<double> all(n);
-    double mine = t.fwd + t.bwd;
-    world.allgather(&mine, all.data(), 1);
     if (root) {
-      const double share = alone / median(all);
-      set_share(p, n, share);
+      const double share = median(ratios);
+      set_point(p.compute_share, n, share);
       say(str_cat(n, " ranks at once: each runs the probe step at ", share, " of one rank alone"));
     }
   }
@@ -439,7 +445,7 @@ void run_calibrate(const CalibrateOptions& o) {
   // 3. Communication at this rank count.
   if (n > 1) {
     const double big = o.quick ? 1 << 20 : 16 << 20;
-    const int iters = o.quick ? 3 : 7;
+    const int iters = o.quick ? 3 : 10;
     std::vector<comm::CommMeasurement> ms;
     say("p2p, all-reduce, all-to-all ...");
     ms.push_back(comm::measure_p2p(world, 4096, big, iters));
