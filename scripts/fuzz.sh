@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fuzzes the parsers of user files with libFuzzer (clang-14): safetensors, config.json, dataset.
+# Fuzzes the parsers of user files with libFuzzer (clang-14): safetensors, config.json, dataset,
+# and the planner's Hugging Face configs and cluster profiles.
 # Usage: scripts/fuzz.sh [SECONDS]   (per target, default 30)
 # Installs clang-14 + libclang-rt-14-dev if missing (and moetrain's dependencies), builds the
 # targets of tests/fuzz in build-fuzz/ (-DMOETRAIN_FUZZ=ON), runs each on a fresh copy of its seed
@@ -9,7 +10,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 seconds="${1:-30}"
-targets=(fuzz_safetensors fuzz_config fuzz_dataset)
+targets=(fuzz_safetensors fuzz_config fuzz_dataset fuzz_plan)
 
 "$root/scripts/setup.sh"
 missing=()

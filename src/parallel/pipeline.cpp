@@ -1,4 +1,4 @@
-// Pipeline schedules (1F1B, GPipe) and the per-stage executor. Tags: the activation of micro-batch
+// The per-stage pipeline executor (the schedules are parallel/schedule.cpp). Tags: the activation of micro-batch
 // m travels with tag 2m, its gradient with tag 2m + 1 (peers differ by direction, so the tags only
 // have to be unique per micro-batch).
 #include "parallel/pipeline.h"
@@ -11,47 +11,6 @@
 #include "core/timer.h"
 
 namespace moe::parallel {
-
-Schedule parse_schedule(const std::string& name) {
-  if (name == "1f1b") return Schedule::k1F1B;
-  if (name == "gpipe") return Schedule::kGPipe;
-  throw Error(str_cat("unknown pipeline schedule '", name, "' (expected 1f1b or gpipe)"));
-}
-
-const char* schedule_name(Schedule s) { return s == Schedule::k1F1B ? "1f1b" : "gpipe"; }
-
-std::vector<PipeOp> make_schedule(Schedule s, int num_stages, int stage, int M) {
-  MOE_CHECK(num_stages >= 1, "pipeline: num_stages = ", num_stages, " (must be >= 1)");
-  MOE_CHECK(stage >= 0 && stage < num_stages, "pipeline: stage ", stage, " outside [0, ",
-            num_stages, ")");
-  MOE_CHECK(M >= 1, "pipeline: micro-batches M = ", M, " (must be >= 1)");
-  std::vector<PipeOp> ops;
-  ops.reserve(2 * static_cast<size_t>(M));
-  if (s == Schedule::kGPipe) {
-    for (int m = 0; m < M; ++m) ops.push_back({true, m});
-    for (int m = 0; m < M; ++m) ops.push_back({false, m});
-    return ops;
-  }
-  // 1F1B: stage i runs w = min(PP - i - 1, M) forwards ahead, so that the last stage can start its
-  // first backward as early as possible; then alternates; then drains the w open backwards.
-  const int w = std::min(num_stages - stage - 1, M);
-  for (int m = 0; m < w; ++m) ops.push_back({true, m});
-  for (int i = 0; i < M - w; ++i) {
-    ops.push_back({true, w + i});
-    ops.push_back({false, i});
-  }
-  for (int m = M - w; m < M; ++m) ops.push_back({false, m});
-  return ops;
-}
-
-int max_in_flight(const std::vector<PipeOp>& ops) {
-  int open = 0, peak = 0;
-  for (const PipeOp& op : ops) {
-    open += op.forward ? 1 : -1;
-    peak = std::max(peak, open);
-  }
-  return peak;
-}
 
 namespace {
 
@@ -76,26 +35,6 @@ class SlotPool {
   int count_ = 0;
   std::vector<int> free_;
 };
-
-// Retiring sends without polling. When the neighbour's message for micro-batch j arrives, the
-// neighbour had already completed every receive that precedes that op in its own op list; our
-// sends it received are therefore done, and waiting on them returns at once. The neighbour
-// receives our messages in micro-batch order, so "done" is a prefix: per j, how many of our sends
-// are implied complete by its message j. neighbour_sends_fwd: whether it sends to us from its
-// forward ops (the previous stage) or its backward ops (the next stage).
-std::vector<int> implied_done(const std::vector<PipeOp>& neighbour_ops, bool neighbour_sends_fwd,
-                              int M) {
-  std::vector<int> done(M, 0);
-  int received = 0;
-  for (const PipeOp& op : neighbour_ops) {
-    if (op.forward == neighbour_sends_fwd) {
-      done[op.micro_batch] = received;
-    } else {
-      ++received;
-    }
-  }
-  return done;
-}
 
 }  // namespace
 

@@ -11,28 +11,9 @@
 
 #include "comm/group.h"
 #include "core/buffer.h"
+#include "parallel/schedule.h"
 
 namespace moe::parallel {
-
-enum class Schedule { k1F1B, kGPipe };
-Schedule parse_schedule(const std::string& name);  // "1f1b" | "gpipe"; the error names it
-const char* schedule_name(Schedule s);
-
-struct PipeOp {
-  bool forward = true;  // false: backward
-  int micro_batch = 0;
-};
-
-// The ops of `stage` (0-based) of `num_stages` over M micro-batches.
-//   GPipe: F0..F(M-1), then B0..B(M-1).
-//   1F1B:  w = min(num_stages - stage - 1, M) warm-up forwards; then M - w pairs (F, B);
-//          then w cool-down backwards. Backwards run in micro-batch order.
-// Errors (naming the numbers) for num_stages < 1, stage outside [0, num_stages), M < 1.
-std::vector<PipeOp> make_schedule(Schedule s, int num_stages, int stage, int M);
-
-// Largest number of micro-batches whose forward has run and whose backward has not, at any point
-// of the op list (the activations a stage holds at once): min(num_stages - stage, M) for 1F1B.
-int max_in_flight(const std::vector<PipeOp>& ops);
 
 struct StageCallbacks {
   // x_in: the previous stage's output for micro-batch mb ([activation_floats]; nullptr on the

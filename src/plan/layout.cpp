@@ -86,43 +86,8 @@ std::vector<int> split_stages(int layers, int pp) {
 }
 
 std::vector<PipeOpSpec> schedule_ops(const std::string& schedule, int num_stages, int stage, int M) {
-  std::vector<PipeOpSpec> ops;
-  if (schedule == "gpipe") {
-    for (int m = 0; m < M; ++m) ops.push_back({true, m});
-    for (int m = 0; m < M; ++m) ops.push_back({false, m});
-    return ops;
-  }
-  const int w = std::min(num_stages - stage - 1, M);
-  for (int m = 0; m < w; ++m) ops.push_back({true, m});
-  for (int i = 0; i < M - w; ++i) {
-    ops.push_back({true, w + i});
-    ops.push_back({false, i});
-  }
-  for (int m = M - w; m < M; ++m) ops.push_back({false, m});
-  return ops;
+  return parallel::make_schedule(parallel::parse_schedule(schedule), num_stages, stage, M);
 }
-
-int max_in_flight(const std::vector<PipeOpSpec>& ops) {
-  int open = 0, peak = 0;
-  for (const PipeOpSpec& op : ops) {
-    open += op.forward ? 1 : -1;
-    peak = std::max(peak, open);
-  }
-  return peak;
-}
-
-namespace {
-// parallel/pipeline.cpp: which of our sends a neighbour's message j proves complete.
-std::vector<int> implied_done(const std::vector<PipeOpSpec>& neighbour_ops, bool neighbour_sends_fwd, int M) {
-  std::vector<int> done(M, 0);
-  int received = 0;
-  for (const PipeOpSpec& op : neighbour_ops) {
-    if (op.forward == neighbour_sends_fwd) done[op.micro_batch] = received;
-    else ++received;
-  }
-  return done;
-}
-}  // namespace
 
 int pipeline_buffer_slots(const std::string& schedule, int num_stages, int stage, int M) {
   // The executor's dry pass: every acquire/release of an activation-sized slot, in op order.
@@ -130,9 +95,9 @@ int pipeline_buffer_slots(const std::string& schedule, int num_stages, int stage
   if (first && last) return 0;
   const std::vector<PipeOpSpec> ops = schedule_ops(schedule, num_stages, stage, M);
   const std::vector<int> xout_done =
-      last ? std::vector<int>() : implied_done(schedule_ops(schedule, num_stages, stage + 1, M), false, M);
+      last ? std::vector<int>() : parallel::implied_done(schedule_ops(schedule, num_stages, stage + 1, M), false, M);
   const std::vector<int> dx_done =
-      first ? std::vector<int>() : implied_done(schedule_ops(schedule, num_stages, stage - 1, M), true, M);
+      first ? std::vector<int>() : parallel::implied_done(schedule_ops(schedule, num_stages, stage - 1, M), true, M);
   int count = 0;
   std::vector<int> free_slots;
   auto acquire = [&]() {

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "parallel/schedule.h"
+
 namespace moe::plan {
 
 struct Layout {
@@ -40,15 +42,13 @@ RankShape rank_shape(const Layout& l, const TrainShape& s);
 // Layers of each stage: an even split, the remainder on the first stages (as the trainer).
 std::vector<int> split_stages(int layers, int pp);
 
-// The ops of one stage of a pipeline schedule (forward = true), and the number of activation-
-// sized pipeline buffers that stage's executor allocates (parallel/pipeline.cpp's dry run,
-// reproduced here because plan/ does not link the communication layer).
-struct PipeOpSpec {
-  bool forward = true;
-  int micro_batch = 0;
-};
+// The ops of one stage of a pipeline schedule ("1f1b" | "gpipe"): parallel/schedule.h's, which
+// the executor runs. pipeline_buffer_slots: the number of activation-sized pipeline buffers that
+// stage's executor allocates (parallel/pipeline.cpp's dry pass over the same ops, reproduced here
+// because plan/ does not link the communication layer; a unit test holds the two equal).
+using PipeOpSpec = parallel::PipeOp;
+using parallel::max_in_flight;
 std::vector<PipeOpSpec> schedule_ops(const std::string& schedule, int num_stages, int stage, int M);
-int max_in_flight(const std::vector<PipeOpSpec>& ops);
 int pipeline_buffer_slots(const std::string& schedule, int num_stages, int stage, int M);
 
 }  // namespace moe::plan

@@ -76,3 +76,45 @@ put("fuzz_dataset", "text_small_blocks", bytes([9, 7, 3, 2]) + text * 12)
 put("fuzz_dataset", "binary", bytes([1, 3, 0, 0]) + bytes(range(256)) * 3)
 put("fuzz_dataset", "too_short", bytes([0, 63, 3, 2]) + b"short")
 put("fuzz_dataset", "empty_file", bytes([0, 1, 0, 0]))
+
+
+# --- the planner: first byte 0 = Hugging Face config.json, 1 = cluster profile ------------------
+def plan_config(name, c):
+    put("fuzz_plan", name, b"\x00" + json.dumps(c).encode())
+
+
+plan_config("valid_deepseek_v3", {
+    "model_type": "deepseek_v3", "vocab_size": 1024, "hidden_size": 64, "num_hidden_layers": 3,
+    "num_attention_heads": 4, "intermediate_size": 96, "moe_intermediate_size": 16,
+    "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1, "moe_layer_freq": 1, "q_lora_rank": 32, "kv_lora_rank": 16,
+    "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8,
+    "max_position_embeddings": 512})
+plan_config("valid_deepseek_v2_lite", {
+    "model_type": "deepseek_v2", "vocab_size": 1024, "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 96, "moe_intermediate_size": 16,
+    "n_routed_experts": 8, "n_shared_experts": 2, "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1, "q_lora_rank": None, "kv_lora_rank": 16,
+    "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8})
+plan_config("valid_mixtral", {
+    "model_type": "mixtral", "vocab_size": 1024, "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+    "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 4096})
+plan_config("valid_qwen2_moe", {
+    "model_type": "qwen2_moe", "vocab_size": 1024, "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128,
+    "moe_intermediate_size": 16, "shared_expert_intermediate_size": 64, "num_experts": 8,
+    "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [0]})
+plan_config("valid_deepseek", {
+    "model_type": "deepseek", "vocab_size": 256, "hidden_size": 32, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 48, "moe_intermediate_size": 16,
+    "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1})
+plan_config("bad_llama", {"model_type": "llama", "hidden_size": 64})
+plan_config("bad_mixtral_k", {
+    "model_type": "mixtral", "vocab_size": 1024, "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 3, "intermediate_size": 128,
+    "num_local_experts": 2, "num_experts_per_tok": 4})
+# A cluster profile seed: the dgx-h100 preset as `moetrain plan --cluster dgx-h100 --save-cluster`
+# writes it is kept as corpus/fuzz_plan/valid_profile_dgx (prefixed with byte 1); it is not
+# generated here because its tables come from the code under test.
