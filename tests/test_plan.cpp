@@ -380,6 +380,28 @@ TEST(PlanCluster, ProfilesValidateAndRoundTrip) {
   EXPECT_NE(error_of([] { plan::resolve_cluster("summit"); }).find("unknown cluster \"summit\""), std::string::npos);
 }
 
+// The measured H200 profile in the repository (scripts/gpu_calibrate.py on one H200): it loads,
+// its tables show what the roofline presets only assume (tall-skinny expert GEMMs far below the
+// square rate), and the planner finds a plan with it.
+TEST(PlanCluster, MeasuredH200ProfileLoadsAndPlans) {
+  const plan::ClusterProfile c = plan::resolve_cluster(MOETRAIN_SOURCE_DIR "/profiles/dgx-h200-measured.json");
+  EXPECT_EQ(c.kind, "gpu");
+  EXPECT_GT(c.hbm_bytes, 140e9);  // H200: 141 GB
+  const double square = c.gemm_nt.gflops_at(8192, 8192, 8192);
+  const double expert128 = c.gemm_nt.gflops_at(128, 2048, 7168);  // DeepSeek-V3 expert, 128 rows
+  EXPECT_GT(square, 0.5 * c.peak_flops * 1e-9);
+  EXPECT_LT(square, c.peak_flops * 1e-9);
+  EXPECT_LT(expert128, 0.4 * square);
+  plan::SearchOptions so;
+  so.gpus = 64;
+  so.shape.seq_len = 2048;
+  so.shape.global_batch = 128;
+  so.shape.precision = "bf16";
+  const plan::SearchResult r = plan::search_plans(plan::plan_preset("xmoe-small"), c, so);
+  ASSERT_FALSE(r.best.empty());
+  EXPECT_TRUE(r.best.front().fits);
+}
+
 TEST(PlanTables, InterpolateInLogSpaceAndClamp) {
   plan::GemmTable t;
   t.m = {16, 64};
