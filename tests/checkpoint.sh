@@ -64,7 +64,7 @@ latest_step() {  # the newest complete checkpoint's step, 0 if none
 kill_loop() {  # kill_loop NAME NP WHO ARGS...   WHO: all | rank
   local name="$1" np="$2" who="$3"
   shift 3
-  local out="$work/$name" tries=0
+  local out="$work/$name" tries=0 mid_write=0
   RANDOM=7
   while :; do
     local resume=()
@@ -86,7 +86,15 @@ kill_loop() {  # kill_loop NAME NP WHO ARGS...   WHO: all | rank
       while kill -0 "$pid" 2>/dev/null && [ "$(latest_step "$out")" -lt "$target" ] && [ "$waited" -lt 600 ]; do
         sleep 0.1; waited=$((waited + 1))
       done
-      sleep "0.0$((RANDOM % 10))"
+      if [ $((tries % 2)) -eq 0 ]; then
+        # every second kill aims at a checkpoint being written: as soon as a step-N.tmp folder
+        # exists (busy polling; the write takes milliseconds)
+        local t_poll=$SECONDS
+        while kill -0 "$pid" 2>/dev/null && ! compgen -G "$out/checkpoints/*.tmp" >/dev/null &&
+              [ $((SECONDS - t_poll)) -lt 60 ]; do :; done
+      else
+        sleep "0.0$((RANDOM % 10))"
+      fi
       if [ "$who" = all ]; then
         pkill -9 -P "$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null
       else
@@ -98,15 +106,19 @@ kill_loop() {  # kill_loop NAME NP WHO ARGS...   WHO: all | rank
     local t0=$SECONDS
     wait "$pid" 2>/dev/null
     local rc=$?
+    # a kill that left a step-N.tmp folder behind landed while a checkpoint was being written
+    [ "$rc" -ne 0 ] && compgen -G "$out/checkpoints/*.tmp" >/dev/null && mid_write=$((mid_write + 1))
     [ $((SECONDS - t0)) -le 30 ] || { bad "$name: the job took $((SECONDS - t0)) s to end after a kill"; }
     if [ "$rc" -eq 0 ] && [ -f "$out/model.safetensors" ]; then break; fi
     grep -q "checksum mismatch\|truncated\|malformed" "$out.log" && { bad "$name: resume met a corrupt checkpoint"; cat "$out.log"; break; }
     [ "$tries" -gt 12 ] && { bad "$name: did not finish"; cat "$out.log"; break; }
   done
   [ "$tries" -gt 2 ] || bad "$name: finished before two kills landed"
-  echo "     $name: finished after $tries launches ($((tries - 1)) killed)"
+  echo "     $name: finished after $tries launches ($((tries - 1)) killed, $mid_write of them while a checkpoint was being written)"
+  mid_write_total=$((mid_write_total + mid_write))
 }
 # (longer runs, so that four kills land before the end)
+mid_write_total=0
 common=("${common[@]}" --steps 40)
 "$bin" "${common[@]}" --batch 8 --out "$work/ref1-40"
 mpi -np 4 "$bin" "${common[@]}" --batch 4 --ep 2 --pp 2 --out "$work/ref4-40"
@@ -116,6 +128,8 @@ kill_loop kill-one-of-4 4 rank --batch 4 --ep 2 --pp 2
 compare "kill -9 of one rank of 4 + resume: bit for bit" "$work/ref4-40" "$work/kill-one-of-4" 0
 kill_loop kill-all-4 4 all --batch 4 --ep 2 --pp 2
 compare "kill -9 of the whole 4-rank job + resume: bit for bit" "$work/ref4-40" "$work/kill-all-4" 0
+[ "$mid_write_total" -ge 1 ] && ok "$mid_write_total kill(s) landed while a checkpoint was being written; every resume found a valid one" \
+  || bad "no kill landed while a checkpoint was being written"
 common=("${common[@]}" --steps $STEPS)
 
 # 3. Resharding a PP2 x EP2 x DP2 checkpoint (global batch 16).
