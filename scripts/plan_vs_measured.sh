@@ -8,7 +8,10 @@
 # gradients, optimizer state, activations, workspace and pipeline buffers) of metrics.jsonl;
 # measured step: the median step_time_s after 2 warm-up steps. Limits: memory within 10%, time
 # within 25%. Exit status 1 when a layout misses a limit.
-# Usage: scripts/plan_vs_measured.sh [MOETRAIN] [WORKDIR]     (about 3-4 minutes on 2 cores)
+# Usage: scripts/plan_vs_measured.sh [MOETRAIN] [WORKDIR]     (about 2 minutes on 2 cores)
+# Environment: PLAN_VS_MEASURED_CHECK=memory judges memory only (times are printed, not judged:
+# the ctest plan_vs_measured_memory, since timings on a shared CI machine flake);
+# PLAN_VS_MEASURED_QUICK=1 calibrates with --quick.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${1:-$root/build/moetrain}"
@@ -19,6 +22,9 @@ prio=()
 if nice -n -10 true 2>/dev/null; then prio=(nice -n -10); fi
 mpirun=("${prio[@]}" mpirun --oversubscribe --bind-to none)
 model=tiny
+check="${PLAN_VS_MEASURED_CHECK:-all}"
+quick=()
+[ "${PLAN_VS_MEASURED_QUICK:-0}" = 1 ] && quick=(--quick)
 seq=128
 steps=20
 rm -rf "$work"
@@ -47,9 +53,9 @@ for row in "${layouts[@]}"; do
   if [ "$np" -ne "$calibrated" ]; then
     start=$(date +%s)
     if [ "$np" -eq 1 ]; then
-      "${prio[@]}" "$bin" calibrate -o "$work/profile.json" --quiet
+      "${prio[@]}" "$bin" calibrate -o "$work/profile.json" --quiet "${quick[@]}"
     else
-      "${mpirun[@]}" -np "$np" "$bin" calibrate --append -o "$work/profile.json" --quiet
+      "${mpirun[@]}" -np "$np" "$bin" calibrate --append -o "$work/profile.json" --quiet "${quick[@]}"
     fi
     calibrated=$np
     echo "# calibrate ($np rank(s)): $(( $(date +%s) - start )) s"
@@ -75,9 +81,9 @@ for row in "${layouts[@]}"; do
 done
 echo "# load average after the runs: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-/usr/bin/env python3 - "$work" "${layouts[@]}" <<'PY'
+/usr/bin/env python3 - "$work" "$check" "${layouts[@]}" <<'PY'
 import json, os, statistics, sys
-work, rows = sys.argv[1], sys.argv[2:]
+work, check, rows = sys.argv[1], sys.argv[2], sys.argv[3:]
 print(f"\n{'layout':<12} {'ranks':>5}  {'pp dp ep mb recompute':<24} {'pred mem':>10} {'meas mem':>10} {'err%':>6}"
       f"  {'pred step':>10} {'meas step':>10} {'err%':>6}")
 bad = 0
@@ -89,12 +95,13 @@ for row in rows:
     p = json.load(open(os.path.join(work, name, "predicted.json")))
     pm, ps = p["memory"]["peak_bytes"], p["time"]["step_s"]
     em, et = 100 * (pm - mem) / mem, 100 * (ps - step) / step
-    ok = abs(em) <= 10 and abs(et) <= 25
+    ok = abs(em) <= 10 and (check == "memory" or abs(et) <= 25)
     bad += 0 if ok else 1
     l = p["layout"]
     desc = f"{l['pp']:>2} {l['dp']:>2} {l['ep']:>2} {l['micro_batches']:>2} {l['recompute']}"
     print(f"{name:<12} {np_:>5}  {desc:<24} {pm/1e6:>7.2f} MB {mem/1e6:>7.2f} MB {em:>+6.1f}"
           f"  {ps*1e3:>7.1f} ms {step*1e3:>7.1f} ms {et:>+6.1f}{'' if ok else '   <-- outside the limits'}")
-print(f"\nlimits: memory within 10%, step time within 25%: {len(rows) - bad} of {len(rows)} layouts inside")
+limits = "memory within 10% (times not judged)" if check == "memory" else "memory within 10%, step time within 25%"
+print(f"\nlimits: {limits}: {len(rows) - bad} of {len(rows)} layouts inside")
 sys.exit(1 if bad else 0)
 PY
