@@ -80,6 +80,23 @@ std::string format_header(const ReportContext& ctx) {
                           human_count(static_cast<double>(ctx.shape.global_batch) * ctx.shape.seq_len),
                           " tokens), ", ctx.shape.precision, "\n");
   if (m.has_mla()) s += "  note: MLA attention is modelled as multi-head attention for activations and time\n";
+  if (c.kind == "gpu") {
+    // GEMM tables hold aligned shapes; on an H200, n or k not a multiple of 8 ran 3-7x slower.
+    std::string odd;
+    int n_odd = 0;
+    const std::pair<const char*, long long> dims[] = {{"hidden_size", m.hidden}, {"expert width", m.moe_ffn},
+                                                      {"dense FFN width", m.dense_ffn}, {"shared expert width", m.shared_ffn},
+                                                      {"q/k/v width", static_cast<long long>(m.heads) * m.head_dim},
+                                                      {"vocab_size", m.vocab_size}};
+    for (const auto& [what, v] : dims)
+      if (v > 0 && v % 8 != 0) {
+        odd += str_cat(odd.empty() ? "" : ", ", what, " ", v);
+        ++n_odd;
+      }
+    if (!odd.empty())
+      s += str_cat("  note: ", odd, n_odd > 1 ? " are not multiples" : " is not a multiple", " of 8: tensor-core GEMMs of such shapes can run several times "
+                   "slower than the tables assume (3-7x measured on an H200); pad them (Megatron pads the vocabulary to a multiple of 128)\n");
+  }
   if (m.train_model_flag.empty())
     s += "  note: moetrain train runs model_type deepseek only; the flags below give the layout\n";
   return s;
