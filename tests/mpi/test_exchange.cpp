@@ -22,6 +22,7 @@
 #include "comm/topology.h"
 #include "comm/traffic.h"
 #include "core/error.h"
+#include "mpi_check.h"
 #include "core/rng.h"
 
 using namespace moe;
@@ -29,20 +30,7 @@ using namespace moe::comm;
 
 namespace {
 
-struct Checker {
-  int rank = 0;
-  int64_t passed = 0, failed = 0;
-  void check(bool ok, const std::string& what) {
-    if (ok) {
-      ++passed;
-    } else {
-      ++failed;
-      if (failed <= 30) std::fprintf(stderr, "[rank %d] FAIL: %s\n", rank, what.c_str());
-    }
-  }
-};
-Checker ck;
-#define CHECK(cond, ...) ck.check((cond), str_cat(__VA_ARGS__))
+using mpitest::ck;
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
@@ -709,10 +697,7 @@ int main(int argc, char** argv) {
       std::fflush(stderr);
       MpiRuntime::abort(2);
     }
-    int64_t counts[2] = {ck.passed, ck.failed};
-    world.allreduce_sum(counts, 2);
-    if (world.rank() == 0) std::printf("%lld passed, %lld failed\n", (long long)counts[0], (long long)counts[1]);
-    failed_total = static_cast<int>(counts[1]);
+    failed_total = ck.report(world);
   }
   return failed_total ? 1 : 0;
 }

@@ -18,6 +18,7 @@
 #include "comm/mpi_runtime.h"
 #include "core/buffer.h"
 #include "core/error.h"
+#include "mpi_check.h"
 #include "parallel/pipeline.h"
 
 using namespace moe;
@@ -25,20 +26,7 @@ using namespace moe::parallel;
 
 namespace {
 
-struct Checker {
-  int rank = 0;
-  int64_t passed = 0, failed = 0;
-  void check(bool ok, const std::string& what) {
-    if (ok) {
-      ++passed;
-    } else {
-      ++failed;
-      if (failed <= 30) std::fprintf(stderr, "[rank %d] FAIL: %s\n", rank, what.c_str());
-    }
-  }
-};
-Checker ck;
-#define CHECK(cond, ...) ck.check((cond), str_cat(__VA_ARGS__))
+using mpitest::ck;
 
 // Parameters and inputs: exact small binary fractions, a function of (stage, index) / (mb, index).
 float a_of(int s, int i) { return 0.5f + 0.0625f * ((s * 7 + i) % 13); }
@@ -226,7 +214,6 @@ void test_errors(const comm::Group& pp) {
 
 int main(int argc, char** argv) {
   comm::MpiRuntime mpi(&argc, &argv);
-  int64_t counts[2] = {0, 0};
   int exit_code = 0;
   try {
     comm::Group pp = comm::Group::world();
@@ -236,13 +223,7 @@ int main(int argc, char** argv) {
       for (int M : {1, 2, 3, 4, 5, 8})
         test_case(pp, M, n);
     pp.barrier();
-    counts[0] = ck.passed;
-    counts[1] = ck.failed;
-    pp.allreduce_sum(counts, 2);
-    if (pp.rank() == 0)
-      std::printf("%lld passed, %lld failed\n", static_cast<long long>(counts[0]),
-                  static_cast<long long>(counts[1]));
-    exit_code = counts[1] == 0 ? 0 : 1;
+    exit_code = ck.report(pp);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[rank %d] error: %s\n", ck.rank, e.what());
     comm::MpiRuntime::abort(2);
