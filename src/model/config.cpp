@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json_file.h"
 
 namespace moe::model {
 namespace {
@@ -143,15 +144,7 @@ ModelConfig config_from_json(const json& j, const std::string& src) {
 }
 
 ModelConfig load_config(const std::string& path) {
-  std::ifstream f(path);
-  MOE_CHECK(f.good(), path, ": cannot open config file");
-  json j;
-  try {
-    j = json::parse(f);
-  } catch (const json::exception& e) {
-    throw Error(str_cat(path, ": not valid JSON (", e.what(), ")"));
-  }
-  return config_from_json(j, path);
+  return config_from_json(io::read_json_file(path, "config file"), path);
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json_file.h"
 
 namespace moe::plan {
 namespace {
@@ -319,15 +320,7 @@ ClusterProfile profile_from_json(const json& j, const std::string& w) {
 }
 
 ClusterProfile load_profile(const std::string& path) {
-  std::ifstream f(path);
-  MOE_CHECK(f.good(), path, ": cannot open cluster profile");
-  json j;
-  try {
-    j = json::parse(f);
-  } catch (const json::exception& e) {
-    throw Error(str_cat(path, ": not valid JSON (", e.what(), ")"));
-  }
-  ClusterProfile p = profile_from_json(j, path);
+  ClusterProfile p = profile_from_json(io::read_json_file(path, "cluster profile"), path);
   p.name = path;
   return p;
 }

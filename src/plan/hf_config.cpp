@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json_file.h"
 #include "plan/plan_model.h"
 
 namespace moe::plan {
@@ -130,14 +131,7 @@ PlanModel read_qwen2_moe(const Reader& r) {
 }  // namespace
 
 PlanModel read_hf_config(const std::string& path) {
-  std::ifstream f(path);
-  MOE_CHECK(f.good(), path, ": cannot open config file");
-  json j;
-  try {
-    j = json::parse(f);
-  } catch (const json::exception& e) {
-    throw Error(str_cat(path, ": not valid JSON (", e.what(), ")"));
-  }
+  const json j = io::read_json_file(path, "config file");
   MOE_CHECK(j.is_object(), path, ": a config must be a JSON object");
   MOE_CHECK(j.contains("model_type") && j["model_type"].is_string(), path,
             ": missing field \"model_type\" (supported: deepseek, deepseek_v2, deepseek_v3, "
