@@ -215,6 +215,8 @@ expect plan-batch-indivisible '`plan --evaluate`: global batch the layout cannot
   plan --model xmoe-small --global-batch 100 --evaluate --layout pp=2,dp=4,ep=8,mb=4,recompute=none,a2a=flat
 expect plan-layout-experts '`plan --evaluate`: EP degree that does not divide the experts' \
   'ep(48)' plan --model xmoe-small --evaluate --layout pp=1,dp=1,ep=48,mb=1,recompute=none,a2a=flat
+expect plan-gemm-syntax '`plan --gemm`: malformed shape' \
+  "--gemm: 'nt:3x4' is not FORM:MxNxK" plan --gemm nt:3x4
 expect plan-layout-syntax '`plan --evaluate`: malformed `--layout`' \
   'pp=two' plan --model xmoe-small --evaluate --layout pp=two
 

@@ -1,6 +1,8 @@
 // `moetrain plan` / `moetrain calibrate`. See plan_cmd.h.
 #include "apps/plan_cmd.h"
 
+#include <sstream>
+
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -30,6 +32,8 @@ void add_plan_commands(CLI::App& app, PlanCli& s) {
   p->add_option("--loads", s.loads, "a metrics.jsonl of this model: its expert_loads give the routing imbalance per EP degree");
   p->add_option("--save-cluster", s.save_cluster,
                 "write the --cluster profile (a preset or a file) as profile.json and stop: a start for describing another cluster");
+  p->add_option("--gemm", s.gemm,
+                "FORM:MxNxK,... (FORM nt|nn|tn): print the GEMM rate the time model reads from --cluster's tables and stop");
   p->add_flag("--explain", s.explain, "why each rejected family was rejected; padded vs padding-free dispatch memory");
   p->add_flag("--json", s.json, "print JSON");
   p->add_flag("--zero1", s.zero1, "shard the optimizer state over the data ranks (ZeRO-1)");
@@ -55,6 +59,24 @@ int run_plan(const PlanCli& s) {
   if (!s.save_cluster.empty()) {
     plan::save_profile(c, s.save_cluster);
     std::printf("cluster %s written to %s\n", c.name.c_str(), s.save_cluster.c_str());
+    return 0;
+  }
+  if (!s.gemm.empty()) {
+    std::printf("%-4s %8s %8s %8s  %s\n", "form", "m", "n", "k", "TFLOP/s");
+    std::stringstream list(s.gemm);
+    for (std::string item; std::getline(list, item, ',');) {
+      const size_t colon = item.find(':');
+      const std::string form = item.substr(0, colon == std::string::npos ? 0 : colon);
+      double m = 0, n = 0, k = 0;
+      char x1 = 0, x2 = 0;
+      std::istringstream dims(colon == std::string::npos ? "" : item.substr(colon + 1));
+      const bool ok = static_cast<bool>(dims >> m >> x1 >> n >> x2 >> k) && x1 == 'x' && x2 == 'x' && dims.eof() &&
+                      m >= 1 && n >= 1 && k >= 1;
+      MOE_CHECK(ok && (form == "nt" || form == "nn" || form == "tn"), "--gemm: '", item,
+                "' is not FORM:MxNxK with FORM nt, nn or tn and positive sizes");
+      const plan::GemmTable& t = form == "nt" ? c.gemm_nt : form == "nn" ? c.gemm_nn : c.gemm_tn;
+      std::printf("%-4s %8.0f %8.0f %8.0f  %.1f\n", form.c_str(), m, n, k, t.gflops_at(m, n, k) * 1e-3);
+    }
     return 0;
   }
   plan::TrainShape shape;

@@ -23,6 +23,7 @@ struct PlanCli {
   double imbalance = 1.0;
   std::string loads;                 // metrics.jsonl whose expert_loads give the routing
   std::string save_cluster;          // write the resolved cluster profile here and stop
+  std::string gemm;                  // "nt:MxNxK,...": print the cluster's GEMM rates and stop
   train::CalibrateOptions calibrate;
   bool calibrate_quiet = false;
 };
