@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Installs every Debian package moetrain needs and extracts the built-in corpus.
-# Idempotent: quiet and fast when everything is already there.
+# Installs every Debian package moetrain needs (plus any given as arguments, e.g. the fuzzers'
+# compiler) and extracts the built-in corpus. Idempotent: quiet and fast when everything is there.
+# Usage: scripts/setup.sh [EXTRA_PACKAGE...]
 set -euo pipefail
 
 PKGS=(build-essential cmake pkg-config
       libopenblas-dev libopenblas0 openmpi-bin libopenmpi-dev
       nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
-      python3-torch python3-numpy bible-kjv)
+      python3-torch python3-numpy bible-kjv "$@")
 
 missing=()
 for p in "${PKGS[@]}"; do
