@@ -39,16 +39,18 @@ float stamp(int world_rank, int64_t token, int c) {
   return static_cast<float>(v & 0xFFFFFFu);
 }
 
-struct Routing {
-  std::vector<int32_t> src_row, dst, tag;
-  std::vector<float> value;  // the token index (exact for T < 2^24): lets receivers verify origin
-};
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t m = v.size();
+  return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+}
 
-// k distinct experts per token; pairs grouped by destination rank (stable: token order).
-Routing make_routing(const A2aBenchOptions& o, int T, int n, Rng rng) {
-  const int E = o.experts, per_rank = E / n, k = o.topk;
+}  // namespace
+
+A2aRouting make_a2a_routing(int experts, int topk, const std::string& routing, int T, int n, Rng rng) {
+  const int E = experts, per_rank = E / n, k = topk;
   std::vector<double> w(E, 1.0);
-  if (o.routing == "skewed")
+  if (routing == "skewed")
     for (int e = 0; e < E; ++e) w[e] = 1.0 / std::pow(e + 1.0, 1.2);
   std::vector<std::vector<int32_t>> by_rank_t(n), by_rank_e(n);
   std::vector<char> taken(E, 0);
@@ -77,7 +79,7 @@ Routing make_routing(const A2aBenchOptions& o, int T, int n, Rng rng) {
       by_rank_e[e / per_rank].push_back(e);
     }
   }
-  Routing r;
+  A2aRouting r;
   for (int d = 0; d < n; ++d)
     for (size_t i = 0; i < by_rank_t[d].size(); ++i) {
       r.src_row.push_back(by_rank_t[d][i]);
@@ -87,14 +89,6 @@ Routing make_routing(const A2aBenchOptions& o, int T, int n, Rng rng) {
     }
   return r;
 }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t m = v.size();
-  return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
-}
-
-}  // namespace
 
 A2aBenchResult run_a2a_bench(const Group& group, const Topology& topo, const A2aBenchOptions& o) {
   const int n = group.size(), me = group.rank();
@@ -110,7 +104,7 @@ A2aBenchResult run_a2a_bench(const Group& group, const Topology& topo, const A2a
        want *= o.factor, ++size_index) {
     const int64_t T = std::max<int64_t>(1, static_cast<int64_t>(want) / row_bytes);
     MOE_CHECK(T < (1 << 24), "bench a2a: ", T, " tokens per rank is too many (max 2^24)");
-    Routing rt = make_routing(o, static_cast<int>(T), n,
+    A2aRouting rt = make_a2a_routing(o.experts, o.topk, o.routing, static_cast<int>(T), n,
                               derive_rng(o.seed, static_cast<uint64_t>(group.world_rank()) * 4096 + size_index));
     std::vector<float> src(static_cast<size_t>(T) * H);
     for (int64_t t = 0; t < T; ++t)

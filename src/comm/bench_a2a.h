@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "comm/exchange.h"
+#include "core/rng.h"
 
 namespace moe::comm {
 
@@ -53,6 +54,16 @@ struct A2aBenchResult {
   std::string topology;           // Topology::describe()
   std::vector<A2aBenchRow> rows;
 };
+
+// The routing of the benchmark (and of `moetrain calibrate`): T tokens, each to k distinct of
+// `experts` experts ("uniform" or "skewed" as above), expert e on rank e / (experts / n); pairs
+// grouped by destination rank (stable: token order), tag = expert id, value = token index (exact
+// for T < 2^24: lets receivers verify origin).
+struct A2aRouting {
+  std::vector<int32_t> src_row, dst, tag;
+  std::vector<float> value;
+};
+A2aRouting make_a2a_routing(int experts, int topk, const std::string& routing, int T, int n, Rng rng);
 
 // Collective over `group` (every member calls it). Only rank 0's result needs to be complete
 // (all ranks get the same rows here). Throws moe::Error on bad options (naming them).

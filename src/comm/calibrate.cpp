@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "comm/bench_a2a.h"
 #include "comm/exchange.h"
 #include "core/rng.h"
 #include "core/error.h"
@@ -61,7 +62,6 @@ std::vector<CommMeasurement> measure_a2a(const Group& world, const Topology& top
   const int H = hidden, k = topk;
   int E = std::max(8, group);
   while (E % group != 0) ++E;
-  const int per_rank = E / group;
   std::vector<CommMeasurement> out;
   for (const std::string& a : algos) {
     CommMeasurement m;
@@ -72,36 +72,16 @@ std::vector<CommMeasurement> measure_a2a(const Group& world, const Topology& top
     m.ranks_per_node = topo.ranks_per_node;
     TokenExchange ex(g, topo, parse_a2a_algorithm(a), nullptr);
     for (double bytes : sizes(min_bytes, max_bytes)) {
-      // Uniform routing: every token picks k distinct experts; pairs grouped by destination.
       const int T = std::max(1, static_cast<int>(bytes / (static_cast<double>(k) * H * 4)));
-      Rng rng = derive_rng(17, static_cast<uint64_t>(world.rank()) * 64 + out.size());
-      std::vector<std::vector<int32_t>> rows_to(group), tag_to(group);
-      std::vector<int> chosen;
-      for (int t = 0; t < T; ++t) {
-        chosen.clear();
-        while (static_cast<int>(chosen.size()) < k) {
-          const int e = static_cast<int>(rng.uniform() * E) % E;
-          if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
-        }
-        for (int e : chosen) {
-          rows_to[e / per_rank].push_back(t);
-          tag_to[e / per_rank].push_back(e % per_rank);
-        }
-      }
-      std::vector<int32_t> src_row, dst, tag;
-      for (int d = 0; d < group; ++d) {
-        src_row.insert(src_row.end(), rows_to[d].begin(), rows_to[d].end());
-        tag.insert(tag.end(), tag_to[d].begin(), tag_to[d].end());
-        dst.insert(dst.end(), rows_to[d].size(), d);
-      }
-      const std::vector<float> value(src_row.size(), 1.0f);
+      const A2aRouting r = make_a2a_routing(E, k, "uniform", T, group,
+                                            derive_rng(17, static_cast<uint64_t>(world.rank()) * 64 + out.size()));
       std::vector<float> src(static_cast<size_t>(T) * H, 1.0f), back(src.size()), recv;
       // One dispatch (plan + rows out) and one combine (rows back, summed): the time of one
       // all-to-all is half of it.
       const int n_iters = bytes > (1 << 20) ? std::max(3, iters / 2) : iters;
       const double t = timed(world, n_iters, [&] {
-        ExchangePlan plan = ex.plan(T, static_cast<int>(src_row.size()), src_row.data(), dst.data(),
-                                    tag.data(), value.data());
+        ExchangePlan plan = ex.plan(T, static_cast<int>(r.src_row.size()), r.src_row.data(), r.dst.data(),
+                                    r.tag.data(), r.value.data());
         recv.resize(static_cast<size_t>(plan.num_recv) * H);
         ex.multicast(plan, src.data(), recv.data(), H);
         ex.reduce(plan, recv.data(), back.data(), H);
