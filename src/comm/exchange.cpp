@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "core/buffer.h"
 #include "core/error.h"
 #include "core/timer.h"
 
@@ -104,17 +105,17 @@ RowSpace space(const float* a, int64_t na = 0, const int32_t* map = nullptr,
   return RowSpace{const_cast<float*>(a), na, map, const_cast<float*>(b)};
 }
 
-// Scratch rows, left uninitialised (every element is written before it is read).
+// Staging rows of one exchange: a Buffer charged to the exchange's staging tracker (when set), so
+// the measured memory of a rank includes what its exchanges hold while they run.
 class Rows {
  public:
   Rows() = default;
-  explicit Rows(size_t count) : p_(count ? new float[count] : nullptr), n_(count) {}
-  float* data() { return p_.get(); }
-  size_t size() const { return n_; }
+  Rows(size_t count, MemTracker* tracker) : buf_(count, tracker) {}
+  float* data() { return buf_.data(); }
+  size_t size() const { return buf_.size(); }
 
  private:
-  std::unique_ptr<float[]> p_;
-  size_t n_ = 0;
+  Buffer<float> buf_;
 };
 
 void copy_row(float* dst, const float* src, int H) {
@@ -169,7 +170,8 @@ using Impl = ExchangePlan::Impl;
 // finish() also waits for the sends (their buffers live until then).
 class StageRun {
  public:
-  StageRun(const Group& g, const Impl& im, TrafficStats* stats) : g_(g), im_(im), stats_(stats) {}
+  StageRun(const Group& g, const Impl& im, TrafficStats* stats, MemTracker* staging)
+      : g_(g), im_(im), stats_(stats), staging_(staging) {}
 
   void post(const Stage& st, const RowSpace& in, const RowSpace& out, int H) {
     st_ = &st;
@@ -183,7 +185,7 @@ class StageRun {
       const int64_t count = static_cast<int64_t>(msg.idx.size()) * H;
       float* direct = out.consecutive(msg.idx, H);
       if (!direct) {
-        rbuf_[m] = Rows(static_cast<size_t>(count));
+        rbuf_[m] = Rows(static_cast<size_t>(count), staging_);
         direct = rbuf_[m].data();
       }
       rreqs_.push_back(g_.irecv(direct, count, msg.peer, st.tag));
@@ -194,7 +196,7 @@ class StageRun {
       const float* direct = in.consecutive(msg.idx, H);
       if (!direct) {
         Rows& b = sbuf_[m];
-        b = Rows(static_cast<size_t>(count));
+        b = Rows(static_cast<size_t>(count), staging_);
         for (size_t k = 0; k < msg.idx.size(); ++k) copy_row(b.data() + k * H, in.row(msg.idx[k], H), H);
         direct = b.data();
       }
@@ -228,6 +230,7 @@ class StageRun {
   const Group& g_;
   const Impl& im_;
   TrafficStats* stats_;
+  MemTracker* staging_;
   const Stage* st_ = nullptr;
   RowSpace out_;
   int H_ = 0;
@@ -804,7 +807,7 @@ void TokenExchange::multicast(const ExchangePlan& plan, const float* src, float*
   if (H == 0) return;  // nothing to move (every rank passes the same H)
   const int n = im.n;
   if (algo_ == A2aAlgorithm::kFlat) {
-    Rows sendbuf(static_cast<size_t>(im.num_send_pairs) * H);
+    Rows sendbuf(static_cast<size_t>(im.num_send_pairs) * H, staging_);
     for (int p = 0; p < im.num_send_pairs; ++p)
       copy_row(sendbuf.data() + static_cast<int64_t>(p) * H, src + static_cast<int64_t>(im.src_row[p]) * H, H);
     group_.alltoallv(sendbuf.data(), scaled(im.send_count, H), scaled(im.send_off, H), recv,
@@ -816,9 +819,9 @@ void TokenExchange::multicast(const ExchangePlan& plan, const float* src, float*
   }
   const RowSpace src_by_pair = space(src, im.num_send_pairs, im.src_row.data());
   if (algo_ == A2aAlgorithm::kRbd) {
-    Rows pool(static_cast<size_t>(im.num_pool) * H);
+    Rows pool(static_cast<size_t>(im.num_pool) * H, staging_);
     RowSpace recv_pool = space(recv, im.num_recv, nullptr, pool.data());
-    StageRun a(group_, im, stats_), b(group_, im, stats_);
+    StageRun a(group_, im, stats_, staging_), b(group_, im, stats_, staging_);
     a.post(im.rbd_a, src_by_pair, recv_pool, H);
     a.receive();
     b.post(im.rbd_b, recv_pool, recv_pool, H);
@@ -831,8 +834,8 @@ void TokenExchange::multicast(const ExchangePlan& plan, const float* src, float*
     return;
   }
   // halo: phase I posted first and waited last, overlapping II -> III.
-  Rows rail(static_cast<size_t>(im.num_rail) * H);
-  StageRun s1(group_, im, stats_), s2(group_, im, stats_), s3(group_, im, stats_);
+  Rows rail(static_cast<size_t>(im.num_rail) * H, staging_);
+  StageRun s1(group_, im, stats_, staging_), s2(group_, im, stats_, staging_), s3(group_, im, stats_, staging_);
   s1.post(im.halo1, src_by_pair, space(recv, im.num_recv), H);
   s2.post(im.halo2, src_by_pair, space(rail.data(), im.num_rail), H);
   s2.receive();
@@ -851,7 +854,7 @@ void TokenExchange::reduce(const ExchangePlan& plan, const float* rows, float* d
   if (H == 0) return;  // nothing to move (every rank passes the same H)
   const int n = im.n;
   // ret[p]: the row of pair p back at its source (rbd: the pilot pair's row holds S_node).
-  Rows ret(static_cast<size_t>(im.num_send_pairs) * H);
+  Rows ret(static_cast<size_t>(im.num_send_pairs) * H, staging_);
   if (algo_ == A2aAlgorithm::kFlat) {
     group_.alltoallv(rows, scaled(im.recv_count, H), scaled(im.recv_off, H), ret.data(),
                      scaled(im.send_count, H), scaled(im.send_off, H));
@@ -860,19 +863,19 @@ void TokenExchange::reduce(const ExchangePlan& plan, const float* rows, float* d
         if (im.recv_count[s]) stats_->add(im.link_to[s], uint64_t(im.recv_count[s]) * H * sizeof(float));
   } else if (algo_ == A2aAlgorithm::kRbd) {
     // S_rank per pool slot (my pairs of one (source, row) on this node), pair order.
-    Rows srank(static_cast<size_t>(im.num_pool) * H);
+    Rows srank(static_cast<size_t>(im.num_pool) * H, staging_);
     RowSpace rows_space = space(rows, im.num_recv);
     for (int k = 0; k < im.num_pool; ++k)
       fold_rows(srank.data() + static_cast<int64_t>(k) * H, rows_space,
                 im.slot_pairs.data() + im.slot_pair_off[k], im.slot_pair_off[k + 1] - im.slot_pair_off[k], H);
     // Replicas' S_rank to the pilot rank (intra-node).
-    Rows contrib(static_cast<size_t>(im.num_contrib) * H);
-    StageRun b(group_, im, stats_), a(group_, im, stats_);
+    Rows contrib(static_cast<size_t>(im.num_contrib) * H, staging_);
+    StageRun b(group_, im, stats_, staging_), a(group_, im, stats_, staging_);
     b.post(im.rbd_b_back, space(rows, im.num_recv, nullptr, srank.data()),
            space(contrib.data(), im.num_contrib), H);
     b.receive();
     // S_node per pilot: the node's ranks ascending.
-    Rows snode(static_cast<size_t>(im.num_pilots_in) * H);
+    Rows snode(static_cast<size_t>(im.num_pilots_in) * H, staging_);
     RowSpace parts = space(srank.data(), im.num_pool, nullptr, contrib.data());
     for (int k = 0; k < im.num_pilots_in; ++k)
       fold_rows(snode.data() + static_cast<int64_t>(k) * H, parts,
@@ -883,8 +886,8 @@ void TokenExchange::reduce(const ExchangePlan& plan, const float* rows, float* d
     a.finish();
     b.finish();
   } else {
-    Rows rail(static_cast<size_t>(im.num_rail) * H);
-    StageRun s1(group_, im, stats_), s3(group_, im, stats_), s2(group_, im, stats_);
+    Rows rail(static_cast<size_t>(im.num_rail) * H, staging_);
+    StageRun s1(group_, im, stats_, staging_), s3(group_, im, stats_, staging_), s2(group_, im, stats_, staging_);
     s1.post(im.halo1_back, space(rows, im.num_recv), space(ret.data(), im.num_send_pairs), H);
     s3.post(im.halo3_back, space(rows, im.num_recv), space(rail.data(), im.num_rail), H);
     s3.receive();

@@ -17,6 +17,7 @@
 #include "comm/group.h"
 #include "comm/topology.h"
 #include "comm/traffic.h"
+#include "core/buffer.h"
 
 namespace moe::comm {
 
@@ -46,6 +47,9 @@ class TokenExchange {
   // maps). stats may be null. The object is cheap; one per MoE layer or shared by all.
   TokenExchange(const Group& group, const Topology& topo, A2aAlgorithm algo, TrafficStats* stats);
   A2aAlgorithm algorithm() const { return algo_; }
+  // Charges the staging rows every exchange allocates while it runs (send/receive buffers, RBD
+  // pools, HALO rails) to `tracker`; null (the default) charges nothing.
+  void set_staging_tracker(MemTracker* tracker) { staging_ = tracker; }
 
   // Collective. Exchanges counts and the per-pair metadata (tag, value).
   ExchangePlan plan(int num_src_rows, int num_pairs, const int32_t* src_row,
@@ -70,6 +74,7 @@ class TokenExchange {
   const Topology& topo_;
   A2aAlgorithm algo_;
   TrafficStats* stats_;
+  MemTracker* staging_ = nullptr;
 };
 
 }  // namespace moe::comm

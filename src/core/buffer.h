@@ -1,13 +1,14 @@
 // Owned, 64-byte aligned arrays whose bytes are counted by a MemTracker. Activations kept for
 // backward live in Buffers charged to the model's activation tracker, so the peak bytes held are an
 // exact high-water mark, not an estimate (the planner's memory model is checked against it).
+// A Buffer lives on a Device (host by default) and allocates through core/device.h, so host and
+// GPU bytes are charged alike; element access (operator[]) is for host buffers only.
 #pragma once
 #include <cstddef>
-#include <cstdlib>
-#include <cstring>
-#include <new>
+#include <cstdint>
 #include <utility>
 
+#include "core/device.h"
 #include "core/error.h"
 
 namespace moe {
@@ -42,7 +43,9 @@ template <class T>
 class Buffer {
  public:
   Buffer() = default;
-  explicit Buffer(size_t n, MemTracker* tracker = nullptr) { resize(n, tracker); }
+  explicit Buffer(size_t n, MemTracker* tracker = nullptr, Device device = Device::kCpu) {
+    resize(n, tracker, device);
+  }
   ~Buffer() { release(); }
   Buffer(Buffer&& o) noexcept { *this = std::move(o); }
   Buffer& operator=(Buffer&& o) noexcept {
@@ -51,27 +54,29 @@ class Buffer {
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
       tracker_ = std::exchange(o.tracker_, nullptr);
+      device_ = std::exchange(o.device_, Device::kCpu);
     }
     return *this;
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
-  // Reallocates to n zeroed elements (contents are not kept).
-  void resize(size_t n, MemTracker* tracker = nullptr) {
+  // Reallocates to n zeroed elements on `device` (contents are not kept). The element count is
+  // checked before it becomes a byte count, so a wrapped size never reaches the allocator.
+  void resize(size_t n, MemTracker* tracker = nullptr, Device device = Device::kCpu) {
     release();
     tracker_ = tracker;
+    device_ = device;
     if (n == 0) return;
-    size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
-    data_ = static_cast<T*>(std::aligned_alloc(64, bytes));
-    if (!data_) throw std::bad_alloc();
-    std::memset(static_cast<void*>(data_), 0, bytes);
+    MOE_CHECK(n <= (SIZE_MAX - 64) / sizeof(T), "buffer of ", n, " elements of ", sizeof(T),
+              " bytes overflows a byte count");
+    data_ = static_cast<T*>(device_alloc_zeroed(device, n * sizeof(T)));
     size_ = n;
     if (tracker_) tracker_->add(n * sizeof(T));
   }
   void release() {
     if (data_) {
-      std::free(data_);
+      device_free(device_, data_);
       if (tracker_) tracker_->sub(size_ * sizeof(T));
     }
     data_ = nullptr;
@@ -84,14 +89,13 @@ class Buffer {
     tracker_ = tracker;
     if (data_ && tracker_) tracker_->add(bytes());
   }
-  void zero() {
-    if (data_) std::memset(static_cast<void*>(data_), 0, size_ * sizeof(T));
-  }
+  void zero() { device_memset_zero(device_, data_, size_ * sizeof(T)); }
 
   T* data() { return data_; }
   const T* data() const { return data_; }
   size_t size() const { return size_; }
   size_t bytes() const { return size_ * sizeof(T); }
+  Device device() const { return device_; }
   T& operator[](size_t i) { return data_[i]; }
   const T& operator[](size_t i) const { return data_[i]; }
 
@@ -99,6 +103,7 @@ class Buffer {
   T* data_ = nullptr;
   size_t size_ = 0;
   MemTracker* tracker_ = nullptr;
+  Device device_ = Device::kCpu;
 };
 
 }  // namespace moe

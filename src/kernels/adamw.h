@@ -6,6 +6,8 @@
 #pragma once
 #include <cstddef>
 
+#include "kernels/element_math.h"
+
 namespace moe::kernels {
 
 struct AdamWParams {
@@ -16,6 +18,9 @@ struct AdamWParams {
   float weight_decay = 0.0f;
 };
 
+// The float scalars of step t (computed in double from the decimal hyperparameters, as torch does);
+// the CPU and CUDA updates both apply them with math::adamw_element.
+math::AdamWScalars adamw_scalars(const AdamWParams& hp, int step);
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWParams& hp,
                   int step, float grad_scale);
 

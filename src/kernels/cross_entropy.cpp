@@ -1,5 +1,6 @@
 // Softmax cross-entropy, max-subtracted. See cross_entropy.h.
 #include "kernels/cross_entropy.h"
+#include "kernels/element_math.h"
 
 #include <cmath>
 #include <cstddef>
@@ -18,17 +19,8 @@ double cross_entropy_forward(float* losses, float* probs, const float* logits,
               " is outside the vocabulary [0, ", V, ")");
     const float* x = logits + static_cast<size_t>(n) * V;
     float* p = probs + static_cast<size_t>(n) * V;
-    float mx = x[0];
-    for (int j = 1; j < V; ++j) mx = x[j] > mx ? x[j] : mx;
-    double sum = 0.0;
-    for (int j = 0; j < V; ++j) {
-      p[j] = std::exp(x[j] - mx);
-      sum += p[j];
-    }
-    float inv = static_cast<float>(1.0 / sum);
-    for (int j = 0; j < V; ++j) p[j] *= inv;
-    // loss = logsumexp(x) - x[target] = log(sum) + max - x[target]
-    double loss = std::log(sum) + (static_cast<double>(mx) - x[target]);
+    // loss = logsumexp(x) - x[target]
+    const double loss = math::softmax_row(p, x, V) - static_cast<double>(x[target]);
     losses[n] = static_cast<float>(loss);
     total += loss;
   }
@@ -42,9 +34,7 @@ void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* t
     const float* p = probs + static_cast<size_t>(n) * V;
     float* d = dlogits + static_cast<size_t>(n) * V;
     int32_t t = targets[n];
-    float d_target = d[t];
-    for (int j = 0; j < V; ++j) d[j] += scale * p[j];
-    d[t] = d_target + scale * (p[t] - 1.0f);  // one rounding, as scale·(p - onehot)
+    for (int j = 0; j < V; ++j) d[j] = math::cross_entropy_grad(d[j], p[j], j == t, scale);
   }
 }
 

@@ -1,5 +1,6 @@
 // SwiGLU activation, embedding lookup and residual add. See elementwise.h.
 #include "kernels/elementwise.h"
+#include "kernels/element_math.h"
 
 #include <cmath>
 #include <cstring>
@@ -9,21 +10,12 @@
 namespace moe::kernels {
 
 void swiglu_forward(float* h, const float* g, const float* u, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    float s = 1.0f / (1.0f + std::exp(-g[i]));
-    h[i] = g[i] * s * u[i];
-  }
+  for (size_t i = 0; i < n; ++i) h[i] = math::swiglu(g[i], u[i]);
 }
 
 void swiglu_backward(float* dg, float* du, const float* dh, const float* g, const float* u,
                      size_t n) {
-  // silu(z) = z·s(z), silu'(z) = s(z)·(1 + z·(1 - s(z)))
-  for (size_t i = 0; i < n; ++i) {
-    float z = g[i];
-    float s = 1.0f / (1.0f + std::exp(-z));
-    dg[i] += dh[i] * u[i] * (s * (1.0f + z * (1.0f - s)));
-    du[i] += dh[i] * (z * s);
-  }
+  for (size_t i = 0; i < n; ++i) math::swiglu_backward(dg[i], du[i], dh[i], g[i], u[i]);
 }
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, int n_tokens, int dim) {
@@ -46,6 +38,14 @@ void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, i
 
 void add_inplace(float* y, const float* x, size_t n) {
   for (size_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void copy(float* dst, const float* src, size_t n) {
+  if (n) std::memcpy(dst, src, n * sizeof(float));
+}
+
+void fill_zero(float* x, size_t n) {
+  if (n) std::memset(x, 0, n * sizeof(float));
 }
 
 }  // namespace moe::kernels

@@ -1,4 +1,4 @@
-// Small memory-bound kernels: SwiGLU activation, embedding lookup, residual add.
+// Small memory-bound kernels: SwiGLU activation, embedding lookup, residual add, copy, zero fill.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -19,5 +19,8 @@ void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, i
 
 // y += x
 void add_inplace(float* y, const float* x, size_t n);
+// dst = src ; x = 0 (the model's buffer copies, named so each device has its own)
+void copy(float* dst, const float* src, size_t n);
+void fill_zero(float* x, size_t n);
 
 }  // namespace moe::kernels

@@ -1,6 +1,7 @@
 // RMSNorm forward/backward. See rmsnorm.h. Row sums are accumulated in double, in index order,
 // so results are deterministic and independent of the vector width.
 #include "kernels/rmsnorm.h"
+#include "kernels/element_math.h"
 
 #include <cmath>
 #include <cstddef>
@@ -17,10 +18,9 @@ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, in
     float* o = out + static_cast<size_t>(r) * dim;
     double ss = 0.0;
     for (int j = 0; j < dim; ++j) ss += static_cast<double>(xr[j]) * xr[j];
-    // rstd = 1/sqrt(mean(x²) + eps)
-    float rs = static_cast<float>(1.0 / std::sqrt(ss / dim + static_cast<double>(eps)));
+    const float rs = math::rmsnorm_rstd(ss, dim, eps);
     rstd[r] = rs;
-    for (int j = 0; j < dim; ++j) o[j] = xr[j] * rs * w[j];
+    for (int j = 0; j < dim; ++j) o[j] = math::rmsnorm_out(xr[j], rs, w[j]);
   }
 }
 
@@ -36,8 +36,8 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
     float rs = rstd[r];
     double dot = 0.0;
     for (int j = 0; j < dim; ++j) dot += static_cast<double>(d[j]) * w[j] * xr[j];
-    float c = static_cast<float>(dot * rs * rs * rs / dim);
-    for (int j = 0; j < dim; ++j) dxr[j] += rs * w[j] * d[j] - c * xr[j];
+    const float c = math::rmsnorm_backward_coeff(dot, rs, dim);
+    for (int j = 0; j < dim; ++j) dxr[j] += math::rmsnorm_dx(xr[j], d[j], w[j], rs, c);
     if (dw) {
       for (int j = 0; j < dim; ++j) dw[j] += d[j] * xr[j] * rs;
     }

@@ -1,5 +1,6 @@
 // Rotary position embedding (Hugging Face rotate_half convention). See rope.h.
 #include "kernels/rope.h"
+#include "kernels/element_math.h"
 
 #include <cmath>
 #include <cstddef>
@@ -49,11 +50,7 @@ void rotate(float* x, const RopeTable& table, int B, int T, int n_head, int head
       for (int h = 0; h < n_head; ++h) {
         float* x1 = row + static_cast<size_t>(h) * head_dim;
         float* x2 = x1 + half;
-        for (int i = 0; i < half; ++i) {
-          float a = x1[i], bb = x2[i], sn = sign * s[i];
-          x1[i] = a * c[i] - bb * sn;
-          x2[i] = bb * c[i] + a * sn;
-        }
+        for (int i = 0; i < half; ++i) math::rope_rotate(x1[i], x2[i], c[i], sign * s[i]);
       }
     }
   }

@@ -196,13 +196,13 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
   k::attention_forward(a.attn_out.data(), a.att.data(), a.q.data(), a.k.data(), a.v.data(), B, T,
                        nh, hd);
   a.h.resize(NH, mem);
-  std::memcpy(a.h.data(), a.x.data(), a.h.bytes());
+  kernels::copy(a.h.data(), a.x.data(), a.h.size());
   k::linear_forward(a.h.data(), a.attn_out.data(), W.o, N, H, H, /*accumulate=*/true);
   a.ln2.resize(NH, mem);
   a.rstd2.resize(N, mem);
   k::rmsnorm_forward(a.ln2.data(), a.rstd2.data(), a.h.data(), W.post_norm, N, H, c.rms_norm_eps);
   if (c.is_moe_layer(l)) {
-    std::memset(out, 0, NH * sizeof(float));
+    kernels::fill_zero(out, NH);
     mx::moe_forward(out, a.moe, a.ln2.data(), moe_weights(W), moe_config(c, moe_options_, ep_, &work_mem_), N, B,
                     mem);
     k::add_inplace(out, a.h.data(), NH);
@@ -210,7 +210,7 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
     a.mlp_g.resize(static_cast<size_t>(N) * I, mem);
     a.mlp_u.resize(static_cast<size_t>(N) * I, mem);
     a.mlp_h.resize(static_cast<size_t>(N) * I, mem);
-    std::memcpy(out, a.h.data(), NH * sizeof(float));
+    kernels::copy(out, a.h.data(), NH);
     k::swiglu_mlp_forward(out, a.mlp_g.data(), a.mlp_u.data(), a.mlp_h.data(), a.ln2.data(),
                           {W.mlp_gate, W.mlp_up, W.mlp_down}, N, H, I, /*accumulate=*/true);
   }
@@ -316,7 +316,7 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
   if (st.embedding) {
     k::embedding_forward(x.data(), mb.inputs.data(), w_.embed, N, H);
   } else {
-    std::memcpy(x.data(), x_in, NH * sizeof(float));
+    kernels::copy(x.data(), x_in, NH);
   }
   LossParts loss;
   for (int l = st.first_layer; l < st.end_layer(c); ++l) {
@@ -358,7 +358,7 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
     loss.ce = k::cross_entropy_forward(mb.losses.data(), mb.probs.data(), mb.logits.data(),
                                        mb.targets.data(), N, V);
   } else {
-    std::memcpy(x_out, x.data(), NH * sizeof(float));
+    kernels::copy(x_out, x.data(), NH);
   }
   loss.total = loss.ce + loss.aux;
   mb.loss = loss;
@@ -390,7 +390,7 @@ void Model::backward(MicroBatch& mb, const float* dy_out, float* dx_in, float lo
          {&mb.final_in, &mb.final_ln, &mb.final_rstd, &mb.logits, &mb.probs, &mb.losses})
       b->release();
   } else {
-    std::memcpy(dx.data(), dy_out, NH * sizeof(float));
+    kernels::copy(dx.data(), dy_out, NH);
   }
   for (int i = static_cast<int>(mb.layers.size()) - 1; i >= 0; --i) {
     layer_backward(st.first_layer + i, *mb.layers[i], dx.data(), B, T, loss_scale);
@@ -399,7 +399,7 @@ void Model::backward(MicroBatch& mb, const float* dy_out, float* dx_in, float lo
   if (st.embedding) {
     k::embedding_backward(g_.embed, dx.data(), mb.inputs.data(), N, H);
   } else {
-    std::memcpy(dx_in, dx.data(), NH * sizeof(float));
+    kernels::copy(dx_in, dx.data(), NH);
   }
   mb.layers.clear();
   mb.have = false;

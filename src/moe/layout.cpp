@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/permute.h"
 
 namespace moe::mixture {
 namespace {
@@ -15,14 +16,13 @@ void check_args(const char* who, const int32_t* topk_idx_TK, int T, int k, int E
   MOE_CHECK(T == 0 || topk_idx_TK != nullptr, who, ": topk_idx is null");
 }
 
-// Pairs per expert over all T·k pairs; rejects expert ids outside [0, E).
+// Pairs per expert over all T·k pairs (kernels/permute.h); rejects expert ids outside [0, E).
 std::vector<int32_t> count_pairs(const char* who, const int32_t* topk_idx_TK, size_t P, int E) {
   std::vector<int32_t> count(E, 0);
-  for (size_t p = 0; p < P; ++p) {
-    int32_t e = topk_idx_TK[p];
-    MOE_CHECK(e >= 0 && e < E, who, ": topk_idx[", p, "] = ", e, " is not an expert in [0, ", E,
-              ")");
-    ++count[e];
+  try {
+    kernels::count_pairs_per_expert(count.data(), topk_idx_TK, P, E);
+  } catch (const Error& e) {
+    throw Error(str_cat(who, ": ", e.what()));
   }
   return count;
 }
@@ -67,19 +67,7 @@ DispatchLayout build_dispatch_layout(const int32_t* topk_idx_TK, int T, int k, i
   // expert are the kept ones.
   l.slot_of_row_R.resize(static_cast<size_t>(l.num_rows), tracker);
   l.row_of_slot_TK.resize(P, tracker);
-  int32_t* slot_of_row = l.slot_of_row_R.data();
-  int32_t* row_of_slot = l.row_of_slot_TK.data();
-  std::vector<int32_t> cursor(off, off + E);
-  for (size_t p = 0; p < P; ++p) {
-    int32_t e = topk_idx_TK[p];
-    if (cursor[e] < off[e + 1]) {
-      int32_t r = cursor[e]++;
-      slot_of_row[r] = static_cast<int32_t>(p);
-      row_of_slot[p] = r;
-    } else {
-      row_of_slot[p] = -1;
-    }
-  }
+  kernels::place_pairs(l.slot_of_row_R.data(), l.row_of_slot_TK.data(), topk_idx_TK, off, P, E);
   return l;
 }
 

@@ -17,6 +17,7 @@
 #include "core/timer.h"
 #include "moe/bench_moe_layer.h"
 #include "moe/dispatch.h"
+#include "kernels/permute.h"
 
 namespace moe::mixture {
 namespace {
@@ -39,29 +40,9 @@ class StepTimer {
   double start_;
 };
 
-// Zero-filled float scratch for backward, not charged to any tracker. calloc: large blocks come
-// straight from the OS already zeroed, so pages are only touched where they are written.
-class Scratch {
- public:
-  explicit Scratch(size_t n, MemTracker* tracker = nullptr) : tracker_(tracker), bytes_(n * sizeof(float)) {
-    if (n == 0) return;
-    p_ = static_cast<float*>(std::calloc(n, sizeof(float)));
-    if (!p_) throw std::bad_alloc();
-    if (tracker_) tracker_->add(bytes_);
-  }
-  ~Scratch() {
-    if (p_ && tracker_) tracker_->sub(bytes_);
-    std::free(p_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  float* get() const { return p_; }
-
- private:
-  MemTracker* tracker_ = nullptr;
-  size_t bytes_ = 0;
-  float* p_ = nullptr;
-};
+// Temporary buffers of backward and of the exchange steps are Buffers charged to
+// cfg.scratch_tracker, so a rank's measured peak includes them.
+using Scratch = Buffer<float>;
 
 // Reuses an activation buffer of the right size (every element is rewritten by forward, so a
 // model that keeps its MoeActivations across steps pays no allocation or page faults after the
@@ -153,10 +134,8 @@ void ep_forward(float* y, MoeActivations& act, const float* x, const MoeWeights&
     ensure(act.h, static_cast<size_t>(R) * F, tracker);
     ensure(act.y_rows, static_cast<size_t>(R) * H, tracker);
     Scratch recv(static_cast<size_t>(R) * H, cfg.scratch_tracker);
-    ep.exchange->multicast(act.plan, x, recv.get(), H);
-    for (int i = 0; i < R; ++i)
-      std::memcpy(act.x_rows.data() + static_cast<size_t>(act.local_row_of_recv[i]) * H,
-                  recv.get() + static_cast<size_t>(i) * H, sizeof(float) * H);
+    ep.exchange->multicast(act.plan, x, recv.data(), H);
+    kernels::scatter_rows(act.x_rows.data(), recv.data(), act.local_row_of_recv.data(), R, H);
   }
   (void)e0;
   {  // 4. experts on the local segments. Local.
@@ -170,14 +149,10 @@ void ep_forward(float* y, MoeActivations& act, const float* x, const MoeWeights&
     StepTimer st(&MoeStepTimes::combine);
     const int R = act.plan.num_recv;
     Scratch rows(static_cast<size_t>(R) * H, cfg.scratch_tracker);
-    for (int i = 0; i < R; ++i) {
-      const float wv = act.plan.recv_value[i];
-      const float* src = act.y_rows.data() + static_cast<size_t>(act.local_row_of_recv[i]) * H;
-      float* dst = rows.get() + static_cast<size_t>(i) * H;
-      for (int c = 0; c < H; ++c) dst[c] = wv * src[c];
-    }
+    kernels::gather_scaled_rows(rows.data(), act.y_rows.data(), act.local_row_of_recv.data(),
+                                act.plan.recv_value.data(), R, H);
     std::memset(y, 0, sizeof(float) * static_cast<size_t>(T) * H);
-    ep.exchange->reduce(act.plan, rows.get(), y, H);
+    ep.exchange->reduce(act.plan, rows.data(), y, H);
   }
 }
 
@@ -195,37 +170,25 @@ void ep_backward(float* dx, float* dtopk_weight, const MoeGrads& grads, const fl
   {  // 5'. combine': dy to the experts (communicates), then dy_row = w·dy, dweight = y_row·dy.
     StepTimer st(&MoeStepTimes::combine_bwd);
     Scratch recv(static_cast<size_t>(R) * H, cfg.scratch_tracker);
-    ep.exchange->multicast(act.plan, dy, recv.get(), H);
-    for (int i = 0; i < R; ++i) {
-      const size_t lr = static_cast<size_t>(act.local_row_of_recv[i]) * H;
-      const float* d = recv.get() + static_cast<size_t>(i) * H;
-      const float* yr = act.y_rows.data() + lr;
-      const float wv = act.plan.recv_value[i];
-      float dot = 0.0f;
-      for (int c = 0; c < H; ++c) {
-        dot += yr[c] * d[c];
-        dy_rows.get()[lr + c] = wv * d[c];
-      }
-      dweight_recv[i] = dot;
-    }
+    ep.exchange->multicast(act.plan, dy, recv.data(), H);
+    kernels::gather_scaled_rows_backward(dy_rows.data(), dweight_recv.data(), recv.data(),
+                                         act.y_rows.data(), act.local_row_of_recv.data(),
+                                         act.plan.recv_value.data(), R, H);
   }
   Scratch dx_rows(static_cast<size_t>(R) * H, cfg.scratch_tracker);
   {  // 4'. experts'. Local.
     StepTimer st(&MoeStepTimes::experts_bwd);
     Scratch scratch(2 * static_cast<size_t>(R) * F, cfg.scratch_tracker);
-    kernels::grouped_swiglu_backward(dx_rows.get(), grads.experts, dy_rows.get(),
+    kernels::grouped_swiglu_backward(dx_rows.data(), grads.experts, dy_rows.data(),
                                      act.x_rows.data(), act.g.data(), act.u.data(), act.h.data(),
-                                     act.local_offsets.data(), El, w.experts, H, F, scratch.get());
+                                     act.local_offsets.data(), El, w.experts, H, F, scratch.data());
   }
   {  // 3'. dispatch': input gradients back to the token owners (communicates), and the combine
      //     weights' gradients.
     StepTimer st(&MoeStepTimes::dispatch_bwd);
     Scratch rows(static_cast<size_t>(R) * H, cfg.scratch_tracker);
-    for (int i = 0; i < R; ++i)
-      std::memcpy(rows.get() + static_cast<size_t>(i) * H,
-                  dx_rows.get() + static_cast<size_t>(act.local_row_of_recv[i]) * H,
-                  sizeof(float) * H);
-    if (dx) ep.exchange->reduce(act.plan, rows.get(), dx, H);
+    kernels::gather_rows_by_index(rows.data(), dx_rows.data(), act.local_row_of_recv.data(), R, H);
+    if (dx) ep.exchange->reduce(act.plan, rows.data(), dx, H);
     const DispatchLayout& L = act.layout;
     std::vector<float> dweight_src(L.num_rows);
     ep.exchange->return_values(act.plan, dweight_recv.data(), dweight_src.data());
@@ -344,10 +307,10 @@ void local_backward(float* dx, float* dweight, const MoeGrads& grads, const floa
     StepTimer st(&MoeStepTimes::combine_bwd);
     const float* wt = act.routing.topk_weight_TK.data();
     if (cfg.padded) {
-      padded_combine_backward(dy_rows.get(), dweight, dy, act.y_rows.data(), wt,
+      padded_combine_backward(dy_rows.data(), dweight, dy, act.y_rows.data(), wt,
                               act.padded_layout, H);
     } else {
-      combine_backward(dy_rows.get(), dweight, dy, act.y_rows.data(), wt, act.layout, H);
+      combine_backward(dy_rows.data(), dweight, dy, act.y_rows.data(), wt, act.layout, H);
     }
   }
 
@@ -356,10 +319,10 @@ void local_backward(float* dx, float* dweight, const MoeGrads& grads, const floa
   {
     StepTimer st(&MoeStepTimes::experts_bwd);
     Scratch scratch(2 * N * F, cfg.scratch_tracker);
-    kernels::grouped_swiglu_backward(dx_rows.get(), grads.experts, dy_rows.get(),
+    kernels::grouped_swiglu_backward(dx_rows.data(), grads.experts, dy_rows.data(),
                                      act.x_rows.data(), act.g.data(), act.u.data(),
                                      act.h.data(), expert_offsets(act, cfg), E, w.experts, H, F,
-                                     scratch.get());
+                                     scratch.data());
   }
 
   // 3'. dispatch': dx[t] += sum_j dx_rows[row(t,j)] (a combine without weights). Under expert
@@ -367,9 +330,9 @@ void local_backward(float* dx, float* dweight, const MoeGrads& grads, const floa
   if (dx) {
     StepTimer st(&MoeStepTimes::dispatch_bwd);
     if (cfg.padded) {
-      padded_gather_backward(dx, dx_rows.get(), act.padded_layout, H);
+      padded_gather_backward(dx, dx_rows.data(), act.padded_layout, H);
     } else {
-      gather_rows_backward(dx, dx_rows.get(), act.layout, H);
+      gather_rows_backward(dx, dx_rows.data(), act.layout, H);
     }
   }
   (void)T;
@@ -393,7 +356,7 @@ void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_g
     Scratch scratch(2 * static_cast<size_t>(T) * Fs, cfg.scratch_tracker);
     kernels::swiglu_mlp_backward(dx, grads.shared, dy, x, act.shared_g.data(),
                                  act.shared_u.data(), act.shared_h.data(), w.shared, T, H, Fs,
-                                 scratch.get());
+                                 scratch.data());
   }
 
   std::vector<float> dweight(static_cast<size_t>(T) * k, 0.0f);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/element_math.h"
 #include "kernels/gemm.h"
 
 namespace moe::mixture {
@@ -26,37 +27,6 @@ void check_config(const RouterConfig& cfg, int T, int H) {
             cfg.aux_loss_alpha);
 }
 
-// In place over one row: logits -> softmax (max-subtracted).
-void softmax_row(float* s, int E) {
-  float m = s[0];
-  for (int e = 1; e < E; ++e) m = s[e] > m ? s[e] : m;
-  float sum = 0.0f;
-  for (int e = 0; e < E; ++e) {
-    s[e] = std::exp(s[e] - m);
-    sum += s[e];
-  }
-  float inv = 1.0f / sum;
-  for (int e = 0; e < E; ++e) s[e] *= inv;
-}
-
-// The k largest of s[0..E) in descending order; ties go to the lower index (an entry only
-// displaces strictly smaller ones, and lower indices are seen first). O(E·k), k is small.
-void topk_row(int32_t* idx, float* val, const float* s, int E, int k) {
-  int n = 0;
-  for (int e = 0; e < E; ++e) {
-    float v = s[e];
-    if (n == k && !(v > val[k - 1])) continue;
-    int pos = n < k ? n : k - 1;  // the slot freed for v (the last one is dropped when full)
-    while (pos > 0 && v > val[pos - 1]) {
-      val[pos] = val[pos - 1];
-      idx[pos] = idx[pos - 1];
-      --pos;
-    }
-    val[pos] = v;
-    idx[pos] = e;
-    if (n < k) ++n;
-  }
-}
 
 template <class B>
 void ensure(B& buf, size_t n, MemTracker* tracker) {
@@ -91,10 +61,10 @@ void router_forward(Routing& r, const float* x_TH, const float* gate_EH, int T, 
   kernels::linear_forward(scores, x_TH, gate_EH, T, H, E);
   for (int t = 0; t < T; ++t) {
     float* s = scores + static_cast<size_t>(t) * E;
-    softmax_row(s, E);
+    kernels::math::softmax_row(s, s, E);  // the loss's softmax row: max-subtracted, sum in double
     int32_t* idx = r.topk_idx_TK.data() + static_cast<size_t>(t) * k;
     float* w = r.topk_weight_TK.data() + static_cast<size_t>(t) * k;
-    topk_row(idx, w, s, E, k);
+    kernels::math::topk_row(idx, w, s, E, k);
     if (renormalises(cfg)) {
       float denom = kNormEps;
       for (int j = 0; j < k; ++j) denom += w[j];

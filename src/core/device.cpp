@@ -1,0 +1,154 @@
+// Host and CUDA allocation behind one seam. See device.h. The CUDA calls are the runtime API only
+// (cuda_runtime_api.h compiles with the host compiler), so core/ needs no nvcc.
+#include "core/device.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
+#ifdef MOETRAIN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace moe {
+
+const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
+
+Device parse_device(const std::string& s, const char* what) {
+  if (s == "cpu") return Device::kCpu;
+  if (s == "cuda") return Device::kCuda;
+  throw Error(str_cat(what, ": unknown device '", s, "' (expected cpu or cuda)"));
+}
+
+bool cuda_built() {
+#ifdef MOETRAIN_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int cuda_device_count(std::string* why) {
+#ifdef MOETRAIN_HAVE_CUDA
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (why) *why = cudaGetErrorString(e);
+    (void)cudaGetLastError();  // clear the sticky error of a failed probe
+    return 0;
+  }
+  if (n == 0 && why) *why = "no CUDA device is visible";
+  return n;
+#else
+  if (why) *why = "this build has no CUDA backend";
+  return 0;
+#endif
+}
+
+void require_device(Device d, const char* what) {
+  if (d == Device::kCpu) return;
+  MOE_CHECK(cuda_built(), what, " cuda: this moetrain was built without the CUDA backend "
+            "(configure with -DMOETRAIN_CUDA=ON on a machine with nvcc)");
+  std::string why;
+  int n = cuda_device_count(&why);
+  MOE_CHECK(n > 0, what, " cuda: no usable GPU (", why, ")");
+}
+
+int select_device(Device d, int local_rank) {
+  if (d == Device::kCpu) return -1;
+  require_device(d, "--device");
+#ifdef MOETRAIN_HAVE_CUDA
+  int n = cuda_device_count();
+  int dev = (local_rank < 0 ? 0 : local_rank) % n;
+  cudaError_t e = cudaSetDevice(dev);
+  MOE_CHECK(e == cudaSuccess, "cudaSetDevice(", dev, "): ", cudaGetErrorString(e));
+  return dev;
+#else
+  return -1;
+#endif
+}
+
+void cuda_mem_info(size_t* free_bytes, size_t* total_bytes) {
+  *free_bytes = 0;
+  *total_bytes = 0;
+#ifdef MOETRAIN_HAVE_CUDA
+  if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    *free_bytes = *total_bytes = 0;
+  }
+#endif
+}
+
+void* device_alloc_zeroed(Device d, size_t bytes) {
+  if (bytes == 0) return nullptr;
+  MOE_CHECK(bytes <= SIZE_MAX - 63, "allocation of ", bytes, " bytes is too large");
+  const size_t padded = (bytes + 63) / 64 * 64;
+  if (d == Device::kCpu) {
+    // calloc, aligned by hand (the original pointer sits just below the aligned one): large
+    // blocks come from the OS already zeroed, so pages are touched only where they are written.
+    void* raw = std::calloc(1, padded + 64);
+    MOE_CHECK(raw != nullptr, "out of host memory: could not allocate ", padded, " bytes");
+    uintptr_t aligned = (reinterpret_cast<uintptr_t>(raw) + 64) & ~uintptr_t{63};
+    reinterpret_cast<void**>(aligned)[-1] = raw;
+    return reinterpret_cast<void*>(aligned);
+  }
+#ifdef MOETRAIN_HAVE_CUDA
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, padded);  // 256-byte aligned
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cuda_mem_info(&free_b, &total_b);
+    throw Error(str_cat("out of GPU memory: could not allocate ", padded, " bytes (", free_b,
+                        " of ", total_b, " bytes free): ", cudaGetErrorString(e)));
+  }
+  e = cudaMemset(p, 0, padded);
+  MOE_CHECK(e == cudaSuccess, "cudaMemset of ", padded, " bytes: ", cudaGetErrorString(e));
+  return p;
+#else
+  require_device(d, "allocation on");
+  return nullptr;
+#endif
+}
+
+void device_free(Device d, void* p) {
+  if (!p) return;
+  if (d == Device::kCpu) {
+    std::free(static_cast<void**>(p)[-1]);
+    return;
+  }
+#ifdef MOETRAIN_HAVE_CUDA
+  (void)cudaFree(p);
+#endif
+}
+
+void device_memset_zero(Device d, void* p, size_t bytes) {
+  if (!p || bytes == 0) return;
+  if (d == Device::kCpu) {
+    std::memset(p, 0, bytes);
+    return;
+  }
+#ifdef MOETRAIN_HAVE_CUDA
+  cudaError_t e = cudaMemset(p, 0, bytes);
+  MOE_CHECK(e == cudaSuccess, "cudaMemset of ", bytes, " bytes: ", cudaGetErrorString(e));
+#endif
+}
+
+void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_dev == Device::kCpu && src_dev == Device::kCpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#ifdef MOETRAIN_HAVE_CUDA
+  cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);  // unified addressing
+  MOE_CHECK(e == cudaSuccess, "cudaMemcpy of ", bytes, " bytes (", device_name(src_dev), " -> ",
+            device_name(dst_dev), "): ", cudaGetErrorString(e));
+#else
+  require_device(Device::kCuda, "copy to/from");
+#endif
+}
+
+}  // namespace moe

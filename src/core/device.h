@@ -1,0 +1,40 @@
+// Where a buffer lives and how its bytes are obtained: the device seam of the whole project.
+// Every Buffer allocates through device_alloc, so host and CUDA memory are charged to the same
+// MemTrackers and the model never branches on the device to allocate. The CUDA side is compiled
+// in only when the build has the CUDA backend (MOETRAIN_HAVE_CUDA); otherwise asking for it is a
+// clear error, never a crash.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace moe {
+
+enum class Device { kCpu, kCuda };
+
+const char* device_name(Device d);
+// "cpu" | "cuda" -> Device; anything else is an error naming the value and `what` (e.g. "--device").
+Device parse_device(const std::string& s, const char* what);
+
+// True when this binary was built with the CUDA backend.
+bool cuda_built();
+// Number of visible CUDA devices; 0 without a CUDA build, a driver or a GPU. `why` (optional)
+// receives the runtime's reason when there is none.
+int cuda_device_count(std::string* why = nullptr);
+// Throws a one-line moe::Error unless `d` can be used in this process: names the flag (`what`),
+// and says whether the build or the machine lacks CUDA.
+void require_device(Device d, const char* what);
+// Selects the GPU of this rank: local_rank modulo the visible device count. No-op for kCpu.
+// Returns the device index chosen (-1 for kCpu).
+int select_device(Device d, int local_rank);
+// Free and total bytes of the current CUDA device (0, 0 without one).
+void cuda_mem_info(size_t* free_bytes, size_t* total_bytes);
+
+// Zero-filled, 64-byte aligned allocation of `bytes` on `d`. Throws a moe::Error naming the bytes
+// (and, on CUDA, the free bytes) when it cannot be had; never returns null for bytes > 0.
+void* device_alloc_zeroed(Device d, size_t bytes);
+void device_free(Device d, void* p);
+void device_memset_zero(Device d, void* p, size_t bytes);
+// Copies between any two of host and device memory (synchronous with respect to the host).
+void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, size_t bytes);
+
+}  // namespace moe

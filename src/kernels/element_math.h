@@ -1,0 +1,123 @@
+// The per-element math of every kernel, written once as inline functions that compile for the
+// host and (under nvcc) for the device. The CPU loops in kernels/*.cpp and the CUDA kernels in
+// kernels/cuda/*.cu both call these, so every CPU CI run tests the math the GPU runs; only indexing
+// and launch code are GPU-only. Serial row functions (softmax_row, topk_row, row_dot) are used by
+// one thread per row on the GPU, where rows are short (router: E experts).
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define MOE_HD __host__ __device__ __forceinline__
+#else
+#define MOE_HD inline
+#endif
+
+namespace moe::kernels::math {
+
+// ---- SwiGLU: h = silu(g)·u, silu(z) = z·sigmoid(z) ----
+MOE_HD float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
+MOE_HD float swiglu(float g, float u) { return g * sigmoid(g) * u; }
+// dg += dh·u·silu'(g), du += dh·silu(g), silu'(z) = s·(1 + z·(1 - s))
+MOE_HD void swiglu_backward(float& dg, float& du, float dh, float g, float u) {
+  const float s = sigmoid(g);
+  dg += dh * u * (s * (1.0f + g * (1.0f - s)));
+  du += dh * (g * s);
+}
+
+// ---- RoPE: rotate the pair (a, b) = (x_i, x_{i+d/2}) by the angle whose cos/sin are c, s ----
+// (backward rotates by the opposite angle: pass -s)
+MOE_HD void rope_rotate(float& a, float& b, float c, float s) {
+  const float x1 = a, x2 = b;
+  a = x1 * c - x2 * s;
+  b = x2 * c + x1 * s;
+}
+
+// ---- RMSNorm: out_j = x_j·r·w_j, r = (mean(x²) + eps)^(-1/2) ----
+MOE_HD float rmsnorm_rstd(double sum_squares, int dim, float eps) {
+  return static_cast<float>(1.0 / sqrt(sum_squares / dim + static_cast<double>(eps)));
+}
+MOE_HD float rmsnorm_out(float x, float rstd, float w) { return x * rstd * w; }
+// dx_j = r·w_j·dout_j - c·x_j with c = r³·(Σ_i dout_i·w_i·x_i)/dim (dot in double)
+MOE_HD float rmsnorm_backward_coeff(double dot, float rstd, int dim) {
+  return static_cast<float>(dot * rstd * rstd * rstd / dim);
+}
+MOE_HD float rmsnorm_dx(float x, float dout, float w, float rstd, float coeff) {
+  return rstd * w * dout - coeff * x;
+}
+
+// ---- AdamW, torch.optim.AdamW's float32 operation order (scalars from adamw_scalars) ----
+struct AdamWScalars {
+  float decay;          // 1 - lr·wd
+  float w1;             // 1 - beta1 (the lerp weight)
+  float beta2, w2;      // beta2, 1 - beta2
+  float bc2_sqrt;       // sqrt(1 - beta2^t)
+  float eps;
+  float neg_step_size;  // -lr / (1 - beta1^t)
+};
+MOE_HD void adamw_element(float& p, float g, float& m, float& v, const AdamWScalars& s,
+                          float grad_scale) {
+  const float gi = g * grad_scale;
+  const float pi = p * s.decay;
+  // torch's lerp: weight < 0.5 ? m + w·(g - m) : g - (g - m)·(1 - w)
+  const float mi = s.w1 < 0.5f ? m + s.w1 * (gi - m) : gi - (gi - m) * (1.0f - s.w1);
+  const float vi = v * s.beta2 + s.w2 * gi * gi;
+  const float denom = sqrtf(vi) / s.bc2_sqrt + s.eps;
+  p = pi + s.neg_step_size * mi / denom;
+  m = mi;
+  v = vi;
+}
+
+// ---- Softmax over a row (max subtracted, sum in double): the router's scores and the loss ----
+// p[j] = exp(x[j] - max) / Σ exp(x - max); returns log Σ exp(x - max) + max = logsumexp(x).
+// p may equal x (in place).
+MOE_HD double softmax_row(float* p, const float* x, int n) {
+  float mx = x[0];
+  for (int j = 1; j < n; ++j) mx = x[j] > mx ? x[j] : mx;
+  double sum = 0.0;
+  for (int j = 0; j < n; ++j) {
+    p[j] = expf(x[j] - mx);
+    sum += p[j];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int j = 0; j < n; ++j) p[j] *= inv;
+  return log(sum) + static_cast<double>(mx);
+}
+// Cross-entropy gradient element: d += scale·(p - [j == target]) with one rounding at the target.
+MOE_HD float cross_entropy_grad(float d, float p, bool is_target, float scale) {
+  return is_target ? d + scale * (p - 1.0f) : d + scale * p;
+}
+
+// ---- Top-k of a row: the k largest of s[0..E) in descending order; ties go to the lower index
+// (an entry only displaces strictly smaller ones, and lower indices are seen first). O(E·k). ----
+MOE_HD void topk_row(int32_t* idx, float* val, const float* s, int E, int k) {
+  int n = 0;
+  for (int e = 0; e < E; ++e) {
+    const float v = s[e];
+    if (n == k && !(v > val[k - 1])) continue;
+    int pos = n < k ? n : k - 1;  // the slot freed for v (the last one is dropped when full)
+    while (pos > 0 && v > val[pos - 1]) {
+      val[pos] = val[pos - 1];
+      idx[pos] = idx[pos - 1];
+      --pos;
+    }
+    val[pos] = v;
+    idx[pos] = e;
+    if (n < k) ++n;
+  }
+}
+
+// ---- Fixed-order dot product with 8 partial sums (vectorisable on the CPU, and the same result
+// every run and on every device that follows this order) ----
+MOE_HD float row_dot(const float* a, const float* b, int n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+}  // namespace moe::kernels::math

@@ -1,0 +1,135 @@
+// Token permutation kernels, CPU implementation. See permute.h.
+#include "kernels/permute.h"
+
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/element_math.h"
+
+namespace moe::kernels {
+namespace {
+
+inline void axpy(float* __restrict y, float a, const float* __restrict x, int H) {
+  for (int i = 0; i < H; ++i) y[i] += a * x[i];
+}
+inline void add(float* __restrict y, const float* __restrict x, int H) {
+  for (int i = 0; i < H; ++i) y[i] += x[i];
+}
+inline size_t row(int64_t r, int H) { return static_cast<size_t>(r) * static_cast<size_t>(H); }
+
+}  // namespace
+
+void count_pairs_per_expert(int32_t* count_E, const int32_t* topk_idx_TK, size_t P, int E) {
+  for (int e = 0; e < E; ++e) count_E[e] = 0;
+  for (size_t p = 0; p < P; ++p) {
+    const int32_t e = topk_idx_TK[p];
+    MOE_CHECK(e >= 0 && e < E, "topk_idx[", p, "] = ", e, " is not an expert in [0, ", E,
+              ")");
+    ++count_E[e];
+  }
+}
+
+void place_pairs(int32_t* slot_of_row_R, int32_t* row_of_slot_TK, const int32_t* topk_idx_TK,
+                 const int32_t* offsets_E1, size_t P, int E) {
+  std::vector<int32_t> cursor(offsets_E1, offsets_E1 + E);
+  for (size_t p = 0; p < P; ++p) {
+    const int32_t e = topk_idx_TK[p];
+    if (cursor[e] < offsets_E1[e + 1]) {
+      const int32_t r = cursor[e]++;
+      slot_of_row_R[r] = static_cast<int32_t>(p);
+      row_of_slot_TK[p] = r;
+    } else {
+      row_of_slot_TK[p] = -1;
+    }
+  }
+}
+
+void gather_rows(float* rows_NH, const float* x_TH, const int32_t* slot_of_row_N, size_t N, int k,
+                 int H) {
+  const size_t row_bytes = static_cast<size_t>(H) * sizeof(float);
+  for (size_t n = 0; n < N; ++n) {
+    const int32_t p = slot_of_row_N[n];
+    float* dst = rows_NH + n * H;
+    if (p < 0) {
+      std::memset(dst, 0, row_bytes);
+    } else {
+      std::memcpy(dst, x_TH + row(p / k, H), row_bytes);
+    }
+  }
+}
+
+void gather_rows_backward(float* dx_TH, const float* drows_NH, const int32_t* row_of_slot_TK, int T,
+                          int k, int H) {
+  for (int t = 0; t < T; ++t) {
+    float* d = dx_TH + row(t, H);
+    for (int j = 0; j < k; ++j) {
+      const int32_t r = row_of_slot_TK[static_cast<size_t>(t) * k + j];
+      if (r >= 0) add(d, drows_NH + row(r, H), H);
+    }
+  }
+}
+
+void combine_rows(float* out_TH, const float* y_NH, const float* weight_TK,
+                  const int32_t* row_of_slot_TK, int T, int k, int H, bool accumulate) {
+  for (int t = 0; t < T; ++t) {
+    float* o = out_TH + row(t, H);
+    if (!accumulate) std::memset(o, 0, static_cast<size_t>(H) * sizeof(float));
+    for (int j = 0; j < k; ++j) {
+      const size_t p = static_cast<size_t>(t) * k + j;
+      const int32_t r = row_of_slot_TK[p];
+      if (r >= 0) axpy(o, weight_TK[p], y_NH + row(r, H), H);
+    }
+  }
+}
+
+void combine_rows_backward(float* dy_NH, float* dweight_TK, const float* dout_TH, const float* y_NH,
+                           const float* weight_TK, const int32_t* row_of_slot_TK, int T, int k,
+                           int H) {
+  for (int t = 0; t < T; ++t) {
+    const float* d = dout_TH + row(t, H);
+    for (int j = 0; j < k; ++j) {
+      const size_t p = static_cast<size_t>(t) * k + j;
+      const int32_t r = row_of_slot_TK[p];
+      if (r < 0) continue;
+      if (dy_NH) axpy(dy_NH + row(r, H), weight_TK[p], d, H);
+      if (dweight_TK) dweight_TK[p] += math::row_dot(y_NH + row(r, H), d, H);
+    }
+  }
+}
+
+void scatter_rows(float* dst_NH, const float* src_NH, const int32_t* row_of_i, size_t n, int H) {
+  for (size_t i = 0; i < n; ++i)
+    std::memcpy(dst_NH + row(row_of_i[i], H), src_NH + i * H, sizeof(float) * H);
+}
+
+void gather_rows_by_index(float* dst_NH, const float* src_NH, const int32_t* row_of_i, size_t n,
+                          int H) {
+  for (size_t i = 0; i < n; ++i)
+    std::memcpy(dst_NH + i * H, src_NH + row(row_of_i[i], H), sizeof(float) * H);
+}
+
+void gather_scaled_rows(float* dst_NH, const float* src_NH, const int32_t* row_of_i,
+                        const float* value_n, size_t n, int H) {
+  for (size_t i = 0; i < n; ++i) {
+    const float w = value_n[i];
+    const float* s = src_NH + row(row_of_i[i], H);
+    float* d = dst_NH + i * H;
+    for (int c = 0; c < H; ++c) d[c] = w * s[c];
+  }
+}
+
+void gather_scaled_rows_backward(float* dsrc_NH, float* dvalue_n, const float* d_NH,
+                                 const float* src_NH, const int32_t* row_of_i, const float* value_n,
+                                 size_t n, int H) {
+  for (size_t i = 0; i < n; ++i) {
+    const size_t r = row(row_of_i[i], H);
+    const float* d = d_NH + i * H;
+    const float w = value_n[i];
+    float* ds = dsrc_NH + r;
+    for (int c = 0; c < H; ++c) ds[c] = w * d[c];
+    dvalue_n[i] = math::row_dot(src_NH + r, d, H);
+  }
+}
+
+}  // namespace moe::kernels
