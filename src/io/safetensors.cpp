@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "io/json_file.h"
 
 namespace moe::io {
 
@@ -177,32 +179,34 @@ struct SafetensorsFile::Mapping {
 };
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  // O_NONBLOCK: a FIFO in the file's place is refused below ("not a regular file") instead of
+  // blocking the open; it has no effect on regular files.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw Error(str_cat("safetensors file ", path, ": cannot open: ", errno_str(errno)));
+  try {
+    SafetensorsFile sf = from_fd(fd, path);
+    ::close(fd);
+    return sf;
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+}
+
+SafetensorsFile SafetensorsFile::from_fd(int fd, const std::string& path) {
   auto bad = [&](const auto&... what) { return Error(str_cat("safetensors file ", path, ": ", what...)); };
 
   SafetensorsFile sf;
   sf.path_ = path;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw bad("cannot open: ", errno_str(errno));
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    throw bad("cannot stat: ", errno_str(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw bad("not a regular file");
-  }
+  if (::fstat(fd, &st) != 0) throw bad("cannot stat: ", errno_str(errno));
+  if (!S_ISREG(st.st_mode)) throw bad("not a regular file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  if (file_size < 8) {
-    ::close(fd);
+  if (file_size < 8)
     throw bad("file is ", file_size, " bytes, shorter than the 8-byte header length field");
-  }
   sf.map_ = std::make_shared<Mapping>();
   void* addr = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  int map_err = errno;
-  ::close(fd);
-  if (addr == MAP_FAILED) throw bad("cannot map: ", errno_str(map_err));
+  if (addr == MAP_FAILED) throw bad("cannot map: ", errno_str(errno));
   sf.map_->addr = addr;
   sf.map_->size = file_size;
   const auto* bytes = static_cast<const uint8_t*>(addr);
@@ -220,20 +224,17 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   // Parse, noting duplicate top-level keys (nlohmann keeps only the last one silently).
   std::set<std::string> seen;
   std::string duplicate;
-  nlohmann::json h;
-  try {
-    h = nlohmann::json::parse(
-        reinterpret_cast<const char*>(bytes + 8), reinterpret_cast<const char*>(bytes + 8 + n),
-        [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
-          if (ev == nlohmann::json::parse_event_t::key && depth == 1 && duplicate.empty()) {
-            std::string k = parsed.get<std::string>();
-            if (!seen.insert(k).second) duplicate = k;
-          }
-          return true;
-        });
-  } catch (const nlohmann::json::exception& e) {
-    throw bad("header is not valid JSON: ", e.what());
-  }
+  // Depth-bounded (io::parse_json): a header of 100000 nested arrays is an error, not a crash.
+  const nlohmann::json h = parse_json(
+      std::string_view(reinterpret_cast<const char*>(bytes + 8), n),
+      str_cat("safetensors file ", path, ": header"),
+      [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+        if (ev == nlohmann::json::parse_event_t::key && depth == 1 && duplicate.empty()) {
+          std::string k = parsed.get<std::string>();
+          if (!seen.insert(k).second) duplicate = k;
+        }
+        return true;
+      });
   if (!h.is_object()) throw bad("header is not a JSON object");
   if (!duplicate.empty()) throw bad("tensor name \"", duplicate, "\" appears twice in the header");
 
@@ -331,6 +332,30 @@ void SafetensorsFile::read(const std::string& name, const std::string& dtype, vo
   MOE_CHECK(t.shape == expected_shape, "safetensors file ", path_, ": tensor \"", name,
             "\" has shape ", shape_str(t.shape), ", expected ", shape_str(expected_shape));
   if (t.end > t.begin) std::memcpy(dst, data_section_ + t.begin, t.end - t.begin);
+  if (dtype == "F32") check_finite(name, static_cast<const float*>(dst), t);
+  if (dtype == "F64") check_finite(name, static_cast<const double*>(dst), t);
+}
+
+template <class F>
+void SafetensorsFile::check_finite(const std::string& name, const F* v, const TensorInfo& t) const {
+  const size_t n = static_cast<size_t>(t.numel());
+  for (size_t i = 0; i < n; ++i) {
+    if (std::isfinite(v[i])) continue;
+    // The element's index in every dimension ([row, col] of a matrix): which row of an
+    // embedding, which expert of a stacked weight.
+    std::vector<int64_t> at(t.shape.size());
+    size_t rest = i;
+    for (size_t d = t.shape.size(); d-- > 0;) {
+      at[d] = static_cast<int64_t>(rest % static_cast<size_t>(t.shape[d]));
+      rest /= static_cast<size_t>(t.shape[d]);
+    }
+    size_t count = 0;
+    for (size_t j = i; j < n; ++j) count += std::isfinite(v[j]) ? 0 : 1;
+    throw Error(str_cat("safetensors file ", path_, ": tensor \"", name, "\" holds ",
+                        std::isnan(v[i]) ? "NaN" : v[i] > 0 ? "+Inf" : "-Inf", " at ",
+                        shape_str(at), " (", count, " non-finite of ", n,
+                        " elements): refusing non-finite weights"));
+  }
 }
 
 void SafetensorsFile::read_f32(const std::string& name, float* dst,

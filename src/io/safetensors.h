@@ -58,6 +58,9 @@ class SafetensorsWriter {
 class SafetensorsFile {
  public:
   static SafetensorsFile open(const std::string& path);
+  // Maps an already open file (e.g. opened with O_NOFOLLOW by the checkpoint loader); the fd is
+  // not taken over, the caller closes it (the mapping outlives it). Errors name path.
+  static SafetensorsFile from_fd(int fd, const std::string& path);
 
   const std::string& path() const { return path_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }  // sorted by begin offset
@@ -68,7 +71,9 @@ class SafetensorsFile {
   const void* data(const std::string& name) const;
 
   // Copy a tensor into dst after checking its dtype and that its shape equals expected_shape;
-  // the error names the file, the tensor, and expected vs actual.
+  // the error names the file, the tensor, and expected vs actual. Floating-point tensors (F32,
+  // F64) must be finite: every float this program reads is a weight or an optimizer moment, and
+  // a NaN or Inf one is refused here, naming the tensor and the first bad element.
   void read(const std::string& name, const std::string& dtype, void* dst,
             const std::vector<int64_t>& expected_shape) const;
   void read_f32(const std::string& name, float* dst,
@@ -79,6 +84,8 @@ class SafetensorsFile {
   std::vector<int32_t> read_i32(const std::string& name) const;
 
  private:
+  template <class F>
+  void check_finite(const std::string& name, const F* v, const TensorInfo& t) const;
   struct Mapping;
   std::string path_;
   std::shared_ptr<Mapping> map_;

@@ -7,6 +7,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "core/checked_math.h"
 #include "core/error.h"
 #include "io/json_file.h"
 
@@ -14,6 +15,12 @@ namespace moe::model {
 namespace {
 
 using nlohmann::json;
+
+// Parameters a config may describe: 16 bytes each (weights, gradients, AdamW m, v) must fit in
+// int64 with room to spare. 2^58 is far beyond any real model (DeepSeek-V3: 6.7e11 < 2^40).
+constexpr int64_t kMaxParams = int64_t{1} << 58;
+// Named tensors (ParamLayout entries, manifest index rows); DeepSeek-V3 has about 45k.
+constexpr int64_t kMaxTensors = int64_t{1} << 24;
 
 template <class T>
 void read_field(const json& j, const char* name, T& out, bool required, const std::string& src) {
@@ -51,6 +58,54 @@ void read_field(const json& j, const char* name, T& out, bool required, const st
 
 }  // namespace
 
+// Every size the config implies, checked before anything is sized from it: each shape's numel,
+// the parameter total and its bytes (weights, gradients, AdamW m and v: 16 bytes a parameter)
+// stay below kMaxParams, and the number of named tensors below kMaxTensors. An overflow names
+// the fields whose product it is, instead of wrapping to a small size that a buffer is then
+// allocated with (and written past).
+static void check_sizes(const ModelConfig& c, const std::string& src) {
+  const int64_t H = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
+  const int64_t F = c.moe_intermediate_size, E = c.n_routed_experts, S = c.n_shared_experts;
+  auto mul = [&](int64_t a, int64_t b, const char* what) {
+    int64_t p = 0;
+    MOE_CHECK(checked_mul(a, b, &p) && p <= kMaxParams, src, ": ", what, " = ", a, " * ", b,
+              " exceeds ", kMaxParams, " parameters (the model's byte sizes would overflow)");
+    return p;
+  };
+  auto add = [&](int64_t a, int64_t b, const char* what) {
+    MOE_CHECK(a + b <= kMaxParams, src, ": ", what, " exceeds ", kMaxParams,
+              " parameters (the model's byte sizes would overflow)");
+    return a + b;  // both <= kMaxParams < 2^62: no overflow
+  };
+  const int64_t embed = mul(V, H, "vocab_size * hidden_size");
+  int64_t total = add(mul(2, embed, "2 * vocab_size * hidden_size"), H, "the embedding + head parameters");
+  const int64_t attention = add(mul(4 * H, H, "4 * hidden_size * hidden_size"), 2 * H,
+                                "the attention parameters of a layer");
+  int64_t tensors = 3;
+  const int moe_layers = c.num_moe_layers();
+  const int dense_layers = c.num_hidden_layers - moe_layers;
+  total = add(total, mul(c.num_hidden_layers, attention, "num_hidden_layers * attention parameters"),
+              "the parameter count");
+  tensors += int64_t{6} * c.num_hidden_layers;
+  if (dense_layers > 0) {
+    const int64_t dense = mul(3 * H, I, "3 * hidden_size * intermediate_size");
+    total = add(total, mul(dense_layers, dense, "dense layers * intermediate_size * hidden_size * 3"),
+                "the parameter count");
+    tensors += int64_t{3} * dense_layers;
+  }
+  if (moe_layers > 0) {
+    const int64_t expert = mul(3 * H, F, "3 * hidden_size * moe_intermediate_size");
+    const int64_t experts = mul(expert, E + S, "expert parameters * (n_routed_experts + n_shared_experts)");
+    const int64_t layer = add(experts, mul(E, H, "n_routed_experts * hidden_size"),
+                              "the parameters of an MoE layer");
+    total = add(total, mul(moe_layers, layer, "MoE layers * parameters per MoE layer"),
+                "the parameter count");
+    MOE_CHECK(E <= kMaxTensors && tensors + moe_layers * (1 + 3 * (E + (S > 0))) <= kMaxTensors,
+              src, ": n_routed_experts = ", E, " over ", moe_layers, " MoE layers gives more than ",
+              kMaxTensors, " named tensors");
+  }
+}
+
 int ModelConfig::num_moe_layers() const {
   int n = 0;
   for (int i = 0; i < num_hidden_layers; ++i) n += is_moe_layer(i) ? 1 : 0;
@@ -68,6 +123,10 @@ void ModelConfig::validate(const std::string& src) const {
   positive("num_hidden_layers", num_hidden_layers);
   positive("num_attention_heads", num_attention_heads);
   positive("max_position_embeddings", max_position_embeddings);
+  // Each layer has at least 9 named tensors; bounding the layers first keeps the loops over
+  // layers below (and in check_sizes) short.
+  MOE_CHECK(num_hidden_layers <= kMaxTensors / 9, src, ": \"num_hidden_layers\" = ",
+            num_hidden_layers, " gives more than ", kMaxTensors, " named tensors");
   MOE_CHECK(hidden_size % num_attention_heads == 0, src, ": hidden_size (", hidden_size,
             ") is not divisible by num_attention_heads (", num_attention_heads, ")");
   MOE_CHECK(head_dim() % 2 == 0, src, ": head_dim = hidden_size / num_attention_heads = ", head_dim(),
@@ -92,6 +151,7 @@ void ModelConfig::validate(const std::string& src) const {
   }
   MOE_CHECK(rms_norm_eps > 0.0f, src, ": \"rms_norm_eps\" must be positive, got ", rms_norm_eps);
   MOE_CHECK(rope_theta > 0.0f, src, ": \"rope_theta\" must be positive, got ", rope_theta);
+  check_sizes(*this, src);
 }
 
 ModelConfig config_from_json(const json& j, const std::string& src) {
@@ -262,21 +322,26 @@ std::vector<std::string> preset_names() {
 }
 
 ParamCounts count_params(const ModelConfig& c) {
-  const long long H = c.hidden_size, V = c.vocab_size;
+  // Checked: a config that never went through validate() must not overflow here either.
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const std::string what = "parameter count";
+  auto mul = [&](int64_t a, int64_t b) { return mul_or_throw<int64_t>(a, b, what); };
+  auto add = [&](int64_t a, int64_t b) { return add_or_throw<int64_t>(a, b, what); };
   ParamCounts p;
-  p.total = p.active = 2 * V * H + H;  // embedding, lm_head, final norm
+  p.total = p.active = add(mul(2, mul(V, H)), H);  // embedding, lm_head, final norm
+  const int64_t common = add(mul(4, mul(H, H)), mul(2, H));
   for (int i = 0; i < c.num_hidden_layers; ++i) {
-    long long common = 4 * H * H + 2 * H;
-    p.total += common;
-    p.active += common;
+    p.total = add(p.total, common);
+    p.active = add(p.active, common);
     if (c.is_moe_layer(i)) {
-      long long expert = 3 * H * c.moe_intermediate_size;
-      long long router = c.n_routed_experts * H;
-      p.total += router + expert * (c.n_routed_experts + c.n_shared_experts);
-      p.active += router + expert * (c.num_experts_per_tok + c.n_shared_experts);
+      const int64_t expert = mul(3, mul(H, c.moe_intermediate_size));
+      const int64_t router = mul(c.n_routed_experts, H);
+      p.total = add(p.total, add(router, mul(expert, add(c.n_routed_experts, c.n_shared_experts))));
+      p.active = add(p.active, add(router, mul(expert, add(c.num_experts_per_tok, c.n_shared_experts))));
     } else {
-      p.total += 3 * H * c.intermediate_size;
-      p.active += 3 * H * c.intermediate_size;
+      const int64_t dense = mul(3, mul(H, c.intermediate_size));
+      p.total = add(p.total, dense);
+      p.active = add(p.active, dense);
     }
   }
   return p;

@@ -1,19 +1,33 @@
 #include "model/params.h"
 
+#include <limits>
+
+#include "core/checked_math.h"
 #include "core/error.h"
+#include "io/safetensors.h"  // shape_str
 
 namespace moe::model {
 
 void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool decay, bool is_expert) {
+  // Checked (ModelConfig::validate bounds these already; a layout of an unvalidated config must
+  // still not wrap to a small block that initialisation then writes past). The bound keeps
+  // total * 16 bytes (weights, gradients, AdamW m and v) within size_t.
+  constexpr size_t kMaxElems = std::numeric_limits<size_t>::max() / 16;
   ParamSpec s;
   s.numel = 1;
-  for (int64_t d : shape) s.numel *= static_cast<size_t>(d);
+  for (int64_t d : shape) {
+    MOE_CHECK(d >= 0 && checked_mul(s.numel, static_cast<size_t>(d), &s.numel) && s.numel <= kMaxElems,
+              "parameter ", name, ": shape ", io::shape_str(shape), " is too large");
+  }
+  size_t new_total = 0;
+  MOE_CHECK(checked_add(total_, s.numel, &new_total) && new_total <= kMaxElems,
+            "parameter ", name, ": the model's parameter count overflows (", total_, " + ", s.numel, ")");
   s.name = std::move(name);
   s.shape = std::move(shape);
   s.offset = total_;
   s.decay = decay;
   s.is_expert = is_expert;
-  total_ += s.numel;
+  total_ = new_total;
   index_[s.name] = specs_.size();
   specs_.push_back(std::move(s));
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -229,13 +230,23 @@ class Fields {
   double number(const json& o, const char* f, const std::string& path) const {
     const json& v = need(o, f, path);
     MOE_CHECK(v.is_number(), w_, ": field \"", path, "\" must be a number, got ", v.dump());
+    // 1e999 parses as inf: a profile number must be finite.
+    MOE_CHECK(std::isfinite(v.get<double>()), w_, ": field \"", path, "\" must be finite, got ",
+              v.dump());
     return v.get<double>();
   }
   double number(const char* f) const { return number(j_, f, f); }
   int integer(const char* f) const {
     const json& v = need(j_, f, f);
     MOE_CHECK(v.is_number_integer(), w_, ": field \"", f, "\" must be an integer, got ", v.dump());
-    return v.get<int>();
+    // get<int64_t>, not get<int>: 4294967297 must not wrap to 1.
+    const bool in_range = v.is_number_unsigned()
+                              ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int>::max())
+                              : v.get<int64_t>() >= std::numeric_limits<int>::min() &&
+                                    v.get<int64_t>() <= std::numeric_limits<int>::max();
+    MOE_CHECK(in_range, w_, ": field \"", f, "\" = ", v.dump(), " is out of range [",
+              std::numeric_limits<int>::min(), ", ", std::numeric_limits<int>::max(), "]");
+    return static_cast<int>(v.get<int64_t>());
   }
   std::string string(const char* f) const {
     const json& v = need(j_, f, f);

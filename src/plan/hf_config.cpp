@@ -7,7 +7,9 @@
 //   qwen2_moe     num_experts, moe_intermediate_size, shared_expert_intermediate_size (+ gate),
 //                 decoder_sparse_step / mlp_only_layers, qkv bias, GQA
 #include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -23,12 +25,18 @@ class Reader {
  public:
   Reader(const json& j, std::string src) : j_(j), src_(std::move(src)) {}
   bool has(const char* f) const { return j_.contains(f) && !j_[f].is_null(); }
+  // A whole number (32 or 32.0) within int32: every field read here is an int of PlanModel, and
+  // casting a double or an int64 outside that range would be undefined or wrap silently.
   long long integer(const char* f) const {
     MOE_CHECK(has(f), src_, ": missing field \"", f, "\"");
     const json& v = j_[f];
-    MOE_CHECK(v.is_number_integer() || (v.is_number_float() && v.get<double>() == static_cast<long long>(v.get<double>())),
+    MOE_CHECK(v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()),
               src_, ": field \"", f, "\" must be an integer, got ", v.dump());
-    return static_cast<long long>(v.get<double>());
+    const double d = v.get<double>();
+    MOE_CHECK(d >= std::numeric_limits<int>::min() && d <= std::numeric_limits<int>::max(), src_,
+              ": field \"", f, "\" = ", v.dump(), " is out of range [", std::numeric_limits<int>::min(),
+              ", ", std::numeric_limits<int>::max(), "]");
+    return v.is_number_integer() ? v.get<long long>() : static_cast<long long>(d);
   }
   long long integer(const char* f, long long dflt) const { return has(f) ? integer(f) : dflt; }
   int positive(const char* f) const {
@@ -58,6 +66,9 @@ void common_fields(PlanModel& m, const Reader& r) {
   m.vocab_size = r.positive("vocab_size");
   m.hidden = r.positive("hidden_size");
   m.layers = r.positive("num_hidden_layers");
+  // The planner walks every layer for every candidate layout: bound it as the trainer does.
+  MOE_CHECK(m.layers <= (1 << 20), r.src(), ": field \"num_hidden_layers\" = ", m.layers,
+            " is more than the ", 1 << 20, " layers the planner models");
   m.heads = r.positive("num_attention_heads");
   m.kv_heads = r.has("num_key_value_heads") ? r.positive("num_key_value_heads") : m.heads;
   MOE_CHECK(m.hidden % m.heads == 0 || r.has("head_dim"), r.src(), ": hidden_size (", m.hidden,
@@ -118,9 +129,10 @@ PlanModel read_qwen2_moe(const Reader& r) {
     const json& a = r.raw("mlp_only_layers");
     MOE_CHECK(a.is_array(), r.src(), ": field \"mlp_only_layers\" must be a list of layer indices");
     for (const json& v : a) {
-      MOE_CHECK(v.is_number_integer() && v.get<int>() >= 0 && v.get<int>() < m.layers, r.src(),
+      // get<int64_t>, not get<int>: 4294967296 must not wrap to layer 0.
+      MOE_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < m.layers, r.src(),
                 ": \"mlp_only_layers\" holds ", v.dump(), ", not a layer index in [0, ", m.layers, ")");
-      mlp_only[v.get<int>()] = true;
+      mlp_only[static_cast<size_t>(v.get<int64_t>())] = true;
     }
   }
   // Qwen2MoeDecoderLayer: MoE when not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0.

@@ -2,28 +2,48 @@
 #include "plan/routing.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json_file.h"
 
 namespace moe::plan {
 
+namespace {
+// A metrics.jsonl line with expert_loads of 61 layers x 256 experts is ~100 KB; /dev/zero or a
+// file without newlines must be an error, not an endless getline.
+constexpr size_t kMaxLineBytes = size_t{64} << 20;
+
+// Next line of f into line (without the '\n'); false at the end of the file.
+bool read_line(std::istream& f, std::string& line, const std::string& path, int n) {
+  line.clear();
+  std::streambuf* sb = f.rdbuf();
+  for (;;) {
+    const int c = sb->sbumpc();
+    if (c == std::char_traits<char>::eof()) return !line.empty();
+    if (c == '\n') return true;
+    MOE_CHECK(line.size() < kMaxLineBytes, path, ": line ", n, " is longer than ", kMaxLineBytes,
+              " bytes (not a metrics.jsonl?)");
+    line.push_back(static_cast<char>(c));
+  }
+}
+}  // namespace
+
 RoutingStats read_routing_stats(const std::string& path) {
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary);
   MOE_CHECK(f.good(), path, ": cannot open metrics file");
+  std::error_code ec;
+  MOE_CHECK(!std::filesystem::is_directory(path, ec), path, ": is a folder, not a metrics file");
   RoutingStats s;
   std::string line;
   int n = 0;
-  while (std::getline(f, line)) {
+  while (read_line(f, line, path, n + 1)) {
     ++n;
     if (line.empty()) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(str_cat(path, ": line ", n, " is not valid JSON (", e.what(), ")"));
-    }
+    // Depth-bounded parse (io::parse_json): the error names the file and the line.
+    const nlohmann::json j = io::parse_json(line, str_cat(path, ": line ", n));
     if (!j.contains("expert_loads")) continue;
     const auto& loads = j["expert_loads"];
     MOE_CHECK(loads.is_array(), path, ": line ", n, ": \"expert_loads\" must be a list of lists");

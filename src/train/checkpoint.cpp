@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 
 #include "core/error.h"
@@ -19,17 +18,9 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kFormat = "moetrain-checkpoint-1";
-
 std::string shard_name(int rank) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "shard-%05d.safetensors", rank);
-  return buf;
-}
-
-std::string hex64(uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
   return buf;
 }
 
@@ -61,23 +52,21 @@ void fsync_dir(const std::string& dir) {
   }
 }
 
-// step-N -> N, or -1 for anything else (step-N.tmp, other files).
-int step_of(const fs::path& p) {
-  const std::string n = p.filename().string();
-  if (n.rfind("step-", 0) != 0) return -1;
-  const std::string digits = n.substr(5);
-  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
-  return std::stoi(digits);
-}
-
-// Complete checkpoints under dir, oldest first.
+// Complete checkpoints under dir, oldest first: real folders (a symlink is not followed out of
+// dir) with a conforming step-N name (checkpoint_step_of) and a manifest that is a regular file.
+// Anything else is ignored, so a stray step-99999999999 or step-abc breaks neither saving nor
+// --resume latest.
 std::vector<std::pair<int, fs::path>> complete_checkpoints(const std::string& dir) {
   std::vector<std::pair<int, fs::path>> out;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return out;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const int s = step_of(e.path());
-    if (s >= 0 && e.is_directory() && fs::exists(e.path() / "manifest.json")) out.emplace_back(s, e.path());
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const int s = checkpoint_step_of(it->path().filename().string());
+    if (s < 0) continue;
+    std::error_code e1, e2;
+    if (fs::symlink_status(it->path(), e1).type() == fs::file_type::directory &&
+        fs::symlink_status(it->path() / "manifest.json", e2).type() == fs::file_type::regular)
+      out.emplace_back(s, it->path());
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -86,15 +75,16 @@ std::vector<std::pair<int, fs::path>> complete_checkpoints(const std::string& di
 }  // namespace
 
 uint64_t file_checksum(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  MOE_CHECK(f, path, ": cannot open (", std::strerror(errno), ")");
-  uint64_t h = 1469598103934665603ull;
-  std::vector<unsigned char> buf(1 << 20);
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0)
-    for (size_t i = 0; i < n; ++i) h = (h ^ buf[i]) * 1099511628211ull;
-  std::fclose(f);
-  return h;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  MOE_CHECK(fd >= 0, path, ": cannot open (", std::strerror(errno), ")");
+  try {
+    const uint64_t h = fd_checksum(fd, path);
+    ::close(fd);
+    return h;
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
 }
 
 std::string save_checkpoint(const comm::Group& world, const std::string& dir, int keep,
@@ -134,7 +124,7 @@ std::string save_checkpoint(const comm::Group& world, const std::string& dir, in
   bool wrote = false;
   try {
     io::SafetensorsWriter w;
-    w.set_metadata("format", kFormat);
+    w.set_metadata("format", kCheckpointFormat);
     for (const model::ParamSpec& s : t.layout->specs()) {
       if (!t.owned(s)) continue;
       w.add_f32(s.name, s.shape, t.params + s.offset);
@@ -177,7 +167,7 @@ std::string save_checkpoint(const comm::Group& world, const std::string& dir, in
         for (const io::TensorInfo& ti : f.tensors())
           if (ti.name.rfind("adam_", 0) != 0) index[ti.name] = name;
       }
-      json m = {{"format", kFormat},
+      json m = {{"format", kCheckpointFormat},
                 {"step", meta.step},
                 {"data_rng_state", std::to_string(meta.data_rng_state)},
                 {"seed", std::to_string(meta.seed)},
@@ -213,67 +203,43 @@ std::string find_latest_checkpoint(const std::string& dir) {
 }
 
 CheckpointMeta read_checkpoint_meta(const std::string& path, bool verify) {
-  const std::string mpath = path + "/manifest.json";
-  std::ifstream f(mpath);
-  MOE_CHECK(f.good(), mpath, ": no manifest (not a complete checkpoint)");
-  json m;
-  try {
-    m = json::parse(f);
-  } catch (const json::exception& e) {
-    throw Error(str_cat(mpath, ": not valid JSON (", e.what(), ")"));
-  }
-  try {
-    MOE_CHECK(m.value("format", "") == kFormat, mpath, ": format \"", m.value("format", ""),
-              "\" is not ", kFormat);
-    CheckpointMeta meta;
-    meta.step = m.at("step").get<int>();
-    meta.data_rng_state = std::stoull(m.at("data_rng_state").get<std::string>());
-    meta.seed = std::stoull(m.at("seed").get<std::string>());
-    meta.bad_steps = m.value("bad_steps", 0);
-    meta.config = m.at("config");
-    meta.parallel = m.value("parallel", json::object());
-    meta.expert_placement = m.value("expert_placement", json::object());
-    if (verify) {
-      for (const auto& [name, info] : m.at("shards").items()) {
-        const std::string sp = path + "/" + name;
-        std::error_code ec;
-        MOE_CHECK(fs::exists(sp, ec), path, ": shard ", name, " is missing");
-        const uint64_t size = fs::file_size(sp, ec);
-        MOE_CHECK(size == info.at("bytes").get<uint64_t>(), path, ": shard ", name, " has ", size,
-                  " bytes, the manifest says ", info.at("bytes").get<uint64_t>(), " (truncated?)");
-        MOE_CHECK(hex64(file_checksum(sp)) == info.at("fnv1a64").get<std::string>(), path,
-                  ": shard ", name, " checksum mismatch (corrupt)");
-      }
-    }
-    return meta;
-  } catch (const json::exception& e) {
-    throw Error(str_cat(mpath, ": malformed manifest (", e.what(), ")"));
-  } catch (const std::invalid_argument&) {
-    throw Error(str_cat(mpath, ": malformed manifest (bad number)"));
-  }
+  Manifest m = read_manifest(path);
+  if (verify) verify_shards(path, m);
+  return std::move(m.meta);
 }
 
 void load_checkpoint_tensors(const std::string& path, const model::ParamLayout& layout,
                              float* params, float* adam_m, float* adam_v) {
-  const std::string mpath = path + "/manifest.json";
-  std::ifstream f(mpath);
-  MOE_CHECK(f.good(), mpath, ": no manifest (not a complete checkpoint)");
-  json index;
-  try {
-    index = json::parse(f).at("tensors");
-  } catch (const json::exception& e) {
-    throw Error(str_cat(mpath, ": malformed manifest (", e.what(), ")"));
-  }
+  const Manifest m = read_manifest(path);
   std::map<std::string, io::SafetensorsFile> open;
   for (const model::ParamSpec& s : layout.specs()) {
-    MOE_CHECK(index.contains(s.name), path, ": tensor \"", s.name,
+    auto t = m.tensors.find(s.name);
+    MOE_CHECK(t != m.tensors.end(), path, ": tensor \"", s.name,
               "\" is not in the checkpoint (a different model config?)");
-    const std::string shard = index[s.name].get<std::string>();
+    const std::string& shard = t->second;  // listed in m.shards: parse_manifest checked
     auto it = open.find(shard);
-    if (it == open.end()) it = open.emplace(shard, io::SafetensorsFile::open(path + "/" + shard)).first;
+    if (it == open.end()) {
+      // Opened without following symlinks, its size checked against the manifest before mapping.
+      const int fd = open_shard(path, shard, m.shards.at(shard));
+      try {
+        it = open.emplace(shard, io::SafetensorsFile::from_fd(fd, path + "/" + shard)).first;
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+      ::close(fd);
+    }
+    // read_f32 refuses NaN / Inf, naming the shard, the tensor and the element.
     it->second.read_f32(s.name, params + s.offset, s.shape);
     if (adam_m) it->second.read_f32("adam_m." + s.name, adam_m + s.offset, s.shape);
-    if (adam_v) it->second.read_f32("adam_v." + s.name, adam_v + s.offset, s.shape);
+    if (adam_v) {
+      it->second.read_f32("adam_v." + s.name, adam_v + s.offset, s.shape);
+      // AdamW divides by sqrt(v): a negative second moment would turn the update into NaN.
+      for (size_t i = 0; i < s.numel; ++i)
+        MOE_CHECK(adam_v[s.offset + i] >= 0.0f, path, "/", shard, ": tensor \"adam_v.", s.name,
+                  "\" holds a negative second moment ", adam_v[s.offset + i], " at element ", i,
+                  ": refusing a corrupt optimizer state");
+    }
   }
 }
 

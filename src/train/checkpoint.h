@@ -7,7 +7,9 @@
 // It is written as DIR/step-N.tmp and renamed once the manifest is in place, so a folder without
 // its manifest (a crash mid-write) never counts; older folders are pruned only after that.
 // Loading reads each tensor a rank needs by name from whichever shard holds it, so a checkpoint
-// written by one layout (EP 4, PP 2, DP 2, ...) loads into any other.
+// written by one layout (EP 4, PP 2, DP 2, ...) loads into any other. A checkpoint may come from
+// someone else: loading validates the manifest in full (checkpoint_manifest.h), reads only plain
+// files inside the folder (no symlinks), and refuses non-finite weights and moments.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -17,18 +19,9 @@
 
 #include "comm/group.h"
 #include "model/params.h"
+#include "train/checkpoint_manifest.h"  // CheckpointMeta, the manifest rules
 
 namespace moe::train {
-
-struct CheckpointMeta {
-  int step = 0;                   // optimizer steps completed
-  uint64_t data_rng_state = 0;    // data sampler state after `step` steps (the data cursor)
-  uint64_t seed = 0;
-  int bad_steps = 0;              // non-finite steps skipped so far
-  nlohmann::json config;          // the model's config.json
-  nlohmann::json parallel;        // layout that wrote it (information; any layout can load it)
-  nlohmann::json expert_placement;  // {"layer": [ep rank of logical expert e, ...]}
-};
 
 // A rank's tensors and which of them it writes (each logical tensor is written by one rank).
 struct CheckpointTensors {
@@ -46,15 +39,18 @@ struct CheckpointTensors {
 std::string save_checkpoint(const comm::Group& world, const std::string& dir, int keep,
                             const CheckpointMeta& meta, const CheckpointTensors& tensors);
 
-// The newest complete checkpoint folder under dir ("" if none): step-N folders with a manifest.
+// The newest complete checkpoint folder under dir ("" if none): real (not symlinked) folders
+// named step-N (checkpoint_step_of: N canonical decimal < 2^31) holding a manifest; other
+// entries (step-abc, step-99999999999, step-N.tmp, files) are ignored.
 std::string find_latest_checkpoint(const std::string& dir);
 
-// Reads the manifest; with verify, checks that every shard exists with its recorded size and
-// checksum (errors name the folder and the shard).
+// Reads and validates the manifest; with verify, checks that every shard is a plain file in the
+// folder with its recorded size and checksum (errors name the folder and the shard).
 CheckpointMeta read_checkpoint_meta(const std::string& path, bool verify = true);
 
 // Fills every tensor of `layout` (weights, and m / v when not null) from the checkpoint by name.
-// Errors name the checkpoint and the tensor (missing, wrong shape).
+// Errors name the checkpoint and the tensor (missing, wrong shape, a shard of the wrong size, a
+// NaN/Inf weight or moment, a negative second moment).
 void load_checkpoint_tensors(const std::string& path, const model::ParamLayout& layout,
                              float* params, float* adam_m, float* adam_v);
 
