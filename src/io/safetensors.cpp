@@ -354,7 +354,7 @@ void SafetensorsFile::check_finite(const std::string& name, const F* v, const Te
     throw Error(str_cat("safetensors file ", path_, ": tensor \"", name, "\" holds ",
                         std::isnan(v[i]) ? "NaN" : v[i] > 0 ? "+Inf" : "-Inf", " at ",
                         shape_str(at), " (", count, " non-finite of ", n,
-                        " elements): refusing non-finite weights"));
+                        " elements): refusing non-finite values"));
   }
 }
 

@@ -1,0 +1,255 @@
+#!/usr/bin/env bash
+# Hostile files through the CLI (issue 15): a checkpoint, config, header or profile may come from
+# someone else. Every case must exit non-zero without a crash (exit code < 128), print exactly one
+# line on stderr naming the file / field / tensor at fault, and read nothing outside its folder.
+#  1. checkpoints that reach outside their folder (../, absolute, symlinked shard or manifest),
+#     an empty "shards" map, size fields of 2^64-1, malformed numbers (both --resume and export);
+#  2. JSON nested 100000 levels deep at every entry point (train --config, plan --model,
+#     plan --cluster, plan --loads, a manifest, a safetensors header), configs whose sizes
+#     overflow 64 bits, numbers beyond their type;
+#  4. NaN / Inf weights, a NaN AdamW moment, a negative second moment, an Inf in an embedding row
+#     the data never reads: refused on load, naming the tensor;
+#  and stray checkpoints/step-99999999999, step-abc, step-007 or a symlinked step-N break neither
+#  saving nor --resume latest.
+# Usage: hostile_files.sh MOETRAIN [--markdown]
+#   --markdown: print one table row per failing-input case for docs/bad_inputs.md.
+set -euo pipefail
+bin="$1"
+markdown=0
+[ "${2:-}" = "--markdown" ] && markdown=1
+dir="$(mktemp -d)"
+trap 'rm -rf "$dir"' EXIT
+export OPENBLAS_NUM_THREADS=1
+py=/usr/bin/python3
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); [ "$markdown" -eq 1 ] || echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1" >&2; }
+
+printf 'In the beginning God created the heaven and the earth.\n%.0s' {1..3000} > "$dir/text.txt"
+common=(train --preset test-dense --steps 2 --batch 2 --seq-len 16 --eval-batches 1 --quiet
+        --data "$dir/text.txt")
+
+# expect NAME PATTERN ARGS...: moetrain ARGS fails (rc 1..127), prints exactly one stderr line
+# containing PATTERN (fixed string).
+expect() {
+  local name="$1" pattern="$2"
+  shift 2
+  local err rc=0 lines
+  err="$("$bin" "$@" 2>&1 >/dev/null)" || rc=$?
+  lines=$(printf '%s\n' "$err" | grep -c . || true)
+  if [ "$rc" -ne 0 ] && [ "$rc" -lt 128 ] && [ "$lines" -eq 1 ] && printf '%s' "$err" | grep -qF -- "$pattern"; then
+    ok "$name: ${err//$dir\//}"
+    if [ "$markdown" -eq 1 ]; then
+      local shown="${err//$dir\//}" cmd="moetrain"
+      for a in "$@"; do cmd+=" ${a//$dir\//}"; done
+      cmd="${cmd//train --preset test-dense --steps 2 --batch 2 --seq-len 16 --eval-batches 1 --quiet --data text.txt/train …}"
+      printf '| %s | `%s` | `%s` |\n' "$name" "${cmd//|/\\|}" "${shown//|/\\|}"
+    fi
+  else
+    bad "$name: rc=$rc lines=$lines stderr: ${err:0:600}"
+  fi
+}
+
+# ck.py: edits a checkpoint folder the way an attacker would, keeping it otherwise consistent
+# (after editing a shard, its size and checksum in the manifest are recomputed).
+cat > "$dir/ck.py" <<'PY'
+import json, os, struct, sys
+def fnv(path):
+    h = 1469598103934665603
+    for b in open(path, "rb").read():
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return "%016x" % h
+def load(d): return json.load(open(os.path.join(d, "manifest.json")))
+def save(d, m): open(os.path.join(d, "manifest.json"), "w").write(json.dumps(m, indent=1))
+def rehash(d, m):
+    for name, info in m["shards"].items():
+        p = os.path.join(d, name)
+        if os.path.isfile(p) and not os.path.islink(p):
+            info["bytes"], info["fnv1a64"] = os.path.getsize(p), fnv(p)
+cmd, d = sys.argv[1], sys.argv[2]
+if cmd == "manifest":        # ck.py manifest DIR PYTHON: edit the manifest dict m
+    m = load(d); exec(sys.argv[3]); save(d, m)
+elif cmd == "poke":          # ck.py poke DIR TENSOR ELEMENT VALUE: set one float32, rehash
+    m = load(d); shard = os.path.join(d, m["shards"] and next(iter(m["shards"])))
+    raw = bytearray(open(shard, "rb").read())
+    n = struct.unpack("<Q", raw[:8])[0]; hdr = json.loads(raw[8:8 + n])
+    b = 8 + n + hdr[sys.argv[3]]["data_offsets"][0] + 4 * int(sys.argv[4])
+    raw[b:b + 4] = struct.pack("<f", float(sys.argv[5]))
+    open(shard, "wb").write(raw); rehash(d, m); save(d, m)
+elif cmd == "deep_header":   # ck.py deep_header DIR: the shard's header nested 100000 deep
+    m = load(d); shard = os.path.join(d, next(iter(m["shards"])))
+    h = b"[" * 100000 + b"]" * 100000
+    open(shard, "wb").write(struct.pack("<Q", len(h)) + h); rehash(d, m); save(d, m)
+elif cmd == "rehash":
+    m = load(d); rehash(d, m); save(d, m)
+PY
+ck() { "$py" "$dir/ck.py" "$@"; }
+deep() { "$py" -c "import sys; sys.stdout.write('$1' + '[' * 100000 + ']' * 100000 + '$2')"; }
+
+# A good checkpoint to damage: test-dense, 2 steps (under a second).
+"$bin" "${common[@]}" --out "$dir/run" >/dev/null
+good="$dir/run/checkpoints/step-2"
+[ -f "$good/manifest.json" ] || { echo "FAIL setup: no checkpoint in $good" >&2; exit 1; }
+# fresh NAME: a copy of the good checkpoint at $dir/NAME.
+fresh() { rm -rf "${dir:?}/$1"; cp -r "$good" "$dir/$1"; }
+# both NAME PATTERN CKPT: --resume CKPT and export CKPT both refuse it.
+both() {
+  expect "$1 (--resume)" "$2" "${common[@]}" --steps 4 --out "$dir/o-$1" --resume "$3"
+  expect "$1 (export)" "$2" export "$3" "$dir/x-$1"
+  [ ! -e "$dir/x-$1/model.safetensors" ] || bad "$1: export wrote weights"
+}
+
+# --- 1. nothing outside the folder, nothing unchecked ---------------------------------------------
+cp "$good/shard-00000.safetensors" "$dir/outside.safetensors"
+fresh dotdot
+mv "$dir/dotdot/shard-00000.safetensors" "$dir/dotdot-moved"
+ck manifest "$dir/dotdot" '
+s = m["shards"].pop("shard-00000.safetensors"); m["shards"]["../outside.safetensors"] = s
+m["tensors"] = {k: "../outside.safetensors" for k in m["tensors"]}'
+both "manifest: shard ../outside.safetensors" 'shard name "../outside.safetensors" is not a plain file name inside the checkpoint folder' "$dir/dotdot"
+fresh absolute
+ck manifest "$dir/absolute" "
+s = m['shards'].pop('shard-00000.safetensors'); m['shards']['$dir/outside.safetensors'] = s
+m['tensors'] = {k: '$dir/outside.safetensors' for k in m['tensors']}"
+both "manifest: absolute shard path" "outside.safetensors\" is not a plain file name inside the checkpoint folder" "$dir/absolute"
+fresh tensor-dotdot
+ck manifest "$dir/tensor-dotdot" 'm["tensors"]["../../etc/passwd"] = "shard-00000.safetensors"'
+both "manifest: tensor name ../../etc/passwd" 'tensor name "../../etc/passwd" is not a plain tensor name' "$dir/tensor-dotdot"
+fresh symlink
+rm "$dir/symlink/shard-00000.safetensors"
+ln -s "$dir/outside.safetensors" "$dir/symlink/shard-00000.safetensors"  # same bytes: checksum matches
+both "shard is a symlink out of the folder" 'shard shard-00000.safetensors is a symbolic link (refused' "$dir/symlink"
+fresh manifest-link
+mv "$dir/manifest-link/manifest.json" "$dir/outside-manifest.json"
+ln -s "$dir/outside-manifest.json" "$dir/manifest-link/manifest.json"
+both "manifest.json is a symlink" 'manifest.json: is a symbolic link (refused' "$dir/manifest-link"
+fresh empty-shards
+ck poke "$dir/empty-shards" model.layers.0.self_attn.q_proj.weight 0 1000  # tampered weights...
+ck manifest "$dir/empty-shards" 'm["shards"] = {}'                          # ...and no checksum
+both 'manifest: empty "shards" map' 'is in shard shard-00000.safetensors, which "shards" does not list' "$dir/empty-shards"
+fresh huge-size
+ck manifest "$dir/huge-size" 'm["shards"]["shard-00000.safetensors"]["bytes"] = 2**64 - 1'
+both "manifest: shard size 2^64-1" 'the manifest says 18446744073709551615 (truncated?)' "$dir/huge-size"
+fresh negative-size
+ck manifest "$dir/negative-size" 'm["shards"]["shard-00000.safetensors"]["bytes"] = -1'
+both "manifest: shard size -1" '"bytes" must be a non-negative integer' "$dir/negative-size"
+fresh seed-overflow
+ck manifest "$dir/seed-overflow" 'm["seed"] = "99999999999999999999999"'
+both "manifest: seed beyond 2^64" 'field "seed": "99999999999999999999999" is not an integer in [0, 18446744073709551615]' "$dir/seed-overflow"
+fresh step-huge
+ck manifest "$dir/step-huge" 'm["step"] = 1e300'
+both "manifest: step 1e300" 'field "step" must be an integer in [0, 2147483647], got 1e+300' "$dir/step-huge"
+fresh fifo-shard
+rm "$dir/fifo-shard/shard-00000.safetensors"
+mkfifo "$dir/fifo-shard/shard-00000.safetensors"
+both "shard is a FIFO" 'shard shard-00000.safetensors is not a regular file' "$dir/fifo-shard"
+fresh dir-shard
+rm "$dir/dir-shard/shard-00000.safetensors"
+mkdir "$dir/dir-shard/shard-00000.safetensors"
+both "shard is a folder" 'shard shard-00000.safetensors is not a regular file' "$dir/dir-shard"
+fresh dup
+ck manifest "$dir/dup" 'm["tensors"]["model.embed_tokens.weight"] = "shard-00001.safetensors"'
+both "manifest: tensor in an unlisted shard" 'tensor model.embed_tokens.weight is in shard shard-00001.safetensors, which "shards" does not list' "$dir/dup"
+
+# --- 2. nothing the program reads can crash it ------------------------------------------------------
+deep '' '' > "$dir/deep.json"
+expect "deep JSON: train --config" 'deep.json: JSON nested deeper than 256 levels (at byte 256)' \
+  "${common[@]}" --config "$dir/deep.json" --out "$dir/o-deep"
+expect "deep JSON: plan --model" 'deep.json: JSON nested deeper than 256 levels' plan --model "$dir/deep.json" --gpus 8
+expect "deep JSON: plan --cluster" 'deep.json: JSON nested deeper than 256 levels' plan --cluster "$dir/deep.json" --gpus 8
+deep '{"expert_loads": ' '}' > "$dir/deep.jsonl"
+expect "deep JSON: plan --loads" 'deep.jsonl: line 1: JSON nested deeper than 256 levels' \
+  plan --model tiny --gpus 2 --loads "$dir/deep.jsonl"
+fresh deep-manifest
+deep '{"format": "moetrain-checkpoint-1", "x": ' '}' > "$dir/deep-manifest/manifest.json"
+both "deep JSON: manifest" 'manifest.json: JSON nested deeper than 256 levels' "$dir/deep-manifest"
+fresh deep-header
+ck deep_header "$dir/deep-header"  # checksum and size updated: the header itself must be refused
+both "deep JSON: safetensors header" 'shard-00000.safetensors: header: JSON nested deeper than 256 levels' "$dir/deep-header"
+head -c 100000000 /dev/zero > "$dir/zeros.json" 2>/dev/null || true
+expect "config of 100 MB" 'zeros.json: config file is 100000000 bytes, more than the limit of 67108864' \
+  "${common[@]}" --config "$dir/zeros.json" --out "$dir/o-zeros"
+rm -f "$dir/zeros.json"
+expect "config is /dev/zero" '/dev/zero: config file is more than the limit of 67108864 bytes' \
+  "${common[@]}" --config /dev/zero --out "$dir/o-devzero"
+expect "config is a folder" 'is a folder, not a config file' "${common[@]}" --config "$dir" --out "$dir/o-folder"
+expect "--loads is /dev/zero" '/dev/zero: line 1 is longer than 67108864 bytes' plan --model tiny --gpus 2 --loads /dev/zero
+
+cfg() {  # cfg FILE PYTHON-EDIT: a test-dense-like config.json with one edit applied to c
+  "$py" - "$1" "$2" <<'PY'
+import json, sys
+c = {"model_type": "deepseek", "vocab_size": 256, "hidden_size": 32, "num_hidden_layers": 2,
+     "num_attention_heads": 2, "intermediate_size": 48}
+exec(sys.argv[2])
+open(sys.argv[1], "w").write(json.dumps(c))
+PY
+}
+# vocab * hidden = 2^61: 16 bytes a parameter would wrap to 2^65.
+cfg "$dir/overflow.json" 'c.update(vocab_size=2**31 - 1, hidden_size=2**30)'
+expect "config: vocab_size * hidden_size overflows" \
+  'overflow.json: vocab_size * hidden_size = 2147483647 * 1073741824 exceeds 288230376151711744 parameters' \
+  "${common[@]}" --config "$dir/overflow.json" --out "$dir/o-ovf"
+expect "plan: vocab_size * hidden_size overflows" 'overflow.json: vocab_size * hidden_size = 2147483647 * 1073741824 exceeds' \
+  plan --model "$dir/overflow.json" --gpus 8
+# 4 layers * 4 * H^2 with H = 2^30 is exactly 2^64: wrapped, the layer count gave 0 bytes.
+cfg "$dir/wrap0.json" 'c.update(hidden_size=2**30, num_hidden_layers=4, num_attention_heads=2**20)'
+expect "config: 4 * hidden_size^2 per layer (sums to 2^64)" \
+  'wrap0.json: 4 * hidden_size * hidden_size = 4294967296 * 1073741824 exceeds' \
+  "${common[@]}" --config "$dir/wrap0.json" --out "$dir/o-wrap0"
+cfg "$dir/experts.json" 'c.update(n_routed_experts=2**31 - 1, num_experts_per_tok=1, moe_intermediate_size=1, hidden_size=2, num_attention_heads=1)'
+expect "config: 2^31 experts (tensor count)" 'experts.json: n_routed_experts = 2147483647 over 2 MoE layers gives more than 16777216 named tensors' \
+  "${common[@]}" --config "$dir/experts.json" --out "$dir/o-experts"
+cfg "$dir/layers.json" 'c.update(num_hidden_layers=2**31 - 1)'
+expect "config: 2^31 layers" 'layers.json: "num_hidden_layers" = 2147483647 gives more than 16777216 named tensors' \
+  "${common[@]}" --config "$dir/layers.json" --out "$dir/o-layers"
+cfg "$dir/mixtral.json" 'c.update(model_type="mixtral", num_hidden_layers=2**40, num_local_experts=8, num_experts_per_tok=2)'
+expect "plan: num_hidden_layers 2^40 (mixtral)" 'mixtral.json: field "num_hidden_layers" = 1099511627776 is out of range [-2147483648, 2147483647]' \
+  plan --model "$dir/mixtral.json" --gpus 8
+"$bin" plan --cluster dgx-h100 --save-cluster "$dir/dgx.json" >/dev/null
+"$py" -c "
+import json; p = json.load(open('$dir/dgx.json')); p['nodes'] = 2**32 + 1
+json.dump(p, open('$dir/dgx-wrap.json', 'w'))"
+expect "profile: nodes 2^32+1 (wrapped to 1 before)" 'dgx-wrap.json: field "nodes" = 4294967297 is out of range' \
+  plan --cluster "$dir/dgx-wrap.json" --gpus 8
+fresh seed-text
+ck manifest "$dir/seed-text" 'm["data_rng_state"] = "12abc"'
+both "manifest: data_rng_state \"12abc\" (was a bare stoull)" 'field "data_rng_state": "12abc" is not an integer' "$dir/seed-text"
+
+# --- 4. non-finite state is refused on load ---------------------------------------------------------
+fresh nan
+ck poke "$dir/nan" model.layers.1.mlp.down_proj.weight 7 nan
+both "NaN weight" 'shard-00000.safetensors: tensor "model.layers.1.mlp.down_proj.weight" holds NaN at [0, 7]' "$dir/nan"
+fresh inf-row
+# Row 255 of the embedding: text.txt is ASCII, the data never reads that row.
+ck poke "$dir/inf-row" model.embed_tokens.weight $((255 * 32 + 3)) inf
+both "Inf in an embedding row the data never reads" 'tensor "model.embed_tokens.weight" holds +Inf at [255, 3]' "$dir/inf-row"
+fresh nan-m
+ck poke "$dir/nan-m" adam_m.model.norm.weight 0 nan
+expect "NaN AdamW moment m (--resume)" 'tensor "adam_m.model.norm.weight" holds NaN at [0]' \
+  "${common[@]}" --steps 4 --out "$dir/o-nan-m" --resume "$dir/nan-m"
+fresh neg-v
+ck poke "$dir/neg-v" adam_v.lm_head.weight 5 -1
+expect "negative AdamW second moment (--resume)" 'tensor "adam_v.lm_head.weight" holds a negative second moment -1 at element 5' \
+  "${common[@]}" --steps 4 --out "$dir/o-neg-v" --resume "$dir/neg-v"
+
+# --- stray checkpoint folders break neither saving nor --resume latest -------------------------------
+run="$dir/stray"
+"$bin" "${common[@]}" --out "$run" --checkpoint.every 1 >/dev/null
+mkdir -p "$run/checkpoints/step-99999999999" "$run/checkpoints/step-abc" "$run/checkpoints/step-007" \
+         "$run/checkpoints/step--3"
+cp "$good/manifest.json" "$run/checkpoints/step-99999999999/"
+cp "$good/manifest.json" "$run/checkpoints/step-007/"
+mkdir -p "$dir/elsewhere"; cp -r "$dir/nan" "$dir/elsewhere/step-50"
+ln -s "$dir/elsewhere/step-50" "$run/checkpoints/step-50"  # a symlink out: not a checkpoint
+err=""; rc=0
+err="$("$bin" "${common[@]}" --steps 4 --out "$run" --resume latest --checkpoint.every 1 --checkpoint.keep 2 2>&1 >/dev/null)" || rc=$?
+if [ "$rc" -eq 0 ] && [ -f "$run/checkpoints/step-4/manifest.json" ] && [ -d "$run/checkpoints/step-99999999999" ] \
+   && [ ! -e "$run/checkpoints/step-1" ] && [ -L "$run/checkpoints/step-50" ] && [ -f "$dir/elsewhere/step-50/manifest.json" ]; then
+  ok "stray step-99999999999, step-abc, step-007, step--3, symlinked step-50: resume latest from step-2, save and prune work"
+else
+  bad "stray checkpoint folders: rc=$rc $(ls "$run/checkpoints" | tr '\n' ' ') stderr: ${err:0:400}"
+fi
+
+echo "$pass passed, $fail failed" >&2
+[ "$fail" -eq 0 ]
