@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "kernels/device_select.h"
 
 namespace moe::kernels {
 namespace {
@@ -48,11 +49,13 @@ math::AdamWScalars adamw_scalars(const AdamWParams& hp, int step) {
 
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWParams& hp,
                   int step, float grad_scale) {
+  MOE_CUDA_DISPATCH(adamw_update, p, g, m, v, n, hp, step, grad_scale);
   const math::AdamWScalars s = adamw_scalars(hp, step);
   for (size_t i = 0; i < n; ++i) math::adamw_element(p[i], g[i], m[i], v[i], s, grad_scale);
 }
 
 double sum_squares(const float* x, size_t n) {
+  MOE_CUDA_DISPATCH(sum_squares, x, n);
   double s = 0.0;
   for (size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
   return s;

@@ -27,4 +27,13 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const 
 // sum of squares in double (for the global gradient norm)
 double sum_squares(const float* x, size_t n);
 
+
+// The CUDA implementations (src/kernels/cuda/), same contract, device pointers; the leaf
+// kernels above forward to them when the active device is CUDA (kernels/device_select.h).
+namespace cuda {
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWParams& hp,
+                  int step, float grad_scale);
+double sum_squares(const float* x, size_t n);
+}  // namespace cuda
+
 }  // namespace moe::kernels

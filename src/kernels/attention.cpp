@@ -8,12 +8,24 @@
 #include <cstddef>
 
 #include "core/error.h"
+#include "kernels/device_select.h"
 #include "kernels/gemm.h"
 
 namespace moe::kernels {
 
+size_t attention_saved_floats(int B, int T, int n_head, int head_dim) {
+  const size_t rows = static_cast<size_t>(B) * n_head * T;
+  if (cuda_active()) return rows + rows * head_dim;
+  return rows * T;
+}
+
+size_t attention_scratch_floats(int T) {
+  return cuda_active() ? 0 : static_cast<size_t>(T) * T;
+}
+
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
                        int B, int T, int n_head, int head_dim) {
+  MOE_CUDA_DISPATCH(attention_forward, out, att, q, k, v, B, T, n_head, head_dim);
   MOE_CHECK(B >= 0 && T >= 0 && n_head > 0 && head_dim > 0, "attention_forward: B=", B, " T=", T,
             " n_head=", n_head, " head_dim=", head_dim);
   const int C = n_head * head_dim;
@@ -47,6 +59,8 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* att, int B, int T, int n_head,
                         int head_dim, float* scratch) {
+  MOE_CUDA_DISPATCH(attention_backward, dq, dk, dv, dout, q, k, v, att, B, T, n_head, head_dim,
+                    scratch);
   MOE_CHECK(B >= 0 && T >= 0 && n_head > 0 && head_dim > 0, "attention_backward: B=", B, " T=", T,
             " n_head=", n_head, " head_dim=", head_dim);
   MOE_CHECK(scratch != nullptr || T == 0, "attention_backward: scratch (T·T floats) is null");

@@ -6,11 +6,13 @@
 #include <cstddef>
 
 #include "core/error.h"
+#include "kernels/device_select.h"
 
 namespace moe::kernels {
 
 double cross_entropy_forward(float* losses, float* probs, const float* logits,
                              const int32_t* targets, int N, int V) {
+  MOE_CUDA_DISPATCH(cross_entropy_forward, losses, probs, logits, targets, N, V);
   MOE_CHECK(N >= 0 && V > 0, "cross_entropy_forward: N=", N, " V=", V);
   double total = 0.0;
   for (int n = 0; n < N; ++n) {
@@ -29,6 +31,7 @@ double cross_entropy_forward(float* losses, float* probs, const float* logits,
 
 void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets, int N,
                             int V, float scale) {
+  MOE_CUDA_DISPATCH(cross_entropy_backward, dlogits, probs, targets, N, V, scale);
   MOE_CHECK(N >= 0 && V > 0, "cross_entropy_backward: N=", N, " V=", V);
   for (int n = 0; n < N; ++n) {
     const float* p = probs + static_cast<size_t>(n) * V;

@@ -12,4 +12,14 @@ double cross_entropy_forward(float* losses, float* probs, const float* logits,
 void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets, int N,
                             int V, float scale);
 
+
+// The CUDA implementations (src/kernels/cuda/), same contract, device pointers; the leaf
+// kernels above forward to them when the active device is CUDA (kernels/device_select.h).
+namespace cuda {
+double cross_entropy_forward(float* losses, float* probs, const float* logits,
+                             const int32_t* targets, int N, int V);
+void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets, int N,
+                            int V, float scale);
+}  // namespace cuda
+
 }  // namespace moe::kernels

@@ -108,6 +108,41 @@ MOE_HD void topk_row(int32_t* idx, float* val, const float* s, int E, int k) {
   }
 }
 
+// ---- The router of one token (HF MoEGate): softmax over the E logits in place (scores), top-k,
+// and the optional renormalisation of the k weights by their sum + 1e-20 ----
+constexpr float kRouterNormEps = 1e-20f;
+MOE_HD void router_row_forward(float* s, int32_t* idx, float* w, int E, int k, bool renorm) {
+  softmax_row(s, s, E);
+  topk_row(idx, w, s, E, k);
+  if (renorm) {
+    float denom = kRouterNormEps;
+    for (int j = 0; j < k; ++j) denom += w[j];
+    for (int j = 0; j < k; ++j) w[j] /= denom;
+  }
+}
+// Its backward: ds [E] zero on entry, d logits on exit. dw: dLoss/d(top-k weights) [k];
+// aux_c [E] (nullable): the aux loss's constant factors for this token's sequence, scaled by
+// aux_scale = aux_grad·alpha/T.
+MOE_HD void router_row_backward(float* ds, const float* s, const int32_t* idx, const float* dw,
+                                int E, int k, bool renorm, const float* aux_c, float aux_scale) {
+  if (renorm) {
+    // w_j = s_j / D, D = sum_i s_i + eps:  ds_j = (dw_j - sum_i dw_i · w_i) / D
+    float denom = kRouterNormEps;
+    for (int j = 0; j < k; ++j) denom += s[idx[j]];
+    float dot = 0.0f;
+    for (int j = 0; j < k; ++j) dot += dw[j] * (s[idx[j]] / denom);
+    for (int j = 0; j < k; ++j) ds[idx[j]] += (dw[j] - dot) / denom;
+  } else {
+    for (int j = 0; j < k; ++j) ds[idx[j]] += dw[j];  // top-k: gradient to selected scores only
+  }
+  if (aux_c)
+    for (int e = 0; e < E; ++e) ds[e] += aux_scale * aux_c[e];
+  // softmax: dlogit_e = s_e · (ds_e - sum_i ds_i · s_i)
+  float dot = 0.0f;
+  for (int e = 0; e < E; ++e) dot += ds[e] * s[e];
+  for (int e = 0; e < E; ++e) ds[e] = s[e] * (ds[e] - dot);
+}
+
 // ---- Fixed-order dot product with 8 partial sums (vectorisable on the CPU, and the same result
 // every run and on every device that follows this order) ----
 MOE_HD float row_dot(const float* a, const float* b, int n) {

@@ -8,12 +8,14 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/device_select.h"
 #include "core/timer.h"
 
 namespace moe::kernels {
 
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
+  MOE_CUDA_DISPATCH(gemm, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   MOE_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
   if (M == 0 || N == 0) return;
   // Dense row strides: A is stored [M,K] (or [K,M] when transposed), B [K,N] (or [N,K]).

@@ -26,4 +26,13 @@ int blas_threads();
 // GFLOP/s of one n×n×n sgemm, best of `repeats` (the roofline the benchmarks and MFU refer to).
 double measure_gemm_gflops(int n = 1024, int repeats = 3);
 
+
+// The CUDA implementations (src/kernels/cuda/), same contract, device pointers; the leaf
+// kernels above forward to them when the active device is CUDA (kernels/device_select.h).
+namespace cuda {
+// bf16 inputs (converted on the fly when set_gemm_bf16) with fp32 accumulation and output.
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc);
+}  // namespace cuda
+
 }  // namespace moe::kernels

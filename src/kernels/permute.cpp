@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/device_select.h"
 #include "kernels/element_math.h"
 
 namespace moe::kernels {
@@ -21,6 +22,7 @@ inline size_t row(int64_t r, int H) { return static_cast<size_t>(r) * static_cas
 }  // namespace
 
 void count_pairs_per_expert(int32_t* count_E, const int32_t* topk_idx_TK, size_t P, int E) {
+  MOE_CUDA_DISPATCH(count_pairs_per_expert, count_E, topk_idx_TK, P, E);
   for (int e = 0; e < E; ++e) count_E[e] = 0;
   for (size_t p = 0; p < P; ++p) {
     const int32_t e = topk_idx_TK[p];
@@ -32,6 +34,7 @@ void count_pairs_per_expert(int32_t* count_E, const int32_t* topk_idx_TK, size_t
 
 void place_pairs(int32_t* slot_of_row_R, int32_t* row_of_slot_TK, const int32_t* topk_idx_TK,
                  const int32_t* offsets_E1, size_t P, int E) {
+  MOE_CUDA_DISPATCH(place_pairs, slot_of_row_R, row_of_slot_TK, topk_idx_TK, offsets_E1, P, E);
   std::vector<int32_t> cursor(offsets_E1, offsets_E1 + E);
   for (size_t p = 0; p < P; ++p) {
     const int32_t e = topk_idx_TK[p];
@@ -47,6 +50,7 @@ void place_pairs(int32_t* slot_of_row_R, int32_t* row_of_slot_TK, const int32_t*
 
 void gather_rows(float* rows_NH, const float* x_TH, const int32_t* slot_of_row_N, size_t N, int k,
                  int H) {
+  MOE_CUDA_DISPATCH(gather_rows, rows_NH, x_TH, slot_of_row_N, N, k, H);
   const size_t row_bytes = static_cast<size_t>(H) * sizeof(float);
   for (size_t n = 0; n < N; ++n) {
     const int32_t p = slot_of_row_N[n];
@@ -61,6 +65,7 @@ void gather_rows(float* rows_NH, const float* x_TH, const int32_t* slot_of_row_N
 
 void gather_rows_backward(float* dx_TH, const float* drows_NH, const int32_t* row_of_slot_TK, int T,
                           int k, int H) {
+  MOE_CUDA_DISPATCH(gather_rows_backward, dx_TH, drows_NH, row_of_slot_TK, T, k, H);
   for (int t = 0; t < T; ++t) {
     float* d = dx_TH + row(t, H);
     for (int j = 0; j < k; ++j) {
@@ -72,6 +77,7 @@ void gather_rows_backward(float* dx_TH, const float* drows_NH, const int32_t* ro
 
 void combine_rows(float* out_TH, const float* y_NH, const float* weight_TK,
                   const int32_t* row_of_slot_TK, int T, int k, int H, bool accumulate) {
+  MOE_CUDA_DISPATCH(combine_rows, out_TH, y_NH, weight_TK, row_of_slot_TK, T, k, H, accumulate);
   for (int t = 0; t < T; ++t) {
     float* o = out_TH + row(t, H);
     if (!accumulate) std::memset(o, 0, static_cast<size_t>(H) * sizeof(float));
@@ -86,6 +92,8 @@ void combine_rows(float* out_TH, const float* y_NH, const float* weight_TK,
 void combine_rows_backward(float* dy_NH, float* dweight_TK, const float* dout_TH, const float* y_NH,
                            const float* weight_TK, const int32_t* row_of_slot_TK, int T, int k,
                            int H) {
+  MOE_CUDA_DISPATCH(combine_rows_backward, dy_NH, dweight_TK, dout_TH, y_NH, weight_TK,
+                    row_of_slot_TK, T, k, H);
   for (int t = 0; t < T; ++t) {
     const float* d = dout_TH + row(t, H);
     for (int j = 0; j < k; ++j) {
@@ -99,18 +107,21 @@ void combine_rows_backward(float* dy_NH, float* dweight_TK, const float* dout_TH
 }
 
 void scatter_rows(float* dst_NH, const float* src_NH, const int32_t* row_of_i, size_t n, int H) {
+  MOE_CUDA_DISPATCH(scatter_rows, dst_NH, src_NH, row_of_i, n, H);
   for (size_t i = 0; i < n; ++i)
     std::memcpy(dst_NH + row(row_of_i[i], H), src_NH + i * H, sizeof(float) * H);
 }
 
 void gather_rows_by_index(float* dst_NH, const float* src_NH, const int32_t* row_of_i, size_t n,
                           int H) {
+  MOE_CUDA_DISPATCH(gather_rows_by_index, dst_NH, src_NH, row_of_i, n, H);
   for (size_t i = 0; i < n; ++i)
     std::memcpy(dst_NH + i * H, src_NH + row(row_of_i[i], H), sizeof(float) * H);
 }
 
 void gather_scaled_rows(float* dst_NH, const float* src_NH, const int32_t* row_of_i,
                         const float* value_n, size_t n, int H) {
+  MOE_CUDA_DISPATCH(gather_scaled_rows, dst_NH, src_NH, row_of_i, value_n, n, H);
   for (size_t i = 0; i < n; ++i) {
     const float w = value_n[i];
     const float* s = src_NH + row(row_of_i[i], H);
@@ -122,6 +133,8 @@ void gather_scaled_rows(float* dst_NH, const float* src_NH, const int32_t* row_o
 void gather_scaled_rows_backward(float* dsrc_NH, float* dvalue_n, const float* d_NH,
                                  const float* src_NH, const int32_t* row_of_i, const float* value_n,
                                  size_t n, int H) {
+  MOE_CUDA_DISPATCH(gather_scaled_rows_backward, dsrc_NH, dvalue_n, d_NH, src_NH, row_of_i,
+                    value_n, n, H);
   for (size_t i = 0; i < n; ++i) {
     const size_t r = row(row_of_i[i], H);
     const float* d = d_NH + i * H;

@@ -13,12 +13,15 @@
 
 namespace moe::kernels {
 
-// count_E[e] = number of pairs p with topk_idx_TK[p] == e. Throws naming p when an id is outside
-// [0, E) (CPU only: the CUDA layout trusts the router it follows).
+// count_E[e] = number of pairs p with topk_idx_TK[p] == e. count_E is HOST memory on every device:
+// on a GPU this is the one explicit device-to-host sync of a MoE layer (the counts size the
+// grouped expert GEMM). Throws naming p when an id is outside [0, E) (the CUDA version clamps
+// nothing and trusts the router it follows).
 void count_pairs_per_expert(int32_t* count_E, const int32_t* topk_idx_TK, size_t P, int E);
 // The stable placement of the counting sort: pairs in p order, rows of expert e from offsets_E1[e]
 // on; only the first offsets_E1[e+1] - offsets_E1[e] pairs of e are kept (a capacity), the rest
-// get row_of_slot_TK[p] = -1. slot_of_row_R [offsets_E1[E]], row_of_slot_TK [P].
+// get row_of_slot_TK[p] = -1. slot_of_row_R [offsets_E1[E]], row_of_slot_TK [P]. offsets_E1 is
+// HOST memory (from count_pairs_per_expert); the other arrays are on the active device.
 void place_pairs(int32_t* slot_of_row_R, int32_t* row_of_slot_TK, const int32_t* topk_idx_TK,
                  const int32_t* offsets_E1, size_t P, int E);
 
@@ -50,5 +53,31 @@ void gather_scaled_rows(float* dst_NH, const float* src_NH, const int32_t* row_o
 void gather_scaled_rows_backward(float* dsrc_NH, float* dvalue_n, const float* d_NH,
                                  const float* src_NH, const int32_t* row_of_i, const float* value_n,
                                  size_t n, int H);
+
+
+// The CUDA implementations (src/kernels/cuda/), same contract, device pointers; the leaf
+// kernels above forward to them when the active device is CUDA (kernels/device_select.h).
+namespace cuda {
+void count_pairs_per_expert(int32_t* count_E, const int32_t* topk_idx_TK, size_t P, int E);
+void place_pairs(int32_t* slot_of_row_R, int32_t* row_of_slot_TK, const int32_t* topk_idx_TK,
+                 const int32_t* offsets_E1, size_t P, int E);
+void gather_rows(float* rows_NH, const float* x_TH, const int32_t* slot_of_row_N, size_t N, int k,
+                 int H);
+void gather_rows_backward(float* dx_TH, const float* drows_NH, const int32_t* row_of_slot_TK, int T,
+                          int k, int H);
+void combine_rows(float* out_TH, const float* y_NH, const float* weight_TK,
+                  const int32_t* row_of_slot_TK, int T, int k, int H, bool accumulate);
+void combine_rows_backward(float* dy_NH, float* dweight_TK, const float* dout_TH, const float* y_NH,
+                           const float* weight_TK, const int32_t* row_of_slot_TK, int T, int k,
+                           int H);
+void scatter_rows(float* dst_NH, const float* src_NH, const int32_t* row_of_i, size_t n, int H);
+void gather_rows_by_index(float* dst_NH, const float* src_NH, const int32_t* row_of_i, size_t n,
+                          int H);
+void gather_scaled_rows(float* dst_NH, const float* src_NH, const int32_t* row_of_i,
+                        const float* value_n, size_t n, int H);
+void gather_scaled_rows_backward(float* dsrc_NH, float* dvalue_n, const float* d_NH,
+                                 const float* src_NH, const int32_t* row_of_i, const float* value_n,
+                                 size_t n, int H);
+}  // namespace cuda
 
 }  // namespace moe::kernels

@@ -7,11 +7,13 @@
 #include <cstddef>
 
 #include "core/error.h"
+#include "kernels/device_select.h"
 
 namespace moe::kernels {
 
 void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int n_rows, int dim,
                      float eps) {
+  MOE_CUDA_DISPATCH(rmsnorm_forward, out, rstd, x, w, n_rows, dim, eps);
   MOE_CHECK(n_rows >= 0 && dim > 0, "rmsnorm_forward: n_rows=", n_rows, " dim=", dim);
   for (int r = 0; r < n_rows; ++r) {
     const float* xr = x + static_cast<size_t>(r) * dim;
@@ -26,6 +28,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, in
 
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
                       const float* rstd, int n_rows, int dim) {
+  MOE_CUDA_DISPATCH(rmsnorm_backward, dx, dw, dout, x, w, rstd, n_rows, dim);
   MOE_CHECK(n_rows >= 0 && dim > 0, "rmsnorm_backward: n_rows=", n_rows, " dim=", dim);
   // out_j = x_j·r·w_j with r = (mean(x²)+eps)^(-1/2), dr/dx_j = -r³·x_j/dim, so
   //   dx_j = r·w_j·dout_j - (r³/dim)·x_j·Σ_i dout_i·w_i·x_i ;  dw_j = Σ_rows dout_j·x_j·r

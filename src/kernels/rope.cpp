@@ -6,6 +6,7 @@
 #include <cstddef>
 
 #include "core/error.h"
+#include "kernels/device_select.h"
 
 namespace moe::kernels {
 
@@ -59,10 +60,12 @@ void rotate(float* x, const RopeTable& table, int B, int T, int n_head, int head
 }  // namespace
 
 void rope_forward(float* x, const RopeTable& table, int B, int T, int n_head, int head_dim) {
+  MOE_CUDA_DISPATCH(rope_forward, x, table, B, T, n_head, head_dim);
   rotate(x, table, B, T, n_head, head_dim, 1.0f, "rope_forward");
 }
 
 void rope_backward(float* dx, const RopeTable& table, int B, int T, int n_head, int head_dim) {
+  MOE_CUDA_DISPATCH(rope_backward, dx, table, B, T, n_head, head_dim);
   rotate(dx, table, B, T, n_head, head_dim, -1.0f, "rope_backward");
 }
 

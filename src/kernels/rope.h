@@ -2,6 +2,7 @@
 // for pair (i, i + d/2) of a head vector at position p, angle = p · theta^(-2i/d);
 // out_i = x_i cos - x_{i+d/2} sin ; out_{i+d/2} = x_{i+d/2} cos + x_i sin.
 #pragma once
+#include "core/buffer.h"
 #include <vector>
 
 namespace moe::kernels {
@@ -11,6 +12,8 @@ struct RopeTable {
   int max_pos = 0;
   int half = 0;
   std::vector<float> cos, sin;
+  // Device copies of cos/sin, filled on first use by the CUDA kernels (empty on the CPU).
+  mutable Buffer<float> dev_cos, dev_sin;
 };
 RopeTable make_rope_table(int max_pos, int head_dim, double theta);
 
@@ -18,5 +21,13 @@ RopeTable make_rope_table(int max_pos, int head_dim, double theta);
 void rope_forward(float* x, const RopeTable& table, int B, int T, int n_head, int head_dim);
 // The rotation is orthogonal: its backward rotates dx in place by the opposite angle.
 void rope_backward(float* dx, const RopeTable& table, int B, int T, int n_head, int head_dim);
+
+
+// The CUDA implementations (src/kernels/cuda/), same contract, device pointers; the leaf
+// kernels above forward to them when the active device is CUDA (kernels/device_select.h).
+namespace cuda {
+void rope_forward(float* x, const RopeTable& table, int B, int T, int n_head, int head_dim);
+void rope_backward(float* dx, const RopeTable& table, int B, int T, int n_head, int head_dim);
+}  // namespace cuda
 
 }  // namespace moe::kernels

@@ -15,19 +15,6 @@
 namespace moe::kernels {
 namespace {
 
-// In place: on entry dg holds dh; on exit dg = dh·u·silu'(g) and du = dh·silu(g) (overwritten,
-// not added: both live in the caller's scratch). Same formula as swiglu_backward, fused so that dh
-// needs no buffer of its own.
-void swiglu_backward_inplace(float* dg, float* du, const float* g, const float* u, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    float z = g[i];
-    float s = 1.0f / (1.0f + std::exp(-z));
-    float dh = dg[i];
-    dg[i] = dh * u[i] * (s * (1.0f + z * (1.0f - s)));
-    du[i] = dh * (z * s);
-  }
-}
-
 void check_sizes(const char* who, int N, int H, int F) {
   MOE_CHECK(N >= 0 && H > 0 && F > 0, who, ": bad sizes N=", N, " H=", H, " F=", F);
 }

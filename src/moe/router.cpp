@@ -8,13 +8,11 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/element_math.h"
 #include "kernels/gemm.h"
+#include "kernels/router_ops.h"
 
 namespace moe::mixture {
 namespace {
-
-constexpr float kNormEps = 1e-20f;  // HF: denominator = sum(topk_weight) + 1e-20
 
 bool renormalises(const RouterConfig& cfg) { return cfg.top_k > 1 && cfg.norm_topk_prob; }
 
@@ -59,33 +57,25 @@ void router_forward(Routing& r, const float* x_TH, const float* gate_EH, int T, 
   // logits[T,E] = x · W_gate^T, then softmax in place: scores.
   float* scores = r.scores_TE.data();
   kernels::linear_forward(scores, x_TH, gate_EH, T, H, E);
-  for (int t = 0; t < T; ++t) {
-    float* s = scores + static_cast<size_t>(t) * E;
-    kernels::math::softmax_row(s, s, E);  // the loss's softmax row: max-subtracted, sum in double
-    int32_t* idx = r.topk_idx_TK.data() + static_cast<size_t>(t) * k;
-    float* w = r.topk_weight_TK.data() + static_cast<size_t>(t) * k;
-    kernels::math::topk_row(idx, w, s, E, k);
-    if (renormalises(cfg)) {
-      float denom = kNormEps;
-      for (int j = 0; j < k; ++j) denom += w[j];
-      for (int j = 0; j < k; ++j) w[j] /= denom;
-    }
-  }
+  kernels::router_topk(scores, r.topk_idx_TK.data(), r.topk_weight_TK.data(), T, E, k,
+                       renormalises(cfg));
 
   if (!aux) return;
   // c[b,e] = count(b,e) · E / (S·k); aux = alpha / B · sum_b sum_e c[b,e] · mean_{t in b} s[t,e].
+  // The counts and score sums come to the host (a small [B,E] copy on a GPU); c goes back to the
+  // routing's device for backward.
   const int S = T / B;
-  float* coef = r.aux_coef_BE.data();
-  std::vector<double> mean_score(E);
+  std::vector<double> count(static_cast<size_t>(B) * E), score_sum(static_cast<size_t>(B) * E);
+  kernels::router_aux_stats(count.data(), score_sum.data(), r.topk_idx_TK.data(), scores, T, E, k,
+                            B);
+  std::vector<float> coef(static_cast<size_t>(B) * E);
   double total = 0.0;
   if (!cfg.seq_aux && cfg.reduce_stats) {
     // Global batch: counts and score sums summed over the data-parallel ranks, in double.
     std::vector<double> stats(2 * E + 1, 0.0);
-    for (int t = 0; t < T; ++t) {
-      const int32_t* idx = r.topk_idx_TK.data() + static_cast<size_t>(t) * k;
-      for (int j = 0; j < k; ++j) stats[idx[j]] += 1.0;
-      const float* s = scores + static_cast<size_t>(t) * E;
-      for (int e = 0; e < E; ++e) stats[E + e] += s[e];
+    for (int e = 0; e < E; ++e) {
+      stats[e] = count[e];
+      stats[E + e] = score_sum[e];
     }
     stats[2 * E] = T;
     cfg.reduce_stats(stats);
@@ -96,27 +86,21 @@ void router_forward(Routing& r, const float* x_TH, const float* gate_EH, int T, 
       total += static_cast<double>(coef[e]) * (stats[E + e] / Tg);
     }
     r.aux_loss = cfg.aux_loss_alpha * total;
-    return;
-  }
-  for (int b = 0; b < B; ++b) {
-    float* c = coef + static_cast<size_t>(b) * E;
-    for (int e = 0; e < E; ++e) c[e] = 0.0f;
-    std::fill(mean_score.begin(), mean_score.end(), 0.0);
-    for (int t = b * S; t < (b + 1) * S; ++t) {
-      const int32_t* idx = r.topk_idx_TK.data() + static_cast<size_t>(t) * k;
-      for (int j = 0; j < k; ++j) c[idx[j]] += 1.0f;
-      const float* s = scores + static_cast<size_t>(t) * E;
-      for (int e = 0; e < E; ++e) mean_score[e] += s[e];
-    }
+  } else {
     const float scale = static_cast<float>(E) / (static_cast<float>(S) * k);
-    double sum_b = 0.0;
-    for (int e = 0; e < E; ++e) {
-      c[e] *= scale;
-      sum_b += static_cast<double>(c[e]) * (mean_score[e] / S);
+    for (int b = 0; b < B; ++b) {
+      double sum_b = 0.0;
+      for (int e = 0; e < E; ++e) {
+        const size_t i = static_cast<size_t>(b) * E + e;
+        coef[i] = static_cast<float>(count[i]) * scale;
+        sum_b += static_cast<double>(coef[i]) * (score_sum[i] / S);
+      }
+      total += sum_b;
     }
-    total += sum_b;
+    r.aux_loss = cfg.aux_loss_alpha * total / B;
   }
-  r.aux_loss = cfg.aux_loss_alpha * total / B;
+  device_copy(r.aux_coef_BE.device(), r.aux_coef_BE.data(), Device::kCpu, coef.data(),
+              coef.size() * sizeof(float));
 }
 
 void router_backward(float* dx_TH, float* dgate_EH, const float* dtopk_weight_TK, float aux_grad,
@@ -126,37 +110,14 @@ void router_backward(float* dx_TH, float* dgate_EH, const float* dtopk_weight_TK
   MOE_CHECK(E == cfg.num_experts && k == cfg.top_k, "router_backward: routing was built for E=",
             E, " k=", k, " but config has E=", cfg.num_experts, " k=", cfg.top_k);
   if (T == 0 || (!dx_TH && !dgate_EH)) return;
-  const float* scores = r.scores_TE.data();
-  // dlogits[T,E]: built up as d scores, then turned into d logits row by row.
-  std::vector<float> dlogits(static_cast<size_t>(T) * E, 0.0f);
+  // dlogits[T,E]: d scores through the top-k weights and the aux term, then through the softmax.
+  Buffer<float> dlogits(static_cast<size_t>(T) * E, nullptr, r.scores_TE.device());
   const bool aux = r.num_aux_seqs > 0 && aux_grad != 0.0f;
   const int S = r.num_aux_seqs > 0 ? T / r.num_aux_seqs : T;
   const float aux_scale = aux ? aux_grad * cfg.aux_loss_alpha / static_cast<float>(T) : 0.0f;
-
-  for (int t = 0; t < T; ++t) {
-    const float* s = scores + static_cast<size_t>(t) * E;
-    float* ds = dlogits.data() + static_cast<size_t>(t) * E;
-    const int32_t* idx = r.topk_idx_TK.data() + static_cast<size_t>(t) * k;
-    const float* dw = dtopk_weight_TK + static_cast<size_t>(t) * k;
-    if (renormalises(cfg)) {
-      // w_j = s_j / D, D = sum_i s_i + eps:  ds_j = (dw_j - sum_i dw_i · w_i) / D
-      float denom = kNormEps;
-      for (int j = 0; j < k; ++j) denom += s[idx[j]];
-      float dot = 0.0f;
-      for (int j = 0; j < k; ++j) dot += dw[j] * (s[idx[j]] / denom);
-      for (int j = 0; j < k; ++j) ds[idx[j]] += (dw[j] - dot) / denom;
-    } else {
-      for (int j = 0; j < k; ++j) ds[idx[j]] += dw[j];  // top-k: gradient to selected scores only
-    }
-    if (aux) {
-      const float* c = r.aux_coef_BE.data() + static_cast<size_t>(t / S) * E;
-      for (int e = 0; e < E; ++e) ds[e] += aux_scale * c[e];
-    }
-    // softmax: dlogit_e = s_e · (ds_e - sum_i ds_i · s_i)
-    float dot = 0.0f;
-    for (int e = 0; e < E; ++e) dot += ds[e] * s[e];
-    for (int e = 0; e < E; ++e) ds[e] = s[e] * (ds[e] - dot);
-  }
+  kernels::router_topk_backward(dlogits.data(), r.scores_TE.data(), r.topk_idx_TK.data(),
+                                dtopk_weight_TK, T, E, k, renormalises(cfg),
+                                aux ? r.aux_coef_BE.data() : nullptr, S, aux_scale);
   // gate linear: dx += dlogits · W_gate ; dW_gate += dlogits^T · x
   kernels::linear_backward(dx_TH, dgate_EH, dlogits.data(), x_TH, gate_EH, T, H, E);
 }

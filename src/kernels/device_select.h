@@ -1,0 +1,35 @@
+// Which device the kernels of this process run on. A rank runs on one device (--device), chosen
+// once at setup; every leaf kernel in kernels/ forwards to its CUDA implementation (namespace
+// moe::kernels::cuda, src/kernels/cuda/) when that device is CUDA, so the model, the MoE layer and
+// the optimizer call one function per op and never branch on the device. Composite kernels
+// (linear, SwiGLU MLP, grouped experts) are built from leaf kernels and need no dispatch.
+#pragma once
+#include "core/device.h"
+
+namespace moe::kernels {
+
+// Sets the device of every later kernel call (and creates the CUDA handles when it is CUDA).
+// Throws a one-line error when the device cannot be used (see require_device).
+void set_active_device(Device d);
+Device active_device();
+inline bool cuda_active() { return active_device() == Device::kCuda; }
+
+// GEMM input precision on CUDA: fp32, or bf16 inputs with fp32 accumulation and fp32 outputs.
+// The CPU backend has fp32 only (set_gemm_bf16(true) there is refused by the caller).
+void set_gemm_bf16(bool on);
+bool gemm_bf16();
+
+}  // namespace moe::kernels
+
+// First line of a leaf kernel: forwards the call to kernels::cuda::fn when the active device is
+// CUDA. Compiles to nothing without the CUDA backend.
+#ifdef MOETRAIN_HAVE_CUDA
+#define MOE_CUDA_DISPATCH(fn, ...)                            \
+  do {                                                        \
+    if (::moe::kernels::cuda_active()) return ::moe::kernels::cuda::fn(__VA_ARGS__); \
+  } while (0)
+#else
+#define MOE_CUDA_DISPATCH(fn, ...) \
+  do {                             \
+  } while (0)
+#endif
