@@ -1,10 +1,12 @@
 // moetrain: the command-line entry point. Thin: parses flags with CLI11 and calls the library.
 // Any moe::Error (bad flag value, bad file, bad config) is printed as one line and exits 1.
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 
 #include "comm/bench_a2a.h"
 #include "comm/mpi_runtime.h"
@@ -15,12 +17,21 @@
 #include "model/config.h"
 #include "moe/bench_moe_layer.h"
 #include "train/export.h"
+#include "train/run_guard.h"
 #include "train/trainer.h"
 #include "apps/plan_cmd.h"
 
 using namespace moe;
 
 namespace {
+
+// Unsigned options (seeds): CLI11 would read "-1" as 2^64 - 1. Checked on the text instead.
+const CLI::Validator kNonNegativeInteger(
+    [](std::string& v) -> std::string {
+      const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+      return digits && v.size() <= 20 ? std::string() : str_cat("must be a non-negative integer, got ", v);
+    },
+    "INT>=0");
 
 struct PipeCli {
   parallel::PipelineBenchOptions opts;
@@ -44,7 +55,7 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   t->add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   t->add_option("--batch", o.batch, "sequences per step")->capture_default_str();
   t->add_option("--seq-len", o.seq_len, "tokens per sequence")->capture_default_str();
-  t->add_option("--seed", o.seed, "seed for weights and data order")->capture_default_str();
+  t->add_option("--seed", o.seed, "seed for weights and data order")->capture_default_str()->check(kNonNegativeInteger);
   t->add_option("--lr", o.optim.lr, "peak learning rate")->capture_default_str();
   t->add_option("--min-lr", o.optim.min_lr, "final learning rate of the cosine decay")->capture_default_str();
   t->add_option("--warmup", o.optim.warmup_steps, "linear warm-up steps")->capture_default_str();
@@ -72,6 +83,11 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   t->add_option("--resume", o.resume, "continue from 'latest' (in the checkpoint folder) or a step-N folder");
   t->add_option("--max-bad-steps", o.max_bad_steps, "non-finite steps in a row before stopping")->capture_default_str();
   t->add_option("--fault.nan-steps", o.fault_nan_steps, "testing: poison the gradients of these steps")->delimiter(',');
+  t->add_option("--fault.inf-weight-steps", o.fault_inf_weight_steps, "testing: an Inf weight after these steps' updates")
+      ->delimiter(',');
+  t->add_option("--comm.timeout", o.comm_timeout_s,
+                "seconds a rank may wait in one MPI operation before the job ends naming it (0 = forever)")
+      ->capture_default_str();
   t->add_flag("--quiet", quiet, "no progress output");
 }
 
@@ -96,7 +112,7 @@ void add_bench_command(CLI::App& app, mixture::MoeBenchOptions& b, bool& json, i
   m->add_option("--capacity-factor", b.capacity_factor, "capacity factor of the padded path")->capture_default_str();
   m->add_option("--iters", b.iters, "timed iterations (median reported)")->capture_default_str();
   m->add_option("--warmup", b.warmup, "untimed iterations")->capture_default_str();
-  m->add_option("--seed", b.seed, "seed")->capture_default_str();
+  m->add_option("--seed", b.seed, "seed")->capture_default_str()->check(kNonNegativeInteger);
   m->add_option("--threads", threads, "BLAS threads")->capture_default_str();
   m->add_flag("--json", json, "print JSON instead of a table");
 }
@@ -112,7 +128,8 @@ int64_t parse_size(const std::string& flag, const std::string& v) {
   }
   std::string unit = v.substr(pos);
   double mult = unit.empty() ? 1 : unit == "K" ? 1024.0 : unit == "M" ? 1048576.0 : unit == "G" ? 1073741824.0 : -1;
-  MOE_CHECK(mult > 0 && x > 0, flag, ": '", v, "' is not a size (e.g. 4096, 64K, 8M)");
+  MOE_CHECK(mult > 0 && std::isfinite(x) && x > 0, flag, ": '", v, "' is not a size (e.g. 4096, 64K, 8M)");
+  MOE_CHECK(x * mult <= 1099511627776.0, flag, ": '", v, "' is beyond 1 TB per rank");
   return static_cast<int64_t>(x * mult);
 }
 
@@ -129,7 +146,7 @@ void add_a2a_bench(CLI::App* bench, A2aCli& a) {
   m->add_option("--routing", a.opts.routing, "uniform or skewed")->capture_default_str();
   m->add_option("--iters", a.opts.iters, "timed iterations")->capture_default_str();
   m->add_option("--warmup", a.opts.warmup, "untimed iterations")->capture_default_str();
-  m->add_option("--seed", a.opts.seed, "routing seed")->capture_default_str();
+  m->add_option("--seed", a.opts.seed, "routing seed")->capture_default_str()->check(kNonNegativeInteger);
   m->add_option("--topo.ranks-per-node", a.ranks_per_node, "emulate nodes of this many ranks");
   m->add_option("--topo.nodes-per-group", a.nodes_per_group, "emulate switch groups of this many nodes");
   m->add_flag("--json", a.opts.json, "print JSON instead of a table");
@@ -153,6 +170,10 @@ int run_pipeline_bench_cli(int* argc, char*** argv, PipeCli& p) {
   ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
   comm::MpiRuntime mpi(argc, argv);
   try {
+    MOE_CHECK(std::isfinite(p.opts.forward_ms) && p.opts.forward_ms <= 60000,
+              "--forward-ms must be a finite number of milliseconds in (0, 60000], got ", p.opts.forward_ms);
+    MOE_CHECK(p.opts.activation_floats <= (size_t{1} << 30), "--activation-floats must be at most 2^30, got ",
+              p.opts.activation_floats);
     comm::Group world = comm::Group::world();
     parallel::PipelineBenchResult r = parallel::run_pipeline_bench(world, p.opts);
     if (world.rank() == 0)
@@ -168,6 +189,8 @@ int run_pipeline_bench_cli(int* argc, char*** argv, PipeCli& p) {
 int run_a2a_bench_cli(int* argc, char*** argv, A2aCli& a) {
   comm::MpiRuntime mpi(argc, argv);
   try {
+    MOE_CHECK(std::isfinite(a.opts.factor) && a.opts.factor <= 1024, "-f must be a finite number in (1, 1024], got ",
+              a.opts.factor);
     a.opts.min_bytes = parse_size("-b", a.min_bytes);
     a.opts.max_bytes = parse_size("-e", a.max_bytes);
     a.opts.algorithms.clear();
@@ -226,6 +249,9 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("pipeline"))
       return run_pipeline_bench_cli(&argc, &argv, pipe_cli);
     if (app.got_subcommand("bench")) {
+      MOE_CHECK(bench_threads >= 1 && bench_threads <= 1024, "--threads must be in [1, 1024], got ", bench_threads);
+      MOE_CHECK(std::isfinite(bench_opts.capacity_factor) && bench_opts.capacity_factor >= 0,
+                "--capacity-factor must be a finite number >= 0, got ", bench_opts.capacity_factor);
       kernels::set_blas_threads(bench_threads);
       auto result = mixture::run_moe_layer_bench(bench_opts);
       std::printf("%s\n", bench_json ? mixture::moe_bench_json(result).c_str()
@@ -233,8 +259,14 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (app.got_subcommand("export")) {
+      MOE_CHECK(std::isfinite(export_shard_mb) && export_shard_mb > 0 && export_shard_mb <= 1e9,
+                "--shard-mb must be a positive number of megabytes (at most 1e9), got ", export_shard_mb);
+      // Started once per rank, every copy would write the same folder at the same time.
+      const int ranks = train::launcher_world_size();
+      MOE_CHECK(ranks == 1, "export writes one folder from one process, but this is one of ", ranks,
+                " ranks started by a launcher (mpirun/srun): run `moetrain export` without it");
       train::ExportResult r = train::export_checkpoint(
-          export_ckpt, export_out, static_cast<size_t>(export_shard_mb * 1024 * 1024));
+          export_ckpt, export_out, static_cast<size_t>(std::max(1.0, export_shard_mb * 1024 * 1024)));
       std::printf("exported %s -> %s (%d file(s), %.1f MB)\n", export_ckpt.c_str(), export_out.c_str(),
                   r.num_files, r.bytes / 1e6);
       return 0;

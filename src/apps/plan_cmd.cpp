@@ -3,6 +3,7 @@
 
 #include <sstream>
 
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -53,7 +54,21 @@ void add_plan_commands(CLI::App& app, PlanCli& s) {
 
 namespace {
 
+// The numbers given on the command line, before any model or cluster is read. Each error names the
+// flag and the value; non-finite values are refused wherever a number is read.
+void validate_plan_flags(const PlanCli& s) {
+  MOE_CHECK(s.seq_len >= 0, "--seq-len must be positive, got ", s.seq_len);
+  MOE_CHECK(s.global_batch >= 0, "--global-batch must be positive, got ", s.global_batch);
+  MOE_CHECK(s.gpus >= 0, "--gpus must be >= 1, got ", s.gpus);
+  MOE_CHECK(s.top >= 1, "--top must be >= 1, got ", s.top);
+  MOE_CHECK(s.max_tp >= 1, "--max-tp must be >= 1, got ", s.max_tp);
+  MOE_CHECK(s.max_micro_batches >= 1, "--max-micro-batches must be >= 1, got ", s.max_micro_batches);
+  MOE_CHECK(std::isfinite(s.imbalance) && s.imbalance >= 1.0 && s.imbalance <= 1e6,
+            "--imbalance must be a finite number >= 1 (rows on the busiest rank / the mean), got ", s.imbalance);
+}
+
 int run_plan(const PlanCli& s) {
+  validate_plan_flags(s);
   plan::PlanModel m = plan::resolve_model(s.model);
   plan::ClusterProfile c = plan::resolve_cluster(s.cluster);
   if (!s.save_cluster.empty()) {
@@ -71,9 +86,9 @@ int run_plan(const PlanCli& s) {
       char x1 = 0, x2 = 0;
       std::istringstream dims(colon == std::string::npos ? "" : item.substr(colon + 1));
       const bool ok = static_cast<bool>(dims >> m >> x1 >> n >> x2 >> k) && x1 == 'x' && x2 == 'x' && dims.eof() &&
-                      m >= 1 && n >= 1 && k >= 1;
+                      m >= 1 && n >= 1 && k >= 1 && m <= 1e9 && n <= 1e9 && k <= 1e9;  // NaN and Inf fail too
       MOE_CHECK(ok && (form == "nt" || form == "nn" || form == "tn"), "--gemm: '", item,
-                "' is not FORM:MxNxK with FORM nt, nn or tn and positive sizes");
+                "' is not FORM:MxNxK with FORM nt, nn or tn and sizes in [1, 1e9]");
       const plan::GemmTable& t = form == "nt" ? c.gemm_nt : form == "nn" ? c.gemm_nn : c.gemm_tn;
       std::printf("%-4s %8.0f %8.0f %8.0f  %.1f\n", form.c_str(), m, n, k, t.gflops_at(m, n, k) * 1e-3);
     }

@@ -3,9 +3,17 @@
 
 #include <mpi.h>
 
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "core/error.h"
@@ -66,7 +74,141 @@ bool mpi_alive() {
   return init && !fin;
 }
 
+// ---- Collective timeout (CommTimeout) ----
+// The main thread records the operation it is about to wait in (OpScope); the watchdog thread
+// reads the record under the same lock. Nothing here calls MPI off the main thread.
+using Clock = std::chrono::steady_clock;
+
+struct Watch {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool quit = false;
+  bool in_op = false;
+  Clock::time_point op_start;
+  char op[512] = {0};          // "MPI_Allreduce(max) on group rank 0 of 4 (world ranks 0-3)"
+  double timeout_s = 0, grace_s = 0;
+  const volatile std::sig_atomic_t* stop_flag = nullptr;
+  int world_rank = -1, world_size = 0;
+  std::thread thread;
+};
+std::atomic<Watch*> g_watch{nullptr};
+const std::string kNoMembers;
+
+// RAII: marks this rank as waiting in one operation for as long as it lives.
+class OpScope {
+ public:
+  OpScope(const char* op, int rank, int size, const std::string& members, int peer = -1,
+          int peer_world = -1, int tag = -1) {
+    Watch* w = g_watch.load(std::memory_order_acquire);
+    if (!w) return;
+    w_ = w;
+    std::lock_guard<std::mutex> lock(w->mu);
+    int n = std::snprintf(w->op, sizeof w->op, "%s on group rank %d of %d", op, rank, size);
+    if (n > 0 && static_cast<size_t>(n) < sizeof w->op && !members.empty())
+      n += std::snprintf(w->op + n, sizeof w->op - n, " (%s)", members.c_str());
+    if (n > 0 && static_cast<size_t>(n) < sizeof w->op && peer >= 0)
+      std::snprintf(w->op + n, sizeof w->op - n, ", peer %d (world rank %d), tag %d", peer, peer_world, tag);
+    w->in_op = true;
+    w->op_start = Clock::now();
+  }
+  ~OpScope() {
+    if (!w_) return;
+    std::lock_guard<std::mutex> lock(w_->mu);
+    w_->in_op = false;
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  Watch* w_ = nullptr;
+};
+
+void watchdog_loop(Watch* w) {
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  const auto interval = std::chrono::duration<double>(std::min(0.5, std::max(0.01, w->timeout_s / 20)));
+  Clock::time_point stop_seen{};
+  std::unique_lock<std::mutex> lock(w->mu);
+  Clock::time_point last_tick = Clock::now();
+  while (!w->quit) {
+    w->cv.wait_for(lock, interval);
+    if (w->quit) break;
+    const Clock::time_point now = Clock::now();
+    // A tick far later than asked for means this process itself was frozen (kill -STOP, a
+    // suspended VM): that time is nobody else's fault, so it does not count as waiting. Without
+    // this, a stopped rank that is resumed would blame its peers.
+    const auto late = now - last_tick - std::chrono::duration_cast<Clock::duration>(interval);
+    last_tick = now;
+    if (late > std::chrono::seconds(1) && w->in_op) w->op_start += late;
+    if (w->stop_flag && *w->stop_flag && stop_seen == Clock::time_point{}) stop_seen = now;
+    if (!w->in_op) continue;
+    const double waited = std::chrono::duration<double>(now - w->op_start).count();
+    const bool stopping = stop_seen != Clock::time_point{} &&
+                          std::chrono::duration<double>(now - std::max(stop_seen, w->op_start)).count() > w->grace_s;
+    if (waited <= w->timeout_s && !stopping) continue;
+    if (stopping)
+      std::fprintf(stderr,
+                   "moetrain: error (rank %d of %d, pid %d on %s): stop requested, but still waiting "
+                   "after %.1f s in %s: a peer is stalled or has died; ending the job\n",
+                   w->world_rank, w->world_size, static_cast<int>(getpid()), host, waited, w->op);
+    else
+      std::fprintf(stderr,
+                   "moetrain: error (rank %d of %d, pid %d on %s): no progress for %.1f s in %s "
+                   "(--comm.timeout %g): a peer is stalled or has died; ending the job\n",
+                   w->world_rank, w->world_size, static_cast<int>(getpid()), host, waited, w->op,
+                   w->timeout_s);
+    std::fflush(stderr);
+    // MPI_Abort may not be called from this thread (MPI_THREAD_FUNNELED), and the main thread is
+    // blocked inside MPI: end the process; the launcher sees a rank fail and ends the others.
+    _exit(1);
+  }
+}
+
+// "world ranks 0-3" / "world ranks 0,2,4": the members of a group, as ranges.
+std::string describe_members(const std::vector<int>& world_ranks) {
+  std::string s = "world ranks ";
+  for (size_t i = 0; i < world_ranks.size();) {
+    size_t j = i;
+    while (j + 1 < world_ranks.size() && world_ranks[j + 1] == world_ranks[j] + 1) ++j;
+    if (i > 0) s += ",";
+    s += std::to_string(world_ranks[i]);
+    if (j > i) {
+      s += j == i + 1 ? ',' : '-';
+      s += std::to_string(world_ranks[j]);
+    }
+    i = j + 1;
+  }
+  return s;
+}
+
 }  // namespace
+
+CommTimeout::CommTimeout(double seconds, const volatile std::sig_atomic_t* stop_flag, double stop_grace_s) {
+  MOE_CHECK(seconds > 0 && seconds < 1e9, "--comm.timeout must be a positive number of seconds, got ", seconds);
+  MOE_CHECK(g_watch.load() == nullptr, "CommTimeout: only one may be alive at a time");
+  auto* w = new Watch;
+  w->timeout_s = seconds;
+  w->grace_s = std::min(seconds, stop_grace_s);
+  w->stop_flag = stop_flag;
+  if (mpi_alive()) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &w->world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &w->world_size);
+  }
+  w->thread = std::thread(watchdog_loop, w);
+  g_watch.store(w, std::memory_order_release);
+}
+
+CommTimeout::~CommTimeout() {
+  Watch* w = g_watch.exchange(nullptr);
+  if (!w) return;
+  {
+    std::lock_guard<std::mutex> lock(w->mu);
+    w->quit = true;
+  }
+  w->cv.notify_all();
+  w->thread.join();
+  delete w;
+}
 
 // ---- Request ----
 
@@ -81,6 +223,7 @@ Request& Request::operator=(Request&& o) noexcept {
     dtype_ = o.dtype_;
     count_ = o.count_;
     peer_ = o.peer_;
+    peer_world_ = o.peer_world_;
     tag_ = o.tag_;
     rank_ = o.rank_;
     size_ = o.size_;
@@ -117,7 +260,12 @@ void Request::wait() {
   if (!active_) return;
   MPI_Request r = unpack<MPI_Request>(handle_);
   MPI_Status st;
-  int rc = MPI_Wait(&r, &st);
+  int rc;
+  {
+    OpScope scope(is_recv_ ? "MPI_Wait(irecv)" : "MPI_Wait(isend)", rank_, size_, kNoMembers, peer_,
+                  peer_world_, tag_);
+    rc = MPI_Wait(&r, &st);
+  }
   active_ = false;
   if (rc != MPI_SUCCESS) fail(is_recv_ ? "MPI_Wait(irecv)" : "MPI_Wait(isend)", rc, rank_, size_, peer_, tag_);
   if (is_recv_) check_received(st, dtype_, count_, peer_, tag_, rank_, size_);
@@ -133,7 +281,15 @@ void wait_all(std::vector<Request>& reqs) {
   }
   if (handles.empty()) return;
   std::vector<MPI_Status> st(handles.size());
-  int rc = MPI_Waitall(static_cast<int>(handles.size()), handles.data(), st.data());
+  int rc;
+  {
+    std::string what = str_cat("MPI_Waitall(", live.size(), " requests; peers in world ranks:");
+    for (size_t i = 0; i < live.size() && i < 16; ++i) what += str_cat(" ", live[i]->peer_world_);
+    if (live.size() > 16) what += " ...";
+    what += ")";
+    OpScope scope(what.c_str(), live[0]->rank_, live[0]->size_, kNoMembers);
+    rc = MPI_Waitall(static_cast<int>(handles.size()), handles.data(), st.data());
+  }
   for (Request* q : live) q->active_ = false;
   if (rc != MPI_SUCCESS) {
     for (size_t i = 0; i < live.size(); ++i) {
@@ -165,6 +321,7 @@ Group& Group::operator=(Group&& o) noexcept {
     size_ = std::exchange(o.size_, 0);
     world_rank_ = o.world_rank_;
     world_ranks_ = std::move(o.world_ranks_);
+    members_ = std::move(o.members_);
   }
   return *this;
 }
@@ -182,7 +339,7 @@ void Group::release() noexcept {
 namespace {
 // Fills a Group's fields from an owned communicator.
 void adopt(MPI_Comm c, uint64_t& comm, bool& valid, int& rank, int& size, int& world_rank,
-           std::vector<int>& world_ranks) {
+           std::vector<int>& world_ranks, std::string& members) {
   comm = pack(c);
   valid = true;
   auto check = [&](int rc, const char* op) {
@@ -202,6 +359,7 @@ void adopt(MPI_Comm c, uint64_t& comm, bool& valid, int& rank, int& size, int& w
   MPI_Group_free(&g);
   MPI_Group_free(&w);
   check(rc, "MPI_Group_translate_ranks");
+  members = describe_members(world_ranks);
 }
 }  // namespace
 
@@ -209,7 +367,14 @@ Group Group::world() {
   MOE_CHECK(mpi_alive(), "Group::world: MPI is not initialised (create a comm::MpiRuntime first)");
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm c;
-  int rc = MPI_Comm_dup(MPI_COMM_WORLD, &c);
+  int rc;
+  {
+    int r = 0, n = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    OpScope scope("MPI_Comm_dup(MPI_COMM_WORLD)", r, n, kNoMembers);
+    rc = MPI_Comm_dup(MPI_COMM_WORLD, &c);
+  }
   if (rc != MPI_SUCCESS) {
     int r = 0, n = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &r);
@@ -217,18 +382,22 @@ Group Group::world() {
     fail("MPI_Comm_dup(MPI_COMM_WORLD)", rc, r, n);
   }
   Group g;
-  adopt(c, g.comm_, g.valid_, g.rank_, g.size_, g.world_rank_, g.world_ranks_);
+  adopt(c, g.comm_, g.valid_, g.rank_, g.size_, g.world_rank_, g.world_ranks_, g.members_);
   return g;
 }
 
 Group Group::split(int color, int key) const {
   MOE_CHECK(valid_, "Group::split on an invalid group");
   MPI_Comm c;
-  int rc = MPI_Comm_split(unpack<MPI_Comm>(comm_), color < 0 ? MPI_UNDEFINED : color, key, &c);
+  int rc;
+  {
+    OpScope scope("MPI_Comm_split", rank_, size_, members_);
+    rc = MPI_Comm_split(unpack<MPI_Comm>(comm_), color < 0 ? MPI_UNDEFINED : color, key, &c);
+  }
   if (rc != MPI_SUCCESS) fail("MPI_Comm_split", rc, rank_, size_);
   Group g;
   if (c == MPI_COMM_NULL) return g;
-  adopt(c, g.comm_, g.valid_, g.rank_, g.size_, g.world_rank_, g.world_ranks_);
+  adopt(c, g.comm_, g.valid_, g.rank_, g.size_, g.world_rank_, g.world_ranks_, g.members_);
   return g;
 }
 
@@ -246,12 +415,14 @@ void Group::check_peer(int peer, const char* op) const {
 
 void Group::barrier() const {
   MOE_CHECK(valid_, "MPI_Barrier on an invalid group");
+  OpScope scope("MPI_Barrier", rank_, size_, members_);
   int rc = MPI_Barrier(unpack<MPI_Comm>(comm_));
   if (rc != MPI_SUCCESS) fail("MPI_Barrier", rc, rank_, size_);
 }
 
 void Group::alltoall(const int32_t* send, int32_t* recv, int count_per_rank) const {
   MOE_CHECK(valid_, "MPI_Alltoall on an invalid group");
+  OpScope scope("MPI_Alltoall", rank_, size_, members_);
   int rc = MPI_Alltoall(send, count_per_rank, MPI_INT32_T, recv, count_per_rank, MPI_INT32_T,
                         unpack<MPI_Comm>(comm_));
   if (rc != MPI_SUCCESS) fail("MPI_Alltoall", rc, rank_, size_);
@@ -269,6 +440,7 @@ void Group::alltoallv_impl(int dtype, const void* send, const std::vector<int>& 
             ": counts/displacements must have one entry per rank (got ", send_counts.size(), ", ",
             send_displs.size(), ", ", recv_counts.size(), ", ", recv_displs.size(), ")");
   MPI_Datatype t = mpi_type(dtype);
+  OpScope scope("MPI_Alltoallv", rank_, size_, members_);
   int rc = MPI_Alltoallv(send, send_counts.data(), send_displs.data(), t, recv, recv_counts.data(),
                          recv_displs.data(), t, unpack<MPI_Comm>(comm_));
   if (rc != MPI_SUCCESS) fail("MPI_Alltoallv", rc, rank_, size_);
@@ -286,6 +458,7 @@ void Group::alltoallv(const int32_t* send, const std::vector<int>& sc, const std
 void Group::allreduce_impl(int dtype, int op, void* data, int64_t count, const char* name) const {
   MOE_CHECK(valid_, name, " on an invalid group");
   int n = to_int(count, name);
+  OpScope scope(name, rank_, size_, members_);
   int rc = MPI_Allreduce(MPI_IN_PLACE, data, n, mpi_type(dtype), op == 0 ? MPI_SUM : MPI_MAX,
                          unpack<MPI_Comm>(comm_));
   if (rc != MPI_SUCCESS) fail(name, rc, rank_, size_);
@@ -299,6 +472,7 @@ void Group::allreduce_max(int64_t* d, int64_t n) const { allreduce_impl(kInt64, 
 
 void Group::allgather(const int32_t* send, int32_t* recv, int count_per_rank) const {
   MOE_CHECK(valid_, "MPI_Allgather on an invalid group");
+  OpScope scope("MPI_Allgather", rank_, size_, members_);
   int rc = MPI_Allgather(send, count_per_rank, MPI_INT32_T, recv, count_per_rank, MPI_INT32_T,
                          unpack<MPI_Comm>(comm_));
   if (rc != MPI_SUCCESS) fail("MPI_Allgather", rc, rank_, size_);
@@ -306,6 +480,7 @@ void Group::allgather(const int32_t* send, int32_t* recv, int count_per_rank) co
 
 void Group::allgather(const double* send, double* recv, int count_per_rank) const {
   MOE_CHECK(valid_, "MPI_Allgather on an invalid group");
+  OpScope scope("MPI_Allgather", rank_, size_, members_);
   int rc = MPI_Allgather(send, count_per_rank, MPI_DOUBLE, recv, count_per_rank, MPI_DOUBLE,
                          unpack<MPI_Comm>(comm_));
   if (rc != MPI_SUCCESS) fail("MPI_Allgather", rc, rank_, size_);
@@ -316,6 +491,7 @@ void Group::blocking(bool is_recv, int dtype, void* data, int64_t count, int pee
   check_peer(peer, op);
   int n = to_int(count, op);
   MPI_Comm c = unpack<MPI_Comm>(comm_);
+  OpScope scope(op, rank_, size_, members_, peer, world_ranks_[peer], tag);
   if (!is_recv) {
     int rc = MPI_Send(data, n, mpi_type(dtype), peer, tag, c);
     if (rc != MPI_SUCCESS) fail(op, rc, rank_, size_, peer, tag);
@@ -348,6 +524,7 @@ Request Group::post(bool is_recv, int dtype, void* data, int64_t count, int peer
   q.tag_ = tag;
   q.rank_ = rank_;
   q.size_ = size_;
+  q.peer_world_ = world_ranks_[peer];
   return q;
 }
 

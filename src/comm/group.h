@@ -5,7 +5,9 @@
 // Counts and displacements are in elements. mpi.h stays out of this header: MPI handles are
 // kept as opaque 64-bit words (checked by static_assert in group.cpp).
 #pragma once
+#include <csignal>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace moe::comm {
@@ -35,10 +37,30 @@ class Request {
   int dtype_ = 0;             // 0 float, 1 int32
   int64_t count_ = 0;         // elements posted
   int peer_ = -1, tag_ = 0, rank_ = -1, size_ = 0;
+  int peer_world_ = -1;       // the peer's world rank (for the timeout message)
 };
 
 // Waits for all (MPI_Waitall); pending requests only, done ones are skipped.
 void wait_all(std::vector<Request>& reqs);
+
+// The collective timeout (`train --comm.timeout`). While one is alive, a rank that has waited in
+// one operation of this file (a collective, a send or receive, a wait) for longer than `seconds`
+// prints one line naming itself (world rank, pid, host), the operation, and the group and peer it
+// waited on, and ends the process with exit status 1; the launcher then ends the job (a stalled
+// or dead peer would otherwise keep every other rank waiting forever).
+// The check runs on a watchdog thread, which never calls MPI (MPI_THREAD_FUNNELED), so a wait
+// costs two clock reads and an uncontended lock. `stop_flag` (the trainer's SIGTERM/SIGINT flag)
+// shortens the patience: once it is set, a wait that is still blocked `stop_grace_s` after the
+// request ends the job too, so a stop request is never held up by a stalled peer.
+// Only one may be alive at a time; seconds <= 0 is refused (construct none to have no timeout).
+class CommTimeout {
+ public:
+  explicit CommTimeout(double seconds, const volatile std::sig_atomic_t* stop_flag = nullptr,
+                       double stop_grace_s = 30.0);
+  ~CommTimeout();
+  CommTimeout(const CommTimeout&) = delete;
+  CommTimeout& operator=(const CommTimeout&) = delete;
+};
 
 class Group {
  public:
@@ -106,6 +128,7 @@ class Group {
 
   uint64_t comm_ = 0;  // MPI_Comm (owned; freed in the destructor)
   bool valid_ = false;
+  std::string members_;  // "world ranks 0-3" (for the timeout message)
   int rank_ = -1, size_ = 0, world_rank_ = -1;
   std::vector<int> world_ranks_;  // [size] world rank of each member
 };

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <vector>
 
 #include "core/error.h"
@@ -11,6 +12,7 @@
 #include "model/config.h"
 #include "model/params.h"
 #include "train/checkpoint.h"
+#include "train/run_guard.h"
 
 namespace moe::train {
 namespace fs = std::filesystem;
@@ -20,13 +22,29 @@ ExportResult export_checkpoint(const std::string& checkpoint, const std::string&
   MOE_CHECK(max_shard_bytes > 0, "export: shard size must be positive");
   CheckpointMeta meta = read_checkpoint_meta(checkpoint, /*verify=*/true);
   model::ModelConfig cfg = model::config_from_json(meta.config, checkpoint + "/manifest.json");
+  // The output folder: writable and ours alone (a second export or a training run into it is
+  // refused) before the weights are read.
+  check_output_dir(out_dir, "export OUT");
+  DirLock lock = DirLock::acquire(out_dir, "export OUT", str_cat("moetrain export ", checkpoint, " ", out_dir));
   model::ParamLayout layout(cfg);
   std::vector<float> params(layout.total());
   load_checkpoint_tensors(checkpoint, layout, params.data(), nullptr, nullptr);
 
   std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  MOE_CHECK(!ec, out_dir, ": cannot create output folder (", ec.message(), ")");
+  // An earlier export into this folder may have had another shard count: its weight files would
+  // sit beside the new ones and a loader could pick the old weights. config.json goes first (the
+  // folder counts as complete only once it is written again, last), then every weight file.
+  static const std::regex weight_file(R"(model(-[0-9]+-of-[0-9]+)?\.safetensors|model\.safetensors\.index\.json(\.tmp)?)");
+  fs::remove(fs::path(out_dir) / "config.json", ec);
+  MOE_CHECK(!ec, out_dir, "/config.json: cannot remove the earlier export's file (", ec.message(), ")");
+  for (fs::directory_iterator it(out_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!std::regex_match(name, weight_file) || it->is_directory()) continue;
+    std::error_code rm;
+    fs::remove(it->path(), rm);
+    MOE_CHECK(!rm, it->path().string(), ": cannot remove the earlier export's file (", rm.message(), ")");
+  }
+  MOE_CHECK(!ec, out_dir, ": cannot list the folder (", ec.message(), ")");
   // Group tensors into shards of at most max_shard_bytes (a tensor larger than that is alone).
   std::vector<std::vector<const model::ParamSpec*>> shards(1);
   size_t in_shard = 0, total = 0;

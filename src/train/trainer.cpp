@@ -24,6 +24,8 @@
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
 #include "train/checkpoint.h"
+#include "train/run_guard.h"
+#include "train/run_memory.h"
 
 namespace moe::train {
 namespace fs = std::filesystem;
@@ -36,11 +38,62 @@ std::string default_corpus_path() {
 
 volatile std::sig_atomic_t g_stop_requested = 0;
 
-void request_stop(int) { g_stop_requested = 1; }
+// First signal: finish the step, checkpoint, return. Second: the user means it, end now (only
+// async-signal-safe calls here).
+void request_stop(int sig) {
+  if (g_stop_requested) {
+    static const char msg[] = "moetrain: second stop signal: exiting now, without a checkpoint\n";
+    ssize_t n = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)n;
+    _exit(128 + sig);
+  }
+  g_stop_requested = 1;
+}
 
 void install_stop_handlers() {
-  std::signal(SIGTERM, request_stop);
-  std::signal(SIGINT, request_stop);
+  struct sigaction sa {};
+  sa.sa_handler = request_stop;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+void validate_options(const TrainOptions& o) {
+  auto finite = [](double v) { return std::isfinite(v); };
+  MOE_CHECK(o.steps > 0, "--steps must be positive, got ", o.steps);
+  MOE_CHECK(o.batch > 0, "--batch must be positive, got ", o.batch);
+  MOE_CHECK(o.seq_len > 1, "--seq-len must be at least 2, got ", o.seq_len);
+  MOE_CHECK(o.threads > 0 && o.threads <= 1024, "--threads must be in [1, 1024], got ", o.threads);
+  MOE_CHECK(o.eval_batches > 0, "--eval-batches must be positive, got ", o.eval_batches);
+  MOE_CHECK(o.eval_every >= 0, "--eval-every must be >= 0 (0 = only at the end), got ", o.eval_every);
+  const OptimConfig& c = o.optim;
+  MOE_CHECK(finite(c.lr) && c.lr > 0 && c.lr <= 1, "--lr must be a number in (0, 1], got ", c.lr);
+  MOE_CHECK(finite(c.min_lr) && c.min_lr >= 0, "--min-lr must be a number >= 0, got ", c.min_lr);
+  MOE_CHECK(c.min_lr <= c.lr, "--min-lr ", c.min_lr, " is above --lr ", c.lr,
+            " (the cosine schedule decays from --lr to --min-lr)");
+  MOE_CHECK(c.warmup_steps >= 0, "--warmup must be >= 0, got ", c.warmup_steps);
+  MOE_CHECK(finite(c.weight_decay) && c.weight_decay >= 0, "--weight-decay must be a number >= 0, got ",
+            c.weight_decay);
+  // Decoupled decay multiplies each weight by 1 - lr·wd: at lr·wd >= 1 it zeroes or flips them.
+  MOE_CHECK(static_cast<double>(c.lr) * c.weight_decay < 1, "--weight-decay ", c.weight_decay, " with --lr ",
+            c.lr, ": lr * weight decay = ", static_cast<double>(c.lr) * c.weight_decay,
+            " >= 1 would zero or flip the weights every step");
+  MOE_CHECK(finite(c.grad_clip) && c.grad_clip >= 0, "--grad-clip must be a number >= 0 (0 = off), got ",
+            c.grad_clip);
+  MOE_CHECK(finite(o.moe.capacity_factor) && o.moe.capacity_factor >= 0,
+            "--capacity-factor must be >= 0 (0 = dropless), got ", o.moe.capacity_factor);
+  MOE_CHECK(o.micro_batches >= 1, "--micro-batches must be >= 1, got ", o.micro_batches);
+  MOE_CHECK(o.batch % o.micro_batches == 0, "--batch ", o.batch, " is not divisible by --micro-batches ",
+            o.micro_batches);
+  MOE_CHECK(o.checkpoint_keep >= 0, "--checkpoint.keep must be >= 0, got ", o.checkpoint_keep);
+  MOE_CHECK(o.checkpoint_every >= 0, "--checkpoint.every must be >= 0, got ", o.checkpoint_every);
+  MOE_CHECK(o.max_bad_steps >= 1, "--max-bad-steps must be >= 1, got ", o.max_bad_steps);
+  for (int s : o.fault_nan_steps) MOE_CHECK(s >= 1, "--fault.nan-steps: steps count from 1, got ", s);
+  for (int s : o.fault_inf_weight_steps) MOE_CHECK(s >= 1, "--fault.inf-weight-steps: steps count from 1, got ", s);
+  MOE_CHECK(finite(o.comm_timeout_s) && o.comm_timeout_s >= 0 && o.comm_timeout_s < 1e9,
+            "--comm.timeout must be a number of seconds >= 0 (0 = wait forever), got ", o.comm_timeout_s);
+  MOE_CHECK(!o.out_dir.empty(), "--out must not be empty");
 }
 
 namespace {
@@ -136,30 +189,38 @@ void save_full_weights(const model::Model& m, const model::ModelConfig& cfg,
 }  // namespace
 
 TrainResult run_training(const TrainOptions& opts) {
-  MOE_CHECK(opts.steps > 0, "--steps must be positive, got ", opts.steps);
-  MOE_CHECK(opts.batch > 0, "--batch must be positive, got ", opts.batch);
-  MOE_CHECK(opts.seq_len > 1, "--seq-len must be at least 2, got ", opts.seq_len);
-  MOE_CHECK(opts.threads > 0, "--threads must be positive, got ", opts.threads);
-  MOE_CHECK(opts.eval_batches > 0, "--eval-batches must be positive, got ", opts.eval_batches);
   MOE_CHECK(comm::MpiRuntime::initialized(), "run_training needs MPI initialised (comm::MpiRuntime)");
 
-  // Setup: everything that bad input can break, checked on every rank, then agreed on.
+  // Setup: everything that bad input can break, checked on every rank, then agreed on. Nothing
+  // large is allocated and no output is touched before the memory estimate and the folder locks.
   comm::Group world = comm::Group::world();
+  std::optional<comm::CommTimeout> comm_timeout;
+  if (world.size() > 1 && std::isfinite(opts.comm_timeout_s) && opts.comm_timeout_s > 0 &&
+      opts.comm_timeout_s < 1e9)
+    comm_timeout.emplace(opts.comm_timeout_s, &g_stop_requested);
+  // Which ranks share this host (their memory adds up): a hash of each rank's host name.
+  std::vector<double> host_of(world.size(), 0.0);
+  {
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    const double mine = static_cast<double>(std::hash<std::string>{}(host) >> 12);  // exact in a double
+    if (world.size() > 1)
+      world.allgather(&mine, host_of.data(), 1);
+    else
+      host_of[0] = mine;
+  }
   model::ModelConfig cfg;
   std::optional<io::ByteCorpus> corpus;
   std::ofstream metrics;
+  DirLock out_lock, ckpt_lock;
   const bool root = world.rank() == 0;
   std::string setup_error, ckpt_dir, resume_path;
   comm::A2aAlgorithm algo = comm::A2aAlgorithm::kFlat;
   try {
+    validate_options(opts);
     algo = comm::parse_a2a_algorithm(opts.a2a);
     parallel::parse_schedule(opts.schedule);
     model::parse_recompute(opts.recompute);
-    MOE_CHECK(opts.micro_batches >= 1, "--micro-batches must be >= 1, got ", opts.micro_batches);
-    MOE_CHECK(opts.batch % opts.micro_batches == 0, "--batch ", opts.batch,
-              " is not divisible by --micro-batches ", opts.micro_batches);
-    MOE_CHECK(opts.moe.capacity_factor >= 0.0f, "--capacity-factor must be >= 0 (0 = dropless), got ",
-              opts.moe.capacity_factor);
     comm::Topology::detect(world.size(), opts.topo_ranks_per_node, opts.topo_nodes_per_group);
     cfg = opts.config_path.empty() ? model::preset(opts.preset) : model::load_config(opts.config_path);
     MOE_CHECK(opts.seq_len <= cfg.max_position_embeddings, "--seq-len ", opts.seq_len,
@@ -171,6 +232,18 @@ TrainResult run_training(const TrainOptions& opts) {
     const std::string data_path = opts.data_path.empty() ? default_corpus_path() : opts.data_path;
     if (opts.data_path.empty() && !fs::exists(data_path))
       throw Error(str_cat(data_path, ": built-in corpus not found; run scripts/setup.sh first"));
+    // A FIFO would block the open, a device never ends: only a regular file, checked by stat.
+    check_regular_input(data_path, "--data");
+    {
+      // Memory: every rank on this host, before anything of that size is allocated.
+      std::error_code ec;
+      const double corpus_bytes = static_cast<double>(fs::file_size(data_path, ec));
+      const std::vector<RankMemory> need = estimate_run_memory(cfg, opts, world.size(), ec ? 0.0 : corpus_bytes);
+      std::vector<int> here;
+      for (int r = 0; r < world.size(); ++r)
+        if (host_of[r] == host_of[world.rank()]) here.push_back(r);
+      check_memory_fits(need, here, available_memory(), opts);
+    }
     corpus.emplace(io::ByteCorpus::load(data_path));
     // Both splits must hold a window (the checks name the file and the sizes).
     const int n_data = opts.dims.dp * opts.dims.ep;
@@ -181,9 +254,24 @@ TrainResult run_training(const TrainOptions& opts) {
       corpus->sample_batch(one.data(), 1, opts.seq_len, probe, io::Split::kTrain);
     }
     ckpt_dir = opts.checkpoint_dir.empty() ? opts.out_dir + "/checkpoints" : opts.checkpoint_dir;
-    MOE_CHECK(opts.checkpoint_keep >= 0, "--checkpoint.keep must be >= 0, got ", opts.checkpoint_keep);
-    MOE_CHECK(opts.checkpoint_every >= 0, "--checkpoint.every must be >= 0, got ", opts.checkpoint_every);
-    MOE_CHECK(opts.max_bad_steps >= 1, "--max-bad-steps must be >= 1, got ", opts.max_bad_steps);
+    if (root) {
+      // Outputs: writable now, not after the last step; one run per folder (the lock is held
+      // until this process ends; its file names the holder for a second run).
+      const std::string what = str_cat("moetrain train --out ", opts.out_dir, " (", world.size(), " rank(s))");
+      check_output_dir(opts.out_dir, "--out");
+      out_lock = DirLock::acquire(opts.out_dir, "--out", what);
+      for (const char* f : {"model.safetensors", "config.json", "metrics.jsonl"}) {
+        const fs::path p = fs::path(opts.out_dir) / f;
+        std::error_code ec;
+        MOE_CHECK(!fs::exists(p, ec) || fs::is_regular_file(p, ec), p.string(),
+                  ": exists and is not a regular file; the run could not write its results there");
+      }
+      check_output_dir(ckpt_dir, opts.checkpoint_dir.empty() ? "--out (its checkpoints folder)" : "--checkpoint.dir");
+      std::error_code ec;
+      if (!fs::equivalent(ckpt_dir, opts.out_dir, ec))
+        ckpt_lock = DirLock::acquire(ckpt_dir, opts.checkpoint_dir.empty() ? "--out (its checkpoints folder)"
+                                                                            : "--checkpoint.dir", what);
+    }
     if (!opts.resume.empty()) {
       resume_path = opts.resume == "latest" ? find_latest_checkpoint(ckpt_dir) : opts.resume;
       MOE_CHECK(!resume_path.empty(), ckpt_dir, ": --resume latest found no complete checkpoint");
@@ -197,30 +285,47 @@ TrainResult run_training(const TrainOptions& opts) {
       MOE_CHECK(meta.step <= opts.steps, resume_path, ": checkpoint is at step ", meta.step,
                 ", beyond --steps ", opts.steps);
     }
-    if (root) {
-      std::error_code ec;
-      fs::create_directories(opts.out_dir, ec);
-      MOE_CHECK(!ec, opts.out_dir, ": cannot create output folder (", ec.message(), ")");
-      const std::string metrics_path = opts.out_dir + "/metrics.jsonl";
-      // A resumed run appends to the metrics of the run it continues.
-      metrics.open(metrics_path, opts.resume.empty() ? std::ios::trunc : std::ios::app);
-      MOE_CHECK(metrics.good(), metrics_path, ": cannot open for writing");
-    }
-  } catch (const Error& e) {
+  } catch (const std::bad_alloc&) {
+    setup_error = "out of memory during setup (std::bad_alloc): the memory estimate fitted, the machine did not";
+  } catch (const std::exception& e) {
     setup_error = e.what();
   }
-  if (world.size() > 1) {
-    // The lowest failing rank reports; every rank stops.
-    int64_t flag = setup_error.empty() ? 0 : world.size() - world.rank();
-    world.allreduce_max(&flag, 1);
-    if (flag > 0) {
-      const int reporter = world.size() - static_cast<int>(flag);
-      throw SetupError(setup_error.empty() ? "another rank failed during setup" : setup_error,
-                       world.rank() == reporter);
+  // Agreement: the lowest failing rank reports; every rank stops.
+  auto agree = [&world](const std::string& error) {
+    if (world.size() > 1) {
+      int64_t flag = error.empty() ? 0 : world.size() - world.rank();
+      world.allreduce_max(&flag, 1);
+      if (flag > 0) {
+        const int reporter = world.size() - static_cast<int>(flag);
+        throw SetupError(error.empty() ? "another rank failed during setup" : error, world.rank() == reporter);
+      }
+    } else if (!error.empty()) {
+      throw SetupError(error, true);
     }
-  } else if (!setup_error.empty()) {
-    throw SetupError(setup_error, true);
+  };
+  agree(setup_error);
+  // Every check passed: only now is metrics.jsonl touched, so a run refused in setup leaves an
+  // earlier run's file as it was. A resumed run appends to the run it continues; a fresh one
+  // keeps the earlier file as metrics.jsonl.prev.
+  if (root) {
+    try {
+      const std::string metrics_path = opts.out_dir + "/metrics.jsonl";
+      std::error_code ec;
+      if (opts.resume.empty() && fs::exists(metrics_path, ec) && fs::file_size(metrics_path, ec) > 0) {
+        fs::rename(metrics_path, metrics_path + ".prev", ec);
+        MOE_CHECK(!ec, metrics_path, ": cannot keep the earlier run's metrics as ", metrics_path, ".prev (",
+                  ec.message(), ")");
+        if (opts.progress)
+          std::fprintf(stderr, "moetrain: %s holds an earlier run's metrics: kept as metrics.jsonl.prev\n",
+                       opts.out_dir.c_str());
+      }
+      metrics.open(metrics_path, opts.resume.empty() ? std::ios::trunc : std::ios::app);
+      MOE_CHECK(metrics.good(), metrics_path, ": cannot open for writing");
+    } catch (const std::exception& e) {
+      setup_error = e.what();
+    }
   }
+  agree(setup_error);
 
   parallel::Grid grid =
       parallel::make_grid(opts.dims, cfg, opts.topo_ranks_per_node, opts.topo_nodes_per_group);
@@ -272,14 +377,29 @@ TrainResult run_training(const TrainOptions& opts) {
     for (int e = 0; e < cfg.n_routed_experts; ++e) where.push_back(e / (cfg.n_routed_experts / grid.dims.ep));
     placement_json[std::to_string(l)] = where;
   }
-  int step0 = 0, bad_steps = 0, bad_in_a_row = 0;
+  int step0 = 0, bad_steps = 0, bad_in_a_row = 0, good_steps = 0, steps_run = 0, bad_steps_at_start = 0;
   std::string last_checkpoint;
+  // Whether weights and AdamW moments are finite on every rank (a collective).
+  auto state_finite = [&]() {
+    auto finite = [](const float* p, size_t n) {
+      bool ok = true;
+      for (size_t i = 0; i < n; ++i) ok &= std::isfinite(p[i]);
+      return ok;
+    };
+    int64_t bad = finite(model.params(), model.num_params()) && finite(opt.m().data(), opt.m().size()) &&
+                          finite(opt.v().data(), opt.v().size())
+                      ? 0
+                      : 1;
+    if (grid.world.size() > 1) grid.world.allreduce_max(&bad, 1);
+    return bad == 0;
+  };
   bool stopped_early = false;
   if (!resume_path.empty()) {
     CheckpointMeta meta = read_checkpoint_meta(resume_path, /*verify=*/false);  // verified in setup
     load_checkpoint_tensors(resume_path, model.layout(), model.params(), opt.m().data(), opt.v().data());
     step0 = meta.step;
     bad_steps = meta.bad_steps;
+    bad_steps_at_start = bad_steps;
     data_rng.set_state(meta.data_rng_state);
     last_checkpoint = resume_path;
     if (root && opts.progress)
@@ -368,6 +488,9 @@ TrainResult run_training(const TrainOptions& opts) {
       if (std::isfinite(loss.total)) gnorm = opt.step(model.params(), model.grads(), step);
       skipped = !std::isfinite(loss.total) || !std::isfinite(gnorm);
     }
+    if (std::find(opts.fault_inf_weight_steps.begin(), opts.fault_inf_weight_steps.end(), step + 1) !=
+        opts.fault_inf_weight_steps.end())
+      model.params()[0] = INFINITY;  // test hook: the update "overflowed" one weight on every rank
     if (skipped) {
       ++bad_steps;
       ++bad_in_a_row;
@@ -375,10 +498,12 @@ TrainResult run_training(const TrainOptions& opts) {
         std::fprintf(stderr, "%sstep %d: non-finite %s, update skipped (%d in a row, %d in all)\n",
                      tty ? "\n" : "", step + 1, std::isfinite(loss.total) ? "gradient" : "loss",
                      bad_in_a_row, bad_steps);
-      MOE_CHECK(bad_in_a_row < opts.max_bad_steps, bad_in_a_row,
-                " non-finite steps in a row (--max-bad-steps ", opts.max_bad_steps,
-                "): stopping; the last good checkpoint is ",
-                last_checkpoint.empty() ? std::string("none") : last_checkpoint);
+      // The loss and the norm are global: every rank stops here together, one reports.
+      if (bad_in_a_row >= opts.max_bad_steps)
+        throw SetupError(str_cat(bad_in_a_row, " non-finite steps in a row (--max-bad-steps ", opts.max_bad_steps,
+                                 "): stopping; the last good checkpoint is ",
+                                 last_checkpoint.empty() ? std::string("none") : last_checkpoint),
+                         root);
     } else {
       bad_in_a_row = 0;
     }
@@ -499,8 +624,17 @@ TrainResult run_training(const TrainOptions& opts) {
     int64_t stop = g_stop_requested ? 1 : 0;
     if (grid.world.size() > 1) grid.world.allreduce_max(&stop, 1);
     // No checkpoint during a streak of non-finite steps: the last good one stays the newest.
-    const bool save = bad_in_a_row == 0 &&
-                      (last || stop || (opts.checkpoint_every > 0 && (step + 1) % opts.checkpoint_every == 0));
+    bool save = bad_in_a_row == 0 &&
+                (last || stop || (opts.checkpoint_every > 0 && (step + 1) % opts.checkpoint_every == 0));
+    // A checkpoint is only ever called good when its tensors are: a finite loss and gradient can
+    // still overflow in the update.
+    if (save && !state_finite()) {
+      save = false;
+      if (root)
+        std::fprintf(stderr, "%sstep %d: weights or AdamW state not finite after the update: no checkpoint "
+                     "written; the last good one is %s\n", tty ? "\n" : "", step + 1,
+                     last_checkpoint.empty() ? "none" : last_checkpoint.c_str());
+    }
     if (save && !ckpt_dir.empty()) {
       CheckpointMeta meta;
       meta.step = step + 1;
@@ -514,17 +648,29 @@ TrainResult run_training(const TrainOptions& opts) {
                                         {&model.layout(), model.params(), opt.m().data(),
                                          opt.v().data(), owned});
     }
+    ++steps_run;
+    if (!skipped) ++good_steps;
     if (stop) {
       stopped_early = true;
       if (root)
         std::fprintf(stderr, "%sstopping on request after step %d; checkpoint %s\n", tty ? "\n" : "",
-                     step + 1, last_checkpoint.c_str());
+                     step + 1, last_checkpoint.empty() ? "none (no good step yet)" : last_checkpoint.c_str());
     }
     if (stop) break;
   }
   res.seconds = now_seconds() - t_start;
   res.bad_steps = bad_steps;
+  // A run that never updated the weights did not train: say so and fail, whatever the reason.
+  if (steps_run > 0 && good_steps == 0)
+    throw SetupError(str_cat("every step of this run was skipped (", bad_steps - bad_steps_at_start,
+                             " non-finite loss or gradient): nothing trained, no weights written; the last good "
+                             "checkpoint is ", last_checkpoint.empty() ? std::string("none") : last_checkpoint),
+                     root);
   if (stopped_early) return res;
+  if (!state_finite())
+    throw SetupError(str_cat("the final weights are not finite: no weights written; the last good checkpoint is ",
+                             last_checkpoint.empty() ? std::string("none") : last_checkpoint),
+                     root);
   const int ran = std::max(1, opts.steps - step0);
   res.tokens_per_s = static_cast<double>(B_global) * T * ran / res.seconds;
   res.mfu = flops_per_step * ran / res.seconds / (res.peak_gflops * 1e9 * grid.world.size());

@@ -48,7 +48,15 @@ struct TrainOptions {
   std::string resume;
   int max_bad_steps = 5;        // non-finite steps in a row before the run stops with an error
   std::vector<int> fault_nan_steps;  // test hook: poison the gradients of these (1-based) steps
+  std::vector<int> fault_inf_weight_steps;  // test hook: an Inf weight after these steps' updates
+  // A rank waiting longer than this in one MPI operation ends the job naming itself, the
+  // operation and the group (comm::CommTimeout). 0 = wait forever.
+  double comm_timeout_s = 600;
 };
+
+// Every option's value on its own (ranges, finiteness, consistency between flags): throws
+// moe::Error with one line naming the flag and the value. run_training calls it first.
+void validate_options(const TrainOptions& opts);
 
 // Per-stage figures of one step, as reported in metrics.jsonl ("stages": [...]).
 struct StageStats {
@@ -69,7 +77,10 @@ struct TrainResult {
 };
 
 // SIGTERM / SIGINT handlers that make run_training finish its step, checkpoint and return (the
-// CLI installs them; a scheduler's time limit then costs no work).
+// CLI installs them; a scheduler's time limit then costs no work). A signal during setup stops
+// the run after its first step. A second signal ends the process at once (exit status 128 + the
+// signal), and a rank blocked in MPI after a stop request ends the job within
+// min(--comm.timeout, 30 s) (comm::CommTimeout).
 void install_stop_handlers();
 
 
@@ -86,6 +97,11 @@ class SetupError : public Error {
   bool report_here_;
 };
 
+// Files a run leaves in --out: model.safetensors and config.json (at the end), metrics.jsonl (one
+// line per step, from the moment every setup check has passed; a resumed run appends, a fresh
+// run keeps the earlier run's file as metrics.jsonl.prev), .moetrain.lock (held for the run, in
+// --out and in the checkpoint folder: a second run on either folder is refused naming the first).
+//
 // Default location of the built-in corpus: ./data/kjv.txt, else <source dir>/data/kjv.txt.
 std::string default_corpus_path();
 

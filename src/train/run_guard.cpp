@@ -1,0 +1,125 @@
+// Input kind, writable outputs, folder locks. See run_guard.h.
+#include "train/run_guard.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <utility>
+
+#include "core/error.h"
+
+namespace moe::train {
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+// The whole file as text (best effort, for naming a lock's holder).
+std::string read_small(int fd) {
+  char buf[512];
+  const ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return "";
+  std::string s(buf, static_cast<size_t>(n));
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\0')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+void check_regular_input(const std::string& path, const std::string& flag) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw Error(str_cat(path, ": cannot open (", flag, "): ", std::strerror(errno)));
+  if (S_ISDIR(st.st_mode)) throw Error(str_cat(path, ": is a directory (", flag, " needs a text file)"));
+  MOE_CHECK(S_ISREG(st.st_mode), path, ": ", flag, " must be a regular file, this is ", file_kind(st.st_mode),
+            " (a stream has no end to split into train and validation data; save it to a file first)");
+}
+
+void check_output_dir(const std::string& dir, const std::string& flag) {
+  MOE_CHECK(!dir.empty(), flag, " must not be empty");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  MOE_CHECK(!ec, dir, ": cannot create output folder (", ec.message(), ")");
+  MOE_CHECK(fs::is_directory(dir, ec), dir, ": cannot create output folder (exists and is not a folder)");
+  // A probe file proves writability as this user (access(W_OK) is wrong on read-only mounts and
+  // for root).
+  const std::string probe = str_cat(dir, "/.moetrain-write-test.", getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(str_cat(dir, ": ", flag, " is not writable: ", std::strerror(errno)));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+DirLock DirLock::acquire(const std::string& dir, const std::string& flag, const std::string& what) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  MOE_CHECK(!ec, dir, ": cannot create output folder (", ec.message(), ")");
+  const std::string path = dir + "/" + kLockFileName;
+  DirLock lock;
+  lock.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock.fd_ < 0) throw Error(str_cat(path, ": cannot create the lock file of ", flag, ": ", std::strerror(errno)));
+  if (::flock(lock.fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string holder = read_small(lock.fd_);
+    if (err == EWOULDBLOCK)
+      throw Error(str_cat(dir, ": ", flag, " is in use by another moetrain run (",
+                          holder.empty() ? std::string("holder unknown") : holder, "; lock file ", path,
+                          "): wait for it to finish or choose another folder"));
+    throw Error(str_cat(path, ": cannot lock (", flag, "): ", std::strerror(err)));
+  }
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  char when[64] = "";
+  const std::time_t now = std::time(nullptr);
+  std::tm tm {};
+  localtime_r(&now, &tm);
+  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+  const std::string text = str_cat("pid ", getpid(), " on ", host, " since ", when, ": ", what, "\n");
+  if (::ftruncate(lock.fd_, 0) == 0) {
+    const ssize_t n = ::pwrite(lock.fd_, text.data(), text.size(), 0);
+    (void)n;  // the lock is what matters; its text only names the holder
+  }
+  return lock;
+}
+
+DirLock::DirLock(DirLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+
+DirLock& DirLock::operator=(DirLock&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(o.fd_, -1);
+  }
+  return *this;
+}
+
+DirLock::~DirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
+}
+
+int launcher_world_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE"}) {
+    const char* v = std::getenv(var);
+    if (v && *v) {
+      const int n = std::atoi(v);
+      if (n > 0) return n;
+    }
+  }
+  return 1;
+}
+
+}  // namespace moe::train
