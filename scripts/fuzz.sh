@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers of user files with libFuzzer (clang-14): safetensors, config.json, dataset,
-# and the planner's Hugging Face configs and cluster profiles.
+# the planner's Hugging Face configs and cluster profiles, and the checkpoint manifest.
 # Usage: scripts/fuzz.sh [SECONDS]   (per target, default 30)
 # Installs clang-14 + libclang-rt-14-dev if missing (and moetrain's dependencies), builds the
 # targets of tests/fuzz in build-fuzz/ (-DMOETRAIN_FUZZ=ON), runs each on a fresh copy of its seed
@@ -10,7 +10,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 seconds="${1:-30}"
-targets=(fuzz_safetensors fuzz_config fuzz_dataset fuzz_plan)
+targets=(fuzz_safetensors fuzz_config fuzz_dataset fuzz_plan fuzz_checkpoint)
 
 "$root/scripts/setup.sh" clang-14 libclang-rt-14-dev
 
@@ -34,8 +34,10 @@ for t in "${targets[@]}"; do
   cp "$root/tests/fuzz/corpus/$t/"* "$work/"
   out="$build/$t.log"
   # -timeout: an input that runs this long is a finding (a hang); -rss_limit_mb likewise for memory.
+  # -max_len: inputs up to 300 KB, so JSON nested 100000 deep (200 KB, the seeds bad_deep*) and
+  # huge size fields are generated, not only libFuzzer's default of the largest seed or 4 KB.
   if (cd "$build" && "$build/tests/fuzz/$t" -max_total_time="$seconds" -timeout=25 \
-        -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" \
+        -max_len=300000 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" \
         "$work") >"$out" 2>&1; then
     runs=$(grep -oE "^stat::number_of_executed_units: *[0-9]+" "$out" | grep -oE "[0-9]+$" || echo "?")
     echo "fuzz: $t ok: $runs inputs in ${seconds}s, corpus $(ls "$work" | wc -l) files"

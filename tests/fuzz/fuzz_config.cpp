@@ -1,18 +1,20 @@
-// libFuzzer target: model::config_from_json of nlohmann::json::parse of the fuzz bytes. A moe::Error
-// or a JSON exception is the expected answer to bad input. An accepted config must survive the
+// libFuzzer target: model::config_from_json of io::parse_json of the fuzz bytes (the depth- and
+// size-bounded parse every config goes through). A moe::Error or a JSON exception is the expected
+// answer to bad input. An accepted config must survive the
 // round trip through config_to_json (the config.json training writes): reading it back must give
 // the same config. Any other exception, a sanitizer report or a crash is a finding.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json_file.h"
 #include "model/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(data, data + size);
-  } catch (const nlohmann::json::exception&) {
+    j = moe::io::parse_json(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz.json");
+  } catch (const moe::Error&) {
     return 0;
   }
   moe::model::ModelConfig c;

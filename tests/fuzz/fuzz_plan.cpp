@@ -1,6 +1,7 @@
 // libFuzzer target: the planner's two user files. The first byte picks the reader, the rest is
 // the file: even -> a Hugging Face config.json (plan::read_hf_config, through a real file), odd ->
-// a cluster profile (plan::profile_from_json of the parsed JSON). A moe::Error or a JSON
+// a cluster profile (plan::profile_from_json of io::parse_json, the bounded parse that
+// load_profile uses). A moe::Error or a JSON
 // exception is the expected answer to bad input. An accepted model must count to finite, positive
 // parameters with active <= total; an accepted profile must survive the round trip through
 // profile_to_json (what calibrate and --save-cluster write). Anything else is a finding.
@@ -10,6 +11,7 @@
 
 #include "core/error.h"
 #include "fuzz_input_file.h"
+#include "io/json_file.h"
 #include "plan/cluster.h"
 #include "plan/plan_model.h"
 
@@ -34,7 +36,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   moe::plan::ClusterProfile c;
   try {
-    c = moe::plan::profile_from_json(nlohmann::json::parse(data, data + size), "fuzz.json");
+    c = moe::plan::profile_from_json(
+        moe::io::parse_json(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz.json"),
+        "fuzz.json");
   } catch (const moe::Error&) {
     return 0;
   } catch (const nlohmann::json::exception&) {

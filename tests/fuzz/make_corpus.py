@@ -118,3 +118,45 @@ plan_config("bad_mixtral_k", {
 # A cluster profile seed: the dgx-h100 preset as `moetrain plan --cluster dgx-h100 --save-cluster`
 # writes it is kept as corpus/fuzz_plan/valid_profile_dgx (prefixed with byte 1); it is not
 # generated here because its tables come from the code under test.
+
+
+# --- deep and huge inputs for every JSON reader (the depth bound: io::check_json_depth) --------
+deep = "[" * 100000 + "]" * 100000
+put("fuzz_config", "bad_deep.json", deep)
+put("fuzz_config", "bad_deep_object.json", '{"a":' * 300 + "1" + "}" * 300)
+put("fuzz_plan", "bad_deep_config", b"\x00" + deep.encode())
+put("fuzz_plan", "bad_deep_profile", b"\x01" + deep.encode())
+put("fuzz_safetensors", "bad_deep_header", struct.pack("<Q", len(deep)) + deep.encode())
+
+
+# --- checkpoint manifest: fuzz_checkpoint writes the bytes as step-1/manifest.json beside a real
+# shard-00000.safetensors (tensor "w", F32 [2] = {1, -2}, as SafetensorsWriter writes it) ----------
+def fnv1a64(b):
+    h = 1469598103934665603
+    for x in b:
+        h = ((h ^ x) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return "%016x" % h
+
+
+shard = st({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, f32(1, -2))
+shards = {"shard-00000.safetensors": {"bytes": len(shard), "fnv1a64": fnv1a64(shard)}}
+manifest = {"format": "moetrain-checkpoint-1", "step": 1, "data_rng_state": "12345", "seed": "42",
+            "bad_steps": 0, "config": {"hidden_size": 32}, "parallel": {"pp": 1},
+            "expert_placement": {}, "tensors": {"w": "shard-00000.safetensors"}, "shards": shards}
+ck = lambda name, m: put("fuzz_checkpoint", name, json.dumps(m, indent=1))
+ck("valid", manifest)
+ck("valid_no_tensors", {**manifest, "tensors": {}})
+ck("bad_dotdot", {**manifest, "tensors": {"w": "../outside.safetensors"},
+                  "shards": {"../outside.safetensors": shards["shard-00000.safetensors"]}})
+ck("bad_absolute", {**manifest, "tensors": {"w": "/etc/passwd"}})
+ck("bad_tensor_name", {**manifest, "tensors": {"../../w": "shard-00000.safetensors"}})
+ck("bad_empty_shards", {**manifest, "shards": {}})
+ck("bad_unlisted_shard", {**manifest, "tensors": {"w": "shard-00001.safetensors"}})
+ck("bad_huge_size", {**manifest, "shards": {"shard-00000.safetensors":
+                                             {"bytes": 2**64 - 1, "fnv1a64": fnv1a64(shard)}}})
+ck("bad_checksum", {**manifest, "shards": {"shard-00000.safetensors":
+                                            {"bytes": len(shard), "fnv1a64": "0" * 16}}})
+ck("bad_seed", {**manifest, "seed": "99999999999999999999999"})
+ck("bad_step", {**manifest, "step": 1e300})
+put("fuzz_checkpoint", "bad_deep", '{"format": "moetrain-checkpoint-1", "config": ' + deep + "}")
+put("fuzz_checkpoint", "bad_truncated", json.dumps(manifest)[:200])
