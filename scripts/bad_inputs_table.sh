@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates docs/bad_inputs.md from real runs: tests/cli_errors.sh --markdown runs every bad-input
-# case against build/moetrain and prints one table row per case (the error line as printed).
+# case against build/moetrain and prints one table row per case (the error line as printed);
+# tests/hostile_files.sh --markdown does the same for the hostile-file cases (second table).
 # Fails, leaving the old table, if any case fails.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -8,6 +9,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 out="$root/docs/bad_inputs.md"
 mkdir -p "$root/docs"
 rows="$(OPENBLAS_NUM_THREADS=1 "$root/tests/cli_errors.sh" "$root/build/moetrain" --markdown)"
+hostile="$(OPENBLAS_NUM_THREADS=1 "$root/tests/hostile_files.sh" "$root/build/moetrain" --markdown)"
 {
   echo "# Bad input: what moetrain says"
   echo
@@ -20,6 +22,20 @@ rows="$(OPENBLAS_NUM_THREADS=1 "$root/tests/cli_errors.sh" "$root/build/moetrain
   echo "(world size mismatches under mpirun, one rank failing) are in \`tests/cli_errors_mpi.sh\`."
   echo
   printf '%s\n' "$rows"
+  echo
+  echo "## Hostile files"
+  echo
+  echo "Every row is a real run of \`tests/hostile_files.sh\` (ctest \`hostile_files\`): a checkpoint,"
+  echo "config, safetensors header, cluster profile or metrics file made to attack the reader. The"
+  echo "command exits non-zero without a crash (exit code < 128) and prints exactly this one line."
+  echo "\`T\` is the test's temporary folder; \`…\` stands for \`--preset test-dense --steps 2 --batch 2"
+  echo "--seq-len 16 --eval-batches 1 --quiet --data T/text.txt\`; the checkpoints are copies of a"
+  echo "2-step test-dense checkpoint, edited as the case says (a shard edit keeps its manifest size"
+  echo "and checksum consistent, so the check that fires is the one named)."
+  echo
+  echo '| case | command | error printed |'
+  echo '|---|---|---|'
+  printf '%s\n' "$hostile"
 } > "$out.tmp"
 mv "$out.tmp" "$out"
 echo "wrote $out ($(printf '%s\n' "$rows" | tail -n +3 | wc -l) cases)"

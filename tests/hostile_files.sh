@@ -39,11 +39,12 @@ expect() {
   err="$("$bin" "$@" 2>&1 >/dev/null)" || rc=$?
   lines=$(printf '%s\n' "$err" | grep -c . || true)
   if [ "$rc" -ne 0 ] && [ "$rc" -lt 128 ] && [ "$lines" -eq 1 ] && printf '%s' "$err" | grep -qF -- "$pattern"; then
-    ok "$name: ${err//$dir\//}"
+    # As shown: the temporary folder as T, the shared flags as "…".
+    local shown="${err//$dir/T}" cmd="moetrain"
+    ok "$name: $shown"
     if [ "$markdown" -eq 1 ]; then
-      local shown="${err//$dir\//}" cmd="moetrain"
-      for a in "$@"; do cmd+=" ${a//$dir\//}"; done
-      cmd="${cmd//train --preset test-dense --steps 2 --batch 2 --seq-len 16 --eval-batches 1 --quiet --data text.txt/train …}"
+      for a in "$@"; do cmd+=" ${a//$dir/T}"; done
+      cmd="${cmd//train --preset test-dense --steps 2 --batch 2 --seq-len 16 --eval-batches 1 --quiet --data T\/text.txt/train …}"
       printf '| %s | `%s` | `%s` |\n' "$name" "${cmd//|/\\|}" "${shown//|/\\|}"
     fi
   else
@@ -94,10 +95,12 @@ good="$dir/run/checkpoints/step-2"
 # fresh NAME: a copy of the good checkpoint at $dir/NAME.
 fresh() { rm -rf "${dir:?}/$1"; cp -r "$good" "$dir/$1"; }
 # both NAME PATTERN CKPT: --resume CKPT and export CKPT both refuse it.
+n_out=0
 both() {
-  expect "$1 (--resume)" "$2" "${common[@]}" --steps 4 --out "$dir/o-$1" --resume "$3"
-  expect "$1 (export)" "$2" export "$3" "$dir/x-$1"
-  [ ! -e "$dir/x-$1/model.safetensors" ] || bad "$1: export wrote weights"
+  n_out=$((n_out + 1))
+  expect "$1 (--resume)" "$2" "${common[@]}" --steps 4 --out "$dir/o$n_out" --resume "$3"
+  expect "$1 (export)" "$2" export "$3" "$dir/x$n_out"
+  [ ! -e "$dir/x$n_out/model.safetensors" ] || bad "$1: export wrote weights"
 }
 
 # --- 1. nothing outside the folder, nothing unchecked ---------------------------------------------
