@@ -173,7 +173,7 @@ expect negative-capacity '`--capacity-factor -1`' \
 expect negative-capacity-dense '`--capacity-factor -1` on a dense model' \
   '--capacity-factor must be >= 0 (0 = dropless), got -1' "${common[@]}" --preset test-dense --capacity-factor -1 --out "$dir/o35"
 expect bad-threads '`--threads 0`' \
-  '--threads must be positive, got 0' "${common[@]}" --threads 0 --out "$dir/o36"
+  '--threads must be in [1, 1024], got 0' "${common[@]}" --threads 0 --out "$dir/o36"
 expect not-a-number '`--threads` not a number' \
   'abc' "${common[@]}" --threads abc --out "$dir/o37"
 expect out-not-writable 'output folder cannot be created (`--out /proc/x`)' \
@@ -181,6 +181,69 @@ expect out-not-writable 'output folder cannot be created (`--out /proc/x`)' \
 expect out-is-a-file 'output folder is an existing file' \
   'text.txt: cannot create output folder' "${common[@]}" --out "$dir/text.txt"
 expect unknown-flag 'unknown flag' 'bogus' train --bogus
+
+# --- every number a flag gives (issue 15, class 5): one line naming the flag and the value --------
+expect lr-nan '`--lr nan`' '--lr must be a number in (0, 1], got nan' "${common[@]}" --lr nan --out "$dir/o39"
+expect lr-inf '`--lr inf`' '--lr must be a number in (0, 1], got inf' "${common[@]}" --lr inf --out "$dir/o40"
+expect lr-negative '`--lr -0.001`' '--lr must be a number in (0, 1], got -0.001' "${common[@]}" --lr -0.001 --out "$dir/o41"
+expect lr-absurd '`--lr 5`' '--lr must be a number in (0, 1], got 5' "${common[@]}" --lr 5 --out "$dir/o42"
+expect min-lr-above-lr '`--min-lr` above `--lr`' \
+  '--min-lr 0.01 is above --lr 0.001' "${common[@]}" --lr 0.001 --min-lr 0.01 --out "$dir/o43"
+expect min-lr-nan '`--min-lr nan`' '--min-lr must be a number >= 0, got nan' "${common[@]}" --min-lr nan --out "$dir/o44"
+expect warmup-negative '`--warmup -1`' '--warmup must be >= 0, got -1' "${common[@]}" --warmup -1 --out "$dir/o45"
+expect grad-clip-negative '`--grad-clip -1`' \
+  '--grad-clip must be a number >= 0 (0 = off), got -1' "${common[@]}" --grad-clip -1 --out "$dir/o46"
+expect grad-clip-nan '`--grad-clip nan`' \
+  '--grad-clip must be a number >= 0 (0 = off), got nan' "${common[@]}" --grad-clip nan --out "$dir/o47"
+expect weight-decay-negative '`--weight-decay -0.1`' \
+  '--weight-decay must be a number >= 0, got -0.1' "${common[@]}" --weight-decay -0.1 --out "$dir/o48"
+expect weight-decay-flips '`--weight-decay 4 --lr 0.5` (lr · wd >= 1)' \
+  'lr * weight decay = 2 >= 1 would zero or flip the weights' "${common[@]}" --weight-decay 4 --lr 0.5 --out "$dir/o49"
+expect seed-negative '`--seed -1`' '--seed: must be a non-negative integer, got -1' "${common[@]}" --seed -1 --out "$dir/o50"
+expect seed-fraction '`--seed 1.5`' '--seed: must be a non-negative integer, got 1.5' "${common[@]}" --seed 1.5 --out "$dir/o51"
+expect eval-every-negative '`--eval-every -1`' \
+  '--eval-every must be >= 0 (0 = only at the end), got -1' "${common[@]}" --eval-every -1 --out "$dir/o52"
+expect eval-batches-zero '`--eval-batches 0`' '--eval-batches must be positive, got 0' "${common[@]}" --eval-batches 0 --out "$dir/o53"
+expect steps-negative '`--steps -5`' '--steps must be positive, got -5' "${common[@]}" --steps -5 --out "$dir/o54"
+expect batch-overflow '`--batch` beyond int32' '--batch' "${common[@]}" --batch 99999999999 --out "$dir/o55"
+expect threads-absurd '`--threads 5000`' '--threads must be in [1, 1024], got 5000' "${common[@]}" --threads 5000 --out "$dir/o56"
+expect capacity-inf '`--capacity-factor inf`' \
+  '--capacity-factor must be >= 0 (0 = dropless), got inf' "${common[@]}" --preset test-moe --capacity-factor inf --out "$dir/o57"
+expect capacity-nan '`--capacity-factor nan`' \
+  '--capacity-factor must be >= 0 (0 = dropless), got nan' "${common[@]}" --preset test-moe --capacity-factor nan --out "$dir/o58"
+expect micro-batches-zero '`--micro-batches 0`' '--micro-batches must be >= 1, got 0' "${common[@]}" --micro-batches 0 --out "$dir/o59"
+expect checkpoint-every-negative '`--checkpoint.every -1`' \
+  '--checkpoint.every must be >= 0, got -1' "${common[@]}" --checkpoint.every -1 --out "$dir/o60"
+expect checkpoint-keep-negative '`--checkpoint.keep -1`' \
+  '--checkpoint.keep must be >= 0, got -1' "${common[@]}" --checkpoint.keep -1 --out "$dir/o61"
+expect max-bad-steps-zero '`--max-bad-steps 0`' '--max-bad-steps must be >= 1, got 0' "${common[@]}" --max-bad-steps 0 --out "$dir/o62"
+expect fault-step-zero '`--fault.nan-steps 0`' '--fault.nan-steps: steps count from 1, got 0' "${common[@]}" --fault.nan-steps 0 --out "$dir/o63"
+expect comm-timeout-negative '`--comm.timeout -1`' \
+  '--comm.timeout must be a number of seconds >= 0 (0 = wait forever), got -1' "${common[@]}" --comm.timeout -1 --out "$dir/o64"
+expect comm-timeout-nan '`--comm.timeout nan`' \
+  '--comm.timeout must be a number of seconds >= 0 (0 = wait forever), got nan' "${common[@]}" --comm.timeout nan --out "$dir/o65"
+expect topo-negative '`--topo.ranks-per-node -1`' \
+  '--topo.ranks-per-node -1 must be >= 0' "${common[@]}" --topo.ranks-per-node -1 --out "$dir/o66"
+
+# --- resources before the work (class 3): memory, the data file's kind, output folders ----------
+expect batch-out-of-memory '`--batch 100000` (hundreds of GB of activations)' \
+  'not enough memory on' "${common[@]}" --batch 100000 --seq-len 128 --out "$dir/o67"
+cfg "$dir/enormous.json" 'c.update(hidden_size=65536, num_hidden_layers=64, num_attention_heads=64, intermediate_size=200000, moe_intermediate_size=16000, n_routed_experts=256)'
+expect config-out-of-memory 'config: 800 TB of weights and optimizer state' \
+  "the model's state alone does not fit" "${common[@]}" --config "$dir/enormous.json" --batch 1 --out "$dir/o68"
+MOETRAIN_MEMORY_AVAILABLE=1000000 expect memory-limit 'memory below the estimate (test hook: 1 MB available)' \
+  '1.0 MB (1000000 bytes) available (MOETRAIN_MEMORY_AVAILABLE)' "${common[@]}" --out "$dir/o69"
+mkfifo "$dir/fifo"
+expect data-fifo 'data: `--data` is a FIFO (would block in open)' \
+  'fifo: --data must be a regular file, this is a FIFO (named pipe)' "${common[@]}" --data "$dir/fifo" --out "$dir/o70"
+expect data-char-device 'data: `--data /dev/zero` (never ends)' \
+  '/dev/zero: --data must be a regular file, this is a character device' "${common[@]}" --data /dev/zero --out "$dir/o71"
+expect checkpoint-dir-unwritable 'checkpoint folder cannot be created (`--checkpoint.dir /proc/x`), before step 1' \
+  '/proc/x: cannot create output folder' "${common[@]}" --checkpoint.dir /proc/x --out "$dir/o72"
+mkdir -p "$dir/o73/model.safetensors"
+expect out-weights-is-a-folder 'output: `model.safetensors` in --out is a folder' \
+  'model.safetensors: exists and is not a regular file' "${common[@]}" --out "$dir/o73"
+rmdir "$dir/o73/model.safetensors"
 
 # The planner (moetrain plan): models, clusters, layouts.
 expect plan-unknown-model '`plan`: unknown model' \
@@ -219,6 +282,35 @@ expect plan-gemm-syntax '`plan --gemm`: malformed shape' \
   "--gemm: 'nt:3x4' is not FORM:MxNxK" plan --gemm nt:3x4
 expect plan-layout-syntax '`plan --evaluate`: malformed `--layout`' \
   'pp=two' plan --model xmoe-small --evaluate --layout pp=two
+expect plan-imbalance-inf '`plan --imbalance inf`' \
+  '--imbalance must be a finite number >= 1 (rows on the busiest rank / the mean), got inf' plan --model tiny --gpus 2 --imbalance inf
+expect plan-imbalance-nan '`plan --imbalance nan`' \
+  '--imbalance must be a finite number >= 1 (rows on the busiest rank / the mean), got nan' plan --model tiny --gpus 2 --imbalance nan
+expect plan-max-micro-batches-zero '`plan --max-micro-batches 0`' \
+  '--max-micro-batches must be >= 1, got 0' plan --model tiny --gpus 2 --max-micro-batches 0
+expect plan-gpus-negative '`plan --gpus -3`' '--gpus must be >= 1, got -3' plan --model tiny --gpus -3
+expect plan-gemm-inf '`plan --gemm` with an infinite size' \
+  "--gemm: 'nt:infx3x4' is not FORM:MxNxK" plan --gemm nt:infx3x4
+
+# export's numbers
+expect export-shard-nan '`export --shard-mb nan`' \
+  '--shard-mb must be a positive number of megabytes (at most 1e9), got nan' export "$dir/nockpt" "$dir/exp" --shard-mb nan
+expect export-shard-zero '`export --shard-mb 0`' \
+  '--shard-mb must be a positive number of megabytes (at most 1e9), got 0' export "$dir/nockpt" "$dir/exp" --shard-mb 0
+expect export-shard-negative '`export --shard-mb -5`' \
+  '--shard-mb must be a positive number of megabytes (at most 1e9), got -5' export "$dir/nockpt" "$dir/exp" --shard-mb -5
+
+# bench's numbers
+expect bench-capacity-nan '`bench moe-layer --capacity-factor nan`' \
+  '--capacity-factor must be a finite number >= 0, got nan' bench moe-layer --capacity-factor nan
+expect bench-seed-negative '`bench moe-layer --seed -2`' '--seed: must be a non-negative integer, got -2' bench moe-layer --seed -2
+expect bench-a2a-factor-inf '`bench a2a -f inf` (sizes would never grow past the first)' \
+  '-f must be a finite number in (1, 1024], got inf' bench a2a -f inf
+expect bench-a2a-size-inf '`bench a2a -e inf`' "-e: 'inf' is not a size" bench a2a -e inf
+expect bench-pipeline-forward-inf '`bench pipeline --forward-ms inf` (a stage would sleep forever)' \
+  '--forward-ms must be a finite number of milliseconds in (0, 60000], got inf' bench pipeline --forward-ms inf
+expect bench-pipeline-activation-negative '`bench pipeline --activation-floats -1`' \
+  '--activation-floats must be at most 2^30' bench pipeline --activation-floats -1
 
 for o in "$dir"/o*; do
   [ -e "$o/model.safetensors" ] && { echo "FAIL: $o has weights after an error" >&2; fail=$((fail + 1)); }

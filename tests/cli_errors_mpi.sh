@@ -36,5 +36,31 @@ expect zero-micro-batches 2 '--micro-batches must be >= 1, got 0' --pp 2 --micro
 expect batch-vs-micro 2 '--batch 2 is not divisible by --micro-batches 4' --pp 2 --micro-batches 4
 expect bad-schedule 2 "pp2" --pp 2 --pp.schedule pp2
 expect missing-data 2 'nope.txt' --ep 2 --data "$dir/nope.txt"
+# Issue 15: flag values, resources and non-finite runs, on more than one rank.
+expect lr-nan 2 '--lr must be a number in (0, 1\], got nan' --ep 2 --lr nan
+expect min-lr-above-lr 4 '--min-lr 0.5 is above --lr 0.1' --ep 2 --pp 2 --lr 0.1 --min-lr 0.5
+expect comm-timeout-negative 2 '--comm.timeout must be a number of seconds >= 0' --pp 2 --comm.timeout -3
+mkfifo "$dir/fifo"
+expect data-fifo 2 'fifo: --data must be a regular file, this is a FIFO' --ep 2 --data "$dir/fifo"
+expect out-of-memory 4 'not enough memory on .* for 4 ranks' --ep 2 --pp 2 --batch 20000 --seq-len 128
+# Two ranks on one host need twice one rank's memory: 1.5 times one rank's estimate fits one only.
+one=$(MOETRAIN_MEMORY_AVAILABLE=1 "$bin" train --steps 2 --quiet --preset test-moe --seq-len 16 --batch 2 \
+      --data "$corpus" --out "$dir/probe" 2>&1 | sed -n 's/.*needs [^(]*(\([0-9]*\) bytes.*/\1/p')
+[ -n "$one" ] || { echo "FAIL memory-probe: no byte count in the one-rank estimate"; fail=$((fail + 1)); one=0; }
+MOETRAIN_MEMORY_AVAILABLE=$((one * 3 / 2)) expect memory-adds-up-per-host 2 'for 2 ranks' --dp 2
+expect all-steps-skipped 2 'every step of this run was skipped (2 non-finite' --ep 2 --fault.nan-steps 1,2
+expect bad-steps-in-a-row 4 '2 non-finite steps in a row (--max-bad-steps 2)' --ep 2 --pp 2 --steps 4 \
+  --fault.nan-steps 2,3 --max-bad-steps 2
+expect final-weights-not-finite 2 'the final weights are not finite' --pp 2 --fault.inf-weight-steps 1
+# export is one process: under mpirun it refuses (once), instead of every rank writing one folder.
+out="$(timeout 60 mpirun --oversubscribe --bind-to none -np 2 "$bin" export "$dir/nockpt" "$dir/exp" 2>&1)"
+rc=$?
+n=$(printf '%s\n' "$out" | grep -c "^moetrain: error")
+if [ "$rc" -ne 0 ] && [ "$n" -eq 1 ] && printf '%s' "$out" | grep -q "export writes one folder from one process, but this is one of 2 ranks"; then
+  pass=$((pass + 1))
+else
+  echo "FAIL export-under-mpirun: rc=$rc error lines=$n output: $out"
+  fail=$((fail + 1))
+fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -263,6 +263,7 @@ int main(int argc, char** argv) {
                 "--shard-mb must be a positive number of megabytes (at most 1e9), got ", export_shard_mb);
       // Started once per rank, every copy would write the same folder at the same time.
       const int ranks = train::launcher_world_size();
+      if (ranks > 1 && train::launcher_world_rank() != 0) return 1;  // rank 0 says why, once
       MOE_CHECK(ranks == 1, "export writes one folder from one process, but this is one of ", ranks,
                 " ranks started by a launcher (mpirun/srun): run `moetrain export` without it");
       train::ExportResult r = train::export_checkpoint(

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -120,6 +121,14 @@ int launcher_world_size() {
     }
   }
   return 1;
+}
+
+int launcher_world_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"}) {
+    const char* v = std::getenv(var);
+    if (v && *v) return std::max(0, std::atoi(v));
+  }
+  return 0;
 }
 
 }  // namespace moe::train

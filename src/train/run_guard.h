@@ -39,5 +39,7 @@ inline constexpr const char* kLockFileName = ".moetrain.lock";
 // The rank count a launcher (mpirun, srun with PMI) started this process among, from its
 // environment; 1 when started alone. For commands that must not run once per rank.
 int launcher_world_size();
+// This process's rank among them (0 when started alone).
+int launcher_world_rank();
 
 }  // namespace moe::train
