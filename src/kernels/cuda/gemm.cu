@@ -1,0 +1,141 @@
+// Row-major GEMM on cuBLAS (column-major): C = op(A)·op(B) row-major is C^T = op(B)^T·op(A)^T
+// column-major, so the operands swap and each row stride becomes a leading dimension. fp32 inputs
+// run in fp32 (no TF32, see context.cu); with kernels::gemm_bf16() the inputs are rounded to bf16
+// in a cached workspace and accumulated and written in fp32. See gemm.h.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/device_select.h"
+#include "kernels/gemm.h"
+
+namespace moe::kernels::cuda {
+namespace {
+
+// dst[r, c] = bf16(src[r·ld + c]) for r < rows, c < cols; dst is dense (row stride cols).
+__global__ void to_bf16_kernel(__nv_bfloat16* dst, const float* src, size_t rows, size_t cols,
+                               size_t ld) {
+  const size_t n = rows * cols;
+  MOE_GRID_STRIDE(i, n) {
+    const size_t r = i / cols, c = i - r * cols;
+    dst[i] = __float2bfloat16_rn(src[r * ld + c]);
+  }
+}
+
+// C = beta·C (0 when beta == 0, as the CPU does for K == 0), row stride ldc.
+__global__ void scale_kernel(float* C, size_t M, size_t N, size_t ldc, float beta) {
+  const size_t n = M * N;
+  MOE_GRID_STRIDE(i, n) {
+    const size_t r = i / N, c = i - r * N;
+    float* p = C + r * ldc + c;
+    *p = beta == 0.0f ? 0.0f : beta * *p;
+  }
+}
+
+__global__ void fill_pattern_kernel(float* x, size_t n, unsigned mul) {
+  MOE_GRID_STRIDE(i, n)
+    x[i] = static_cast<float>((i * mul) % 1000) * 1e-3f - 0.5f;
+}
+
+Scratch g_bf16;  // bf16 copies of A and B
+
+// Rounds the stored [rows, cols] (row stride ld) operand to dense bf16 at dst.
+void convert(__nv_bfloat16* dst, const float* src, int rows, int cols, int ld) {
+  const size_t n = static_cast<size_t>(rows) * cols;
+  if (n == 0) return;
+  to_bf16_kernel<<<elem_blocks(n), kThreads, 0, stream()>>>(dst, src, rows, cols, ld);
+  MOE_CUDA_LAUNCHED("to_bf16");
+}
+
+// The column-major call for row-major operands (lda/ldb/ldc already resolved).
+void gemm_ex(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A,
+             int lda, const void* B, int ldb, cudaDataType_t type, float beta, float* C, int ldc) {
+  MOE_CUBLAS_CHECK(cublasGemmEx(blas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, type, ldb,
+                                A, type, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc) {
+  MOE_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
+  if (M == 0 || N == 0) return;
+  // Stored shapes: A is [M,K] (or [K,M] transposed), B is [K,N] (or [N,K]).
+  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  if (lda == 0) lda = a_cols;
+  if (ldb == 0) ldb = b_cols;
+  if (ldc == 0) ldc = N;
+  MOE_CHECK(lda >= a_cols && ldb >= b_cols && ldc >= N, "gemm: row strides lda=", lda, " ldb=",
+            ldb, " ldc=", ldc, " are below the row lengths ", a_cols, ", ", b_cols, ", ", N);
+  if (K == 0) {  // cuBLAS is not asked for K == 0; scale C as the CPU does
+    scale_kernel<<<elem_blocks(static_cast<size_t>(M) * N), kThreads, 0, stream()>>>(C, M, N, ldc,
+                                                                                    beta);
+    MOE_CUDA_LAUNCHED("gemm scale");
+    return;
+  }
+  if (!gemm_bf16()) {
+    gemm_ex(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, CUDA_R_32F, beta, C, ldc);
+    return;
+  }
+  const size_t a_n = static_cast<size_t>(a_rows) * a_cols;
+  const size_t b_n = static_cast<size_t>(b_rows) * b_cols;
+  const size_t a_bytes = align256(a_n * sizeof(__nv_bfloat16));
+  char* ws = static_cast<char*>(g_bf16.get(a_bytes + b_n * sizeof(__nv_bfloat16)));
+  auto* a16 = reinterpret_cast<__nv_bfloat16*>(ws);
+  auto* b16 = reinterpret_cast<__nv_bfloat16*>(ws + a_bytes);
+  convert(a16, A, a_rows, a_cols, lda);
+  convert(b16, B, b_rows, b_cols, ldb);
+  gemm_ex(trans_a, trans_b, M, N, K, alpha, a16, a_cols, b16, b_cols, CUDA_R_16BF, beta, C, ldc);
+}
+
+double measure_gemm_gflops(int n, int repeats, bool bf16) {
+  MOE_CHECK(n > 0 && repeats > 0, "measure_gemm_gflops: n=", n, " repeats=", repeats);
+  const size_t nn = static_cast<size_t>(n) * n;
+  Buffer<float> a(nn, nullptr, Device::kCuda), b(nn, nullptr, Device::kCuda),
+      c(nn, nullptr, Device::kCuda);
+  fill_pattern_kernel<<<elem_blocks(nn), kThreads, 0, stream()>>>(a.data(), nn, 7919u);
+  MOE_CUDA_LAUNCHED("fill");
+  fill_pattern_kernel<<<elem_blocks(nn), kThreads, 0, stream()>>>(b.data(), nn, 104729u);
+  MOE_CUDA_LAUNCHED("fill");
+  Buffer<__nv_bfloat16> a16, b16;
+  const void* pa = a.data();
+  const void* pb = b.data();
+  if (bf16) {
+    a16.resize(nn, nullptr, Device::kCuda);
+    b16.resize(nn, nullptr, Device::kCuda);
+    convert(a16.data(), a.data(), n, n, n);
+    convert(b16.data(), b.data(), n, n, n);
+    pa = a16.data();
+    pb = b16.data();
+  }
+  const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  cudaEvent_t start, stop;
+  MOE_CUDA_CHECK(cudaEventCreate(&start));
+  MOE_CUDA_CHECK(cudaEventCreate(&stop));
+  float best_ms = 1e30f;
+  try {
+    gemm_ex(false, false, n, n, n, 1.0f, pa, n, pb, n, type, 0.0f, c.data(), n);  // warm up
+    for (int r = 0; r < repeats; ++r) {
+      MOE_CUDA_CHECK(cudaEventRecord(start, stream()));
+      gemm_ex(false, false, n, n, n, 1.0f, pa, n, pb, n, type, 0.0f, c.data(), n);
+      MOE_CUDA_CHECK(cudaEventRecord(stop, stream()));
+      MOE_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0.0f;
+      MOE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      best_ms = std::min(best_ms, ms);
+    }
+  } catch (...) {
+    (void)cudaEventDestroy(start);
+    (void)cudaEventDestroy(stop);
+    throw;
+  }
+  MOE_CUDA_CHECK(cudaEventDestroy(start));
+  MOE_CUDA_CHECK(cudaEventDestroy(stop));
+  return 2.0 * n * static_cast<double>(n) * n / (best_ms * 1e-3) * 1e-9;
+}
+
+}  // namespace moe::kernels::cuda

@@ -1,0 +1,800 @@
+// The CUDA leaf kernels against the CPU ones, test-backend-ops style: every case below is one
+// entry of a table (op, shape, error bound, and a body that fills the inputs, runs the CPU kernel
+// with the active device cpu and the kernels::cuda one on device copies of the same inputs, and
+// compares every output). Gradient outputs are pre-filled with nonzero values on both sides, so
+// the += contract is checked too. Error = normalised mean squared error (ggml's NMSE):
+//   nmse = Σ (gpu - cpu)² / Σ cpu²
+// with the bound stated per case; index outputs (layouts, top-k ids, counts) must match exactly.
+// One line per case; exit 1 on any failure, 77 (ctest: skipped) without a visible GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/buffer.h"
+#include "core/device.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/cuda/context.h"
+#include "kernels/device_select.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/permute.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/router_ops.h"
+
+namespace {
+
+using namespace moe;
+using namespace moe::kernels;
+using Vec = std::vector<float>;
+using IVec = std::vector<int32_t>;
+
+// ---- host <-> device ----
+template <class T>
+Buffer<T> dev(const std::vector<T>& h) {
+  Buffer<T> b(h.size(), nullptr, Device::kCuda);
+  device_copy(Device::kCuda, b.data(), Device::kCpu, h.data(), h.size() * sizeof(T));
+  return b;
+}
+template <class T>
+std::vector<T> host(const Buffer<T>& b) {
+  cuda::synchronize("test_cuda_ops");
+  std::vector<T> h(b.size());
+  device_copy(Device::kCpu, h.data(), Device::kCuda, b.data(), b.bytes());
+  return h;
+}
+
+// ---- inputs ----
+Vec randn(Rng& rng, size_t n, double scale = 1.0) {
+  Vec v(n);
+  for (auto& x : v) x = static_cast<float>(rng.normal() * scale);
+  return v;
+}
+Vec uniform(Rng& rng, size_t n, double lo, double hi) {
+  Vec v(n);
+  for (auto& x : v) x = static_cast<float>(lo + (hi - lo) * rng.uniform());
+  return v;
+}
+// Expert ids of T tokens × k distinct slots in [0, E), expert `skip` never chosen (-1: none).
+IVec topk_ids(Rng& rng, int T, int k, int E, int skip) {
+  IVec idx(static_cast<size_t>(T) * k);
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < k; ++j) {
+      int32_t e;
+      bool again;
+      do {
+        e = static_cast<int32_t>(rng.below(E));
+        again = e == skip;
+        for (int i = 0; i < j; ++i) again = again || idx[static_cast<size_t>(t) * k + i] == e;
+      } while (again);
+      idx[static_cast<size_t>(t) * k + j] = e;
+    }
+  return idx;
+}
+
+// ---- comparison ----
+struct Checker {
+  double worst = 0.0;  // largest NMSE over the float outputs
+  bool exact_ok = true;
+  std::string note;
+
+  void close(const char* what, const Vec& gpu, const Vec& cpu) {
+    if (gpu.size() != cpu.size()) return mismatch(what, "size differs");
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      const double d = static_cast<double>(gpu[i]) - cpu[i];
+      num += d * d;
+      den += static_cast<double>(cpu[i]) * cpu[i];
+    }
+    record(what, den > 0.0 ? num / den : num);
+  }
+  void scalar(const char* what, double gpu, double cpu) {
+    const double d = gpu - cpu;
+    record(what, cpu != 0.0 ? d * d / (cpu * cpu) : d * d);
+  }
+  template <class T>
+  void same(const char* what, const std::vector<T>& gpu, const std::vector<T>& cpu) {
+    if (gpu.size() != cpu.size()) return mismatch(what, "size differs");
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < cpu.size(); ++i)
+      if (!(gpu[i] == cpu[i]) && bad++ == 0) first = i;
+    if (bad)
+      mismatch(what, str_cat(bad, " differ, first [", first, "] gpu ", gpu[first], " cpu ",
+                             cpu[first]));
+  }
+  void mismatch(const char* what, const std::string& why) {
+    exact_ok = false;
+    note += str_cat(" ", what, ": ", why, ";");
+  }
+
+ private:
+  void record(const char* what, double e) {
+    if (!(e <= worst)) {  // NaN sticks
+      worst = e;
+      if (std::isnan(e)) note += str_cat(" ", what, ": NaN;");
+    }
+  }
+};
+
+struct OpCase {
+  std::string name;
+  std::string shape;
+  double bound;  // NMSE bound of the float outputs
+  std::function<void(Checker&)> run;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The table.
+
+void add_gemm(std::vector<OpCase>& ops, bool ta, bool tb, int M, int N, int K, float alpha,
+              float beta, int pad, bool bf16) {
+  const std::string name = str_cat("gemm", bf16 ? "_bf16" : "", " ", ta ? "T" : "N", tb ? "T" : "N",
+                                   pad ? " strided" : "");
+  const std::string shape = str_cat("M=", M, " N=", N, " K=", K, " a=", alpha, " b=", beta);
+  // fp32: cuBLAS vs OpenBLAS round-off (~1e-13 expected); bf16: input rounding 2^-9 (~3e-6).
+  ops.push_back({name, shape, bf16 ? 1e-4 : 1e-7, [=](Checker& c) {
+                   Rng rng(1000 + M * 7 + N * 3 + K);
+                   const int lda = pad ? (ta ? M : K) + pad : 0, ldb = pad ? (tb ? K : N) + pad + 1 : 0,
+                             ldc = pad ? N + pad + 2 : 0;
+                   const size_t a_n = static_cast<size_t>(ta ? K : M) * (lda ? lda : (ta ? M : K));
+                   const size_t b_n = static_cast<size_t>(tb ? N : K) * (ldb ? ldb : (tb ? K : N));
+                   const size_t c_n = static_cast<size_t>(M) * (ldc ? ldc : N);
+                   Vec A = randn(rng, a_n), B = randn(rng, b_n), C = randn(rng, c_n);
+                   auto dA = dev(A), dB = dev(B);
+                   auto dC = dev(C);
+                   gemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+                   set_gemm_bf16(bf16);
+                   try {
+                     cuda::gemm(ta, tb, M, N, K, alpha, dA.data(), lda, dB.data(), ldb, beta,
+                                dC.data(), ldc);
+                   } catch (...) {
+                     set_gemm_bf16(false);
+                     throw;
+                   }
+                   set_gemm_bf16(false);
+                   c.close("C", host(dC), C);
+                 }});
+}
+
+void add_elementwise(std::vector<OpCase>& ops) {
+  for (size_t n : {size_t{10007}, size_t{0}}) {
+    const std::string shape = str_cat("n=", n);
+    // The same math::swiglu per element; only expf ulps and FMA contraction differ.
+    ops.push_back({"swiglu_forward", shape, 1e-10, [=](Checker& c) {
+                     Rng rng(1);
+                     Vec g = randn(rng, n, 2.0), u = randn(rng, n), h(n, 0.0f);
+                     auto dg = dev(g), du = dev(u), dh = dev(h);
+                     swiglu_forward(h.data(), g.data(), u.data(), n);
+                     cuda::swiglu_forward(dh.data(), dg.data(), du.data(), n);
+                     c.close("h", host(dh), h);
+                   }});
+    ops.push_back({"swiglu_backward", shape, 1e-10, [=](Checker& c) {
+                     Rng rng(2);
+                     Vec g = randn(rng, n, 2.0), u = randn(rng, n), dh = randn(rng, n);
+                     Vec dg = randn(rng, n), du = randn(rng, n);  // += contract
+                     auto d_g = dev(g), d_u = dev(u), d_dh = dev(dh), d_dg = dev(dg),
+                          d_du = dev(du);
+                     swiglu_backward(dg.data(), du.data(), dh.data(), g.data(), u.data(), n);
+                     cuda::swiglu_backward(d_dg.data(), d_du.data(), d_dh.data(), d_g.data(),
+                                           d_u.data(), n);
+                     c.close("dg", host(d_dg), dg);
+                     c.close("du", host(d_du), du);
+                   }});
+    ops.push_back({"swiglu_backward_inplace", shape, 1e-10, [=](Checker& c) {
+                     Rng rng(3);
+                     Vec g = randn(rng, n, 2.0), u = randn(rng, n), dg = randn(rng, n),
+                         du = randn(rng, n);  // du is overwritten
+                     auto d_g = dev(g), d_u = dev(u), d_dg = dev(dg), d_du = dev(du);
+                     swiglu_backward_inplace(dg.data(), du.data(), g.data(), u.data(), n);
+                     cuda::swiglu_backward_inplace(d_dg.data(), d_du.data(), d_g.data(),
+                                                   d_u.data(), n);
+                     c.close("dg", host(d_dg), dg);
+                     c.close("du", host(d_du), du);
+                   }});
+  }
+  const int V = 50, n_tok = 301, dim = 67;
+  const std::string eshape = str_cat("V=", V, " tokens=", n_tok, " dim=", dim);
+  ops.push_back({"embedding_forward", eshape, 0.0, [=](Checker& c) {
+                   Rng rng(4);
+                   Vec wte = randn(rng, static_cast<size_t>(V) * dim);
+                   IVec tok(n_tok);
+                   for (auto& t : tok) t = static_cast<int32_t>(rng.below(V));
+                   Vec out(static_cast<size_t>(n_tok) * dim);
+                   auto d_wte = dev(wte), d_out = dev(out);
+                   auto d_tok = dev(tok);
+                   embedding_forward(out.data(), tok.data(), wte.data(), n_tok, dim);
+                   cuda::embedding_forward(d_out.data(), d_tok.data(), d_wte.data(), n_tok, dim);
+                   c.close("out", host(d_out), out);
+                 }});
+  // Same adds in the same (token) order: bit-identical.
+  ops.push_back({"embedding_backward", eshape, 0.0, [=](Checker& c) {
+                   Rng rng(5);
+                   Vec dwte = randn(rng, static_cast<size_t>(V) * dim),
+                       dout = randn(rng, static_cast<size_t>(n_tok) * dim);
+                   IVec tok(n_tok);
+                   for (auto& t : tok) t = static_cast<int32_t>(rng.below(V / 2));  // repeats
+                   auto d_dwte = dev(dwte), d_dout = dev(dout);
+                   auto d_tok = dev(tok);
+                   embedding_backward(dwte.data(), dout.data(), tok.data(), n_tok, dim);
+                   cuda::embedding_backward(d_dwte.data(), d_dout.data(), d_tok.data(), n_tok,
+                                            dim);
+                   c.close("dwte", host(d_dwte), dwte);
+                 }});
+  const size_t n = 4099;
+  ops.push_back({"add_inplace", str_cat("n=", n), 0.0, [=](Checker& c) {
+                   Rng rng(6);
+                   Vec y = randn(rng, n), x = randn(rng, n);
+                   auto dy = dev(y), dx = dev(x);
+                   add_inplace(y.data(), x.data(), n);
+                   cuda::add_inplace(dy.data(), dx.data(), n);
+                   c.close("y", host(dy), y);
+                 }});
+  ops.push_back({"copy + fill_zero", str_cat("n=", n), 0.0, [=](Checker& c) {
+                   Rng rng(7);
+                   Vec x = randn(rng, n), y = randn(rng, n), z = randn(rng, n);
+                   auto dx = dev(x), dy = dev(y), dz = dev(z);
+                   copy(y.data(), x.data(), n);
+                   fill_zero(z.data(), n - 1);  // the last element stays
+                   cuda::copy(dy.data(), dx.data(), n);
+                   cuda::fill_zero(dz.data(), n - 1);
+                   c.close("copy", host(dy), y);
+                   c.close("fill_zero", host(dz), z);
+                 }});
+}
+
+void add_rmsnorm(std::vector<OpCase>& ops) {
+  struct S { int rows, dim; };
+  for (S s : {S{37, 1000}, S{5, 4097}, S{300, 64}, S{0, 16}}) {
+    const std::string shape = str_cat("rows=", s.rows, " dim=", s.dim);
+    // Row sums in double on both sides (only the summation tree differs).
+    ops.push_back({"rmsnorm_forward", shape, 1e-10, [=](Checker& c) {
+                     Rng rng(10 + s.rows);
+                     const size_t n = static_cast<size_t>(s.rows) * s.dim;
+                     Vec x = randn(rng, n, 3.0), w = uniform(rng, s.dim, 0.5, 1.5), out(n),
+                         rstd(s.rows);
+                     auto dx = dev(x), dw = dev(w), dout = dev(out), drstd = dev(rstd);
+                     rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), s.rows, s.dim,
+                                     1e-6f);
+                     cuda::rmsnorm_forward(dout.data(), drstd.data(), dx.data(), dw.data(), s.rows,
+                                           s.dim, 1e-6f);
+                     c.close("out", host(dout), out);
+                     c.close("rstd", host(drstd), rstd);
+                   }});
+    for (bool with_dw : {true, false}) {
+      // dw: chunked partial sums (GPU) vs one running sum (CPU), fp32 round-off.
+      ops.push_back({with_dw ? "rmsnorm_backward" : "rmsnorm_backward dw=null", shape, 1e-8,
+                     [=](Checker& c) {
+                       Rng rng(20 + s.rows);
+                       const size_t n = static_cast<size_t>(s.rows) * s.dim;
+                       Vec x = randn(rng, n, 3.0), w = uniform(rng, s.dim, 0.5, 1.5),
+                           dout = randn(rng, n), rstd(s.rows), out(n);
+                       rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), s.rows, s.dim,
+                                       1e-6f);
+                       Vec dx = randn(rng, n), dw = randn(rng, s.dim);
+                       auto d_x = dev(x), d_w = dev(w), d_dout = dev(dout), d_rstd = dev(rstd),
+                            d_dx = dev(dx), d_dw = dev(dw);
+                       rmsnorm_backward(dx.data(), with_dw ? dw.data() : nullptr, dout.data(),
+                                        x.data(), w.data(), rstd.data(), s.rows, s.dim);
+                       cuda::rmsnorm_backward(d_dx.data(), with_dw ? d_dw.data() : nullptr,
+                                              d_dout.data(), d_x.data(), d_w.data(),
+                                              d_rstd.data(), s.rows, s.dim);
+                       c.close("dx", host(d_dx), dx);
+                       c.close("dw", host(d_dw), dw);
+                     }});
+    }
+  }
+}
+
+void add_rope(std::vector<OpCase>& ops) {
+  const int B = 2, T = 13, nh = 3, hd = 16;
+  ops.push_back({"rope_forward + backward", str_cat("B=", B, " T=", T, " nh=", nh, " hd=", hd),
+                 1e-10, [=](Checker& c) {
+                   Rng rng(30);
+                   RopeTable table = make_rope_table(20, hd, 10000.0);
+                   const size_t n = static_cast<size_t>(B) * T * nh * hd;
+                   Vec x = randn(rng, n), dx = randn(rng, n);
+                   auto d_x = dev(x), d_dx = dev(dx);
+                   rope_forward(x.data(), table, B, T, nh, hd);
+                   rope_backward(dx.data(), table, B, T, nh, hd);
+                   cuda::rope_forward(d_x.data(), table, B, T, nh, hd);  // uploads the table
+                   cuda::rope_backward(d_dx.data(), table, B, T, nh, hd);  // reuses it
+                   c.close("x", host(d_x), x);
+                   c.close("dx", host(d_dx), dx);
+                 }});
+}
+
+size_t cuda_saved_floats(int B, int T, int nh, int hd) {
+  set_active_device(Device::kCuda);
+  const size_t n = attention_saved_floats(B, T, nh, hd);
+  set_active_device(Device::kCpu);
+  return n;
+}
+
+void add_attention(std::vector<OpCase>& ops) {
+  struct S { int B, T, nh, hd; };
+  for (S s : {S{2, 37, 3, 16}, S{1, 70, 2, 128}, S{1, 5, 1, 24}, S{3, 1, 2, 8}, S{1, 200, 1, 64},
+              S{2, 0, 2, 16}}) {
+    const std::string shape = str_cat("B=", s.B, " T=", s.T, " nh=", s.nh, " hd=", s.hd);
+    // Online softmax in fp32 vs the CPU's two-pass softmax: fp32 round-off, ~1e-12 expected.
+    ops.push_back({"attention_forward + backward", shape, 1e-6, [=](Checker& c) {
+                     Rng rng(40 + s.T + s.hd);
+                     const size_t n = static_cast<size_t>(s.B) * s.T * s.nh * s.hd;
+                     Vec q = randn(rng, n, 1.5), k = randn(rng, n, 1.5), v = randn(rng, n),
+                         dout = randn(rng, n);
+                     Vec dq = randn(rng, n), dk = randn(rng, n), dv = randn(rng, n), out(n);
+                     Vec att(attention_saved_floats(s.B, s.T, s.nh, s.hd));
+                     Vec scratch(attention_scratch_floats(s.T));
+                     auto d_q = dev(q), d_k = dev(k), d_v = dev(v), d_dout = dev(dout),
+                          d_dq = dev(dq), d_dk = dev(dk), d_dv = dev(dv), d_out = dev(out);
+                     Buffer<float> d_att(cuda_saved_floats(s.B, s.T, s.nh, s.hd), nullptr,
+                                         Device::kCuda);
+                     attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), s.B,
+                                       s.T, s.nh, s.hd);
+                     attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
+                                        k.data(), v.data(), att.data(), s.B, s.T, s.nh, s.hd,
+                                        scratch.data());
+                     cuda::attention_forward(d_out.data(), d_att.data(), d_q.data(), d_k.data(),
+                                             d_v.data(), s.B, s.T, s.nh, s.hd);
+                     cuda::attention_backward(d_dq.data(), d_dk.data(), d_dv.data(), d_dout.data(),
+                                              d_q.data(), d_k.data(), d_v.data(), d_att.data(),
+                                              s.B, s.T, s.nh, s.hd, nullptr);
+                     c.close("out", host(d_out), out);
+                     c.close("dq", host(d_dq), dq);
+                     c.close("dk", host(d_dk), dk);
+                     c.close("dv", host(d_dv), dv);
+                   }});
+  }
+  ops.push_back({"attention head_dim 130 refused", "hd=130", 0.0, [](Checker& c) {
+                   try {
+                     cuda::attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1, 1,
+                                             130);
+                     c.mismatch("throw", "no moe::Error for head_dim 130");
+                   } catch (const Error&) {
+                   }
+                 }});
+}
+
+void add_cross_entropy(std::vector<OpCase>& ops) {
+  struct S { int N, V; };
+  for (S s : {S{19, 1001}, S{3, 50257}, S{0, 10}}) {
+    const std::string shape = str_cat("N=", s.N, " V=", s.V);
+    ops.push_back({"cross_entropy_forward", shape, 1e-10, [=](Checker& c) {
+                     Rng rng(50 + s.N);
+                     const size_t n = static_cast<size_t>(s.N) * s.V;
+                     Vec logits = randn(rng, n, 3.0), probs(n), losses(s.N);
+                     IVec tgt(s.N);
+                     for (auto& t : tgt) t = static_cast<int32_t>(rng.below(s.V));
+                     auto d_logits = dev(logits), d_probs = dev(probs), d_losses = dev(losses);
+                     auto d_tgt = dev(tgt);
+                     const double mean = cross_entropy_forward(losses.data(), probs.data(),
+                                                               logits.data(), tgt.data(), s.N, s.V);
+                     const double d_mean = cuda::cross_entropy_forward(
+                         d_losses.data(), d_probs.data(), d_logits.data(), d_tgt.data(), s.N, s.V);
+                     c.close("losses", host(d_losses), losses);
+                     c.close("probs", host(d_probs), probs);
+                     c.scalar("mean", d_mean, mean);
+                   }});
+    ops.push_back({"cross_entropy_backward", shape, 1e-10, [=](Checker& c) {
+                     Rng rng(60 + s.N);
+                     const size_t n = static_cast<size_t>(s.N) * s.V;
+                     Vec probs = uniform(rng, n, 0.0, 1.0), d = randn(rng, n);
+                     IVec tgt(s.N);
+                     for (auto& t : tgt) t = static_cast<int32_t>(rng.below(s.V));
+                     auto d_probs = dev(probs), d_d = dev(d);
+                     auto d_tgt = dev(tgt);
+                     const float scale = s.N ? 1.0f / s.N : 1.0f;
+                     cross_entropy_backward(d.data(), probs.data(), tgt.data(), s.N, s.V, scale);
+                     cuda::cross_entropy_backward(d_d.data(), d_probs.data(), d_tgt.data(), s.N,
+                                                  s.V, scale);
+                     c.close("dlogits", host(d_d), d);
+                   }});
+  }
+  ops.push_back({"cross_entropy bad target refused", "N=4 V=10", 0.0, [](Checker& c) {
+                   IVec tgt = {1, 2, 10, 3};
+                   Vec logits(40, 0.5f);
+                   auto d_logits = dev(logits), d_probs = dev(logits), d_losses = dev(Vec(4));
+                   auto d_tgt = dev(tgt);
+                   try {
+                     cuda::cross_entropy_forward(d_losses.data(), d_probs.data(), d_logits.data(),
+                                                 d_tgt.data(), 4, 10);
+                     c.mismatch("throw", "no moe::Error for target 10");
+                   } catch (const Error&) {
+                   }
+                 }});
+}
+
+void add_adamw(std::vector<OpCase>& ops) {
+  const size_t n = 5003;
+  ops.push_back({"adamw_update", str_cat("n=", n, " step=3"), 1e-10, [=](Checker& c) {
+                   Rng rng(70);
+                   Vec p = randn(rng, n), g = randn(rng, n), m = randn(rng, n, 0.1),
+                       v = uniform(rng, n, 0.0, 0.2);
+                   auto d_p = dev(p), d_g = dev(g), d_m = dev(m), d_v = dev(v);
+                   AdamWParams hp;
+                   hp.lr = 3e-3f;
+                   hp.weight_decay = 0.1f;
+                   adamw_update(p.data(), g.data(), m.data(), v.data(), n, hp, 3, 0.8f);
+                   cuda::adamw_update(d_p.data(), d_g.data(), d_m.data(), d_v.data(), n, hp, 3,
+                                      0.8f);
+                   c.close("p", host(d_p), p);
+                   c.close("m", host(d_m), m);
+                   c.close("v", host(d_v), v);
+                 }});
+  for (size_t len : {size_t{100003}, size_t{1}, size_t{0}}) {
+    // Double sums in a different order: ~1e-30 expected.
+    ops.push_back({"sum_squares", str_cat("n=", len), 1e-20, [=](Checker& c) {
+                     Rng rng(71);
+                     Vec x = randn(rng, len);
+                     auto d_x = dev(x);
+                     c.scalar("sum", cuda::sum_squares(d_x.data(), len), sum_squares(x.data(), len));
+                   }});
+  }
+}
+
+// offsets_E1 of a layout: no capacity (cap 0), a capacity C, or padded (e·C).
+enum class Offsets { kFull, kCapacity, kPadded };
+IVec layout_offsets(const IVec& count, int cap, Offsets kind) {
+  const int E = static_cast<int>(count.size());
+  IVec off(E + 1, 0);
+  for (int e = 0; e < E; ++e) {
+    const int kept = kind == Offsets::kFull ? count[e] : std::min(count[e], cap);
+    off[e + 1] = kind == Offsets::kPadded ? (e + 1) * cap : off[e] + kept;
+  }
+  return off;
+}
+
+void add_permute(std::vector<OpCase>& ops) {
+  struct S { int T, k, E, skip; };
+  for (S s : {S{50, 3, 7, 5}, S{1000, 1, 16, 3}, S{257, 4, 64, -1}}) {
+    const std::string shape = str_cat("T=", s.T, " k=", s.k, " E=", s.E,
+                                      s.skip >= 0 ? str_cat(" (expert ", s.skip, " empty)") : "");
+    ops.push_back({"count_pairs_per_expert", shape, 0.0, [=](Checker& c) {
+                     Rng rng(80);
+                     IVec idx = topk_ids(rng, s.T, s.k, s.E, s.skip);
+                     auto d_idx = dev(idx);
+                     IVec cnt(s.E, -7), d_cnt(s.E, -7);
+                     count_pairs_per_expert(cnt.data(), idx.data(), idx.size(), s.E);
+                     cuda::count_pairs_per_expert(d_cnt.data(), d_idx.data(), idx.size(), s.E);
+                     c.same("count", d_cnt, cnt);
+                   }});
+    for (Offsets kind : {Offsets::kFull, Offsets::kCapacity, Offsets::kPadded}) {
+      const char* kname = kind == Offsets::kFull ? "all kept" :
+                          kind == Offsets::kCapacity ? "capacity drops" : "padded E*C";
+      ops.push_back({str_cat("place_pairs ", kname), shape, 0.0, [=](Checker& c) {
+                       Rng rng(81);
+                       IVec idx = topk_ids(rng, s.T, s.k, s.E, s.skip);
+                       IVec cnt(s.E);
+                       count_pairs_per_expert(cnt.data(), idx.data(), idx.size(), s.E);
+                       const int cap = std::max(1, s.T * s.k / s.E * 3 / 4);  // below the mean
+                       IVec off = layout_offsets(cnt, cap, kind);
+                       IVec slot(off[s.E], -1), row(idx.size(), 99);
+                       auto d_idx = dev(idx), d_slot = dev(slot), d_row = dev(row);
+                       place_pairs(slot.data(), row.data(), idx.data(), off.data(), idx.size(), s.E);
+                       cuda::place_pairs(d_slot.data(), d_row.data(), d_idx.data(), off.data(),
+                                         idx.size(), s.E);
+                       c.same("slot_of_row", host(d_slot), slot);
+                       c.same("row_of_slot", host(d_row), row);
+                     }});
+    }
+  }
+  ops.push_back({"place_pairs", "P=0", 0.0, [](Checker& c) {
+                   IVec off = {0, 0, 0};
+                   cuda::place_pairs(nullptr, nullptr, nullptr, off.data(), 0, 2);
+                   cuda::synchronize("place_pairs P=0");
+                 }});
+  ops.push_back({"count_pairs_per_expert bad id refused", "P=6 E=3", 0.0, [](Checker& c) {
+                   auto d_idx = dev(IVec{0, 1, 2, 3, 1, 0});
+                   IVec cnt(3);
+                   try {
+                     cuda::count_pairs_per_expert(cnt.data(), d_idx.data(), 6, 3);
+                     c.mismatch("throw", "no moe::Error for id 3");
+                   } catch (const Error&) {
+                   }
+                 }});
+
+  // The row kernels on a padded layout with drops (rows of -1 and slots of -1) and odd H.
+  struct R { int T, k, E, H; };
+  for (R s : {R{61, 2, 8, 37}, R{40, 1, 4, 300}, R{0, 2, 4, 8}}) {
+    const std::string shape = str_cat("T=", s.T, " k=", s.k, " E=", s.E, " H=", s.H);
+    struct Layout {
+      IVec idx, slot, row;
+      size_t N;
+    };
+    auto make_layout = [s](Rng& rng) {
+      Layout l;
+      l.idx = topk_ids(rng, s.T, s.k, s.E, s.E > 2 ? 1 : -1);
+      IVec cnt(s.E);
+      count_pairs_per_expert(cnt.data(), l.idx.data(), l.idx.size(), s.E);
+      IVec off = layout_offsets(cnt, std::max(1, s.T * s.k / s.E), Offsets::kPadded);
+      l.N = static_cast<size_t>(off[s.E]);
+      l.slot.assign(l.N, -1);
+      l.row.assign(l.idx.size(), -1);
+      place_pairs(l.slot.data(), l.row.data(), l.idx.data(), off.data(), l.idx.size(), s.E);
+      return l;
+    };
+    ops.push_back({"gather_rows", shape, 0.0, [=](Checker& c) {
+                     Rng rng(90);
+                     Layout l = make_layout(rng);
+                     Vec x = randn(rng, static_cast<size_t>(s.T) * s.H),
+                         rows = randn(rng, l.N * s.H);
+                     auto d_x = dev(x), d_rows = dev(rows);
+                     auto d_slot = dev(l.slot);
+                     gather_rows(rows.data(), x.data(), l.slot.data(), l.N, s.k, s.H);
+                     cuda::gather_rows(d_rows.data(), d_x.data(), d_slot.data(), l.N, s.k, s.H);
+                     c.close("rows", host(d_rows), rows);
+                   }});
+    ops.push_back({"gather_rows_backward", shape, 0.0, [=](Checker& c) {
+                     Rng rng(91);
+                     Layout l = make_layout(rng);
+                     Vec dx = randn(rng, static_cast<size_t>(s.T) * s.H),
+                         drows = randn(rng, l.N * s.H);
+                     auto d_dx = dev(dx), d_drows = dev(drows);
+                     auto d_row = dev(l.row);
+                     gather_rows_backward(dx.data(), drows.data(), l.row.data(), s.T, s.k, s.H);
+                     cuda::gather_rows_backward(d_dx.data(), d_drows.data(), d_row.data(), s.T,
+                                                s.k, s.H);
+                     c.close("dx", host(d_dx), dx);
+                   }});
+    for (bool acc : {false, true}) {
+      ops.push_back({acc ? "combine_rows accumulate" : "combine_rows", shape, 1e-10,
+                     [=](Checker& c) {
+                       Rng rng(92);
+                       Layout l = make_layout(rng);
+                       Vec y = randn(rng, l.N * s.H), w = uniform(rng, l.idx.size(), 0.0, 1.0),
+                           out = randn(rng, static_cast<size_t>(s.T) * s.H);
+                       auto d_y = dev(y), d_w = dev(w), d_out = dev(out);
+                       auto d_row = dev(l.row);
+                       combine_rows(out.data(), y.data(), w.data(), l.row.data(), s.T, s.k, s.H,
+                                    acc);
+                       cuda::combine_rows(d_out.data(), d_y.data(), d_w.data(), d_row.data(), s.T,
+                                          s.k, s.H, acc);
+                       c.close("out", host(d_out), out);
+                     }});
+    }
+    for (int which : {0, 1, 2}) {  // both outputs, dy only, dweight only
+      const char* name = which == 0 ? "combine_rows_backward" :
+                         which == 1 ? "combine_rows_backward dweight=null" :
+                                      "combine_rows_backward dy=null";
+      ops.push_back({name, shape, 1e-10, [=](Checker& c) {
+                       Rng rng(93);
+                       Layout l = make_layout(rng);
+                       Vec y = randn(rng, l.N * s.H), w = uniform(rng, l.idx.size(), 0.0, 1.0),
+                           dout = randn(rng, static_cast<size_t>(s.T) * s.H),
+                           dy = randn(rng, l.N * s.H), dw = randn(rng, l.idx.size());
+                       auto d_y = dev(y), d_w = dev(w), d_dout = dev(dout), d_dy = dev(dy),
+                            d_dw = dev(dw);
+                       auto d_row = dev(l.row);
+                       const bool want_dy = which != 2, want_dw = which != 1;
+                       combine_rows_backward(want_dy ? dy.data() : nullptr,
+                                             want_dw ? dw.data() : nullptr, dout.data(), y.data(),
+                                             w.data(), l.row.data(), s.T, s.k, s.H);
+                       cuda::combine_rows_backward(want_dy ? d_dy.data() : nullptr,
+                                                   want_dw ? d_dw.data() : nullptr, d_dout.data(),
+                                                   d_y.data(), d_w.data(), d_row.data(), s.T, s.k,
+                                                   s.H);
+                       c.close("dy", host(d_dy), dy);
+                       c.close("dweight", host(d_dw), dw);
+                     }});
+    }
+  }
+
+  // Expert-parallel regroup: row_of_i is a permutation of n rows into n + 5 destination rows.
+  for (int n : {0, 1, 211}) {
+    const int H = 45;
+    const std::string shape = str_cat("n=", n, " H=", H);
+    auto perm = [n](Rng& rng) {
+      IVec r(n + 5);
+      for (int i = 0; i < n + 5; ++i) r[i] = i;
+      for (int i = n + 4; i > 0; --i) std::swap(r[i], r[rng.below(i + 1)]);
+      r.resize(n);
+      return r;
+    };
+    ops.push_back({"scatter_rows + gather_rows_by_index", shape, 0.0, [=](Checker& c) {
+                     Rng rng(95);
+                     IVec r = perm(rng);
+                     const size_t rows = static_cast<size_t>(n) + 5;
+                     Vec src = randn(rng, static_cast<size_t>(n) * H), dst = randn(rng, rows * H),
+                         big = randn(rng, rows * H), back = randn(rng, static_cast<size_t>(n) * H);
+                     auto d_src = dev(src), d_dst = dev(dst), d_big = dev(big), d_back = dev(back);
+                     auto d_r = dev(r);
+                     scatter_rows(dst.data(), src.data(), r.data(), n, H);
+                     gather_rows_by_index(back.data(), big.data(), r.data(), n, H);
+                     cuda::scatter_rows(d_dst.data(), d_src.data(), d_r.data(), n, H);
+                     cuda::gather_rows_by_index(d_back.data(), d_big.data(), d_r.data(), n, H);
+                     c.close("scatter", host(d_dst), dst);
+                     c.close("gather", host(d_back), back);
+                   }});
+    ops.push_back({"gather_scaled_rows + backward", shape, 1e-10, [=](Checker& c) {
+                     Rng rng(96);
+                     IVec r = perm(rng);
+                     const size_t rows = static_cast<size_t>(n) + 5;
+                     Vec src = randn(rng, rows * H), val = uniform(rng, n, 0.0, 1.0),
+                         dst = randn(rng, static_cast<size_t>(n) * H),
+                         d = randn(rng, static_cast<size_t>(n) * H), dsrc = randn(rng, rows * H),
+                         dval = randn(rng, n);
+                     auto d_src = dev(src), d_val = dev(val), d_dst = dev(dst), d_d = dev(d),
+                          d_dsrc = dev(dsrc), d_dval = dev(dval);
+                     auto d_r = dev(r);
+                     gather_scaled_rows(dst.data(), src.data(), r.data(), val.data(), n, H);
+                     gather_scaled_rows_backward(dsrc.data(), dval.data(), d.data(), src.data(),
+                                                 r.data(), val.data(), n, H);
+                     cuda::gather_scaled_rows(d_dst.data(), d_src.data(), d_r.data(), d_val.data(),
+                                              n, H);
+                     cuda::gather_scaled_rows_backward(d_dsrc.data(), d_dval.data(), d_d.data(),
+                                                       d_src.data(), d_r.data(), d_val.data(), n,
+                                                       H);
+                     c.close("dst", host(d_dst), dst);
+                     c.close("dsrc", host(d_dsrc), dsrc);
+                     c.close("dvalue", host(d_dval), dval);
+                   }});
+  }
+}
+
+void add_router(std::vector<OpCase>& ops) {
+  struct S { int T, E, k; bool renorm; };
+  for (S s : {S{67, 16, 1, false}, S{67, 16, 4, true}, S{130, 64, 6, false}, S{9, 8, 8, true}}) {
+    const std::string shape =
+        str_cat("T=", s.T, " E=", s.E, " k=", s.k, s.renorm ? " renorm" : "");
+    ops.push_back({"router_topk", shape, 1e-10, [=](Checker& c) {
+                     Rng rng(100 + s.E);
+                     Vec scores = randn(rng, static_cast<size_t>(s.T) * s.E, 2.0),
+                         w(static_cast<size_t>(s.T) * s.k);
+                     IVec idx(w.size(), -1);
+                     auto d_scores = dev(scores), d_w = dev(w);
+                     auto d_idx = dev(idx);
+                     router_topk(scores.data(), idx.data(), w.data(), s.T, s.E, s.k, s.renorm);
+                     cuda::router_topk(d_scores.data(), d_idx.data(), d_w.data(), s.T, s.E, s.k,
+                                       s.renorm);
+                     c.same("topk_idx", host(d_idx), idx);
+                     c.close("scores", host(d_scores), scores);
+                     c.close("weights", host(d_w), w);
+                   }});
+    for (bool aux : {false, true}) {
+      ops.push_back({aux ? "router_topk_backward aux" : "router_topk_backward", shape, 1e-10,
+                     [=](Checker& c) {
+                       Rng rng(110 + s.E);
+                       const int B = aux && s.T % 2 == 0 ? 2 : 1, S_len = s.T / B;
+                       Vec scores = randn(rng, static_cast<size_t>(s.T) * s.E, 2.0),
+                           w(static_cast<size_t>(s.T) * s.k);
+                       IVec idx(w.size());
+                       router_topk(scores.data(), idx.data(), w.data(), s.T, s.E, s.k, s.renorm);
+                       Vec dw = randn(rng, w.size()), coef = randn(rng, static_cast<size_t>(B) * s.E),
+                           dlogits = randn(rng, scores.size());  // overwritten
+                       auto d_scores = dev(scores), d_dw = dev(dw), d_coef = dev(coef),
+                            d_dlogits = dev(dlogits);
+                       auto d_idx = dev(idx);
+                       router_topk_backward(dlogits.data(), scores.data(), idx.data(), dw.data(),
+                                            s.T, s.E, s.k, s.renorm, aux ? coef.data() : nullptr,
+                                            S_len, 0.01f);
+                       cuda::router_topk_backward(d_dlogits.data(), d_scores.data(), d_idx.data(),
+                                                  d_dw.data(), s.T, s.E, s.k, s.renorm,
+                                                  aux ? d_coef.data() : nullptr, S_len, 0.01f);
+                       c.close("dlogits", host(d_dlogits), dlogits);
+                     }});
+    }
+    // Same double sums in the same order: bit-identical.
+    ops.push_back({"router_aux_stats", shape, 0.0, [=](Checker& c) {
+                     Rng rng(120 + s.E);
+                     const int B = s.T % 2 == 0 ? 2 : 1;
+                     Vec scores = randn(rng, static_cast<size_t>(s.T) * s.E, 2.0),
+                         w(static_cast<size_t>(s.T) * s.k);
+                     IVec idx(w.size());
+                     router_topk(scores.data(), idx.data(), w.data(), s.T, s.E, s.k, s.renorm);
+                     auto d_scores = dev(scores);
+                     auto d_idx = dev(idx);
+                     const size_t be = static_cast<size_t>(B) * s.E;
+                     std::vector<double> cnt(be), sum(be), d_cnt(be), d_sum(be);
+                     router_aux_stats(cnt.data(), sum.data(), idx.data(), scores.data(), s.T, s.E,
+                                      s.k, B);
+                     cuda::router_aux_stats(d_cnt.data(), d_sum.data(), d_idx.data(),
+                                            d_scores.data(), s.T, s.E, s.k, B);
+                     c.same("count", d_cnt, cnt);
+                     c.same("score_sum", d_sum, sum);
+                   }});
+  }
+}
+
+// The seam itself: the leaf kernels forward to CUDA when the active device is CUDA.
+void add_dispatch(std::vector<OpCase>& ops) {
+  const int T = 33, in = 70, out = 41;
+  ops.push_back({"dispatch linear_forward/backward", str_cat("T=", T, " in=", in, " out=", out),
+                 1e-7, [=](Checker& c) {
+                   Rng rng(130);
+                   Vec x = randn(rng, static_cast<size_t>(T) * in),
+                       w = randn(rng, static_cast<size_t>(out) * in),
+                       y(static_cast<size_t>(T) * out), dy = randn(rng, y.size()),
+                       dx = randn(rng, x.size()), dw = randn(rng, w.size());
+                   auto d_x = dev(x), d_w = dev(w), d_y = dev(y), d_dy = dev(dy), d_dx = dev(dx),
+                        d_dw = dev(dw);
+                   linear_forward(y.data(), x.data(), w.data(), T, in, out);
+                   linear_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), T, in, out);
+                   set_active_device(Device::kCuda);
+                   try {
+                     linear_forward(d_y.data(), d_x.data(), d_w.data(), T, in, out);
+                     linear_backward(d_dx.data(), d_dw.data(), d_dy.data(), d_x.data(), d_w.data(),
+                                     T, in, out);
+                   } catch (...) {
+                     set_active_device(Device::kCpu);
+                     throw;
+                   }
+                   set_active_device(Device::kCpu);
+                   c.close("y", host(d_y), y);
+                   c.close("dx", host(d_dx), dx);
+                   c.close("dw", host(d_dw), dw);
+                 }});
+}
+
+std::vector<OpCase> all_ops() {
+  std::vector<OpCase> ops;
+  add_gemm(ops, false, false, 37, 53, 29, 0.7f, 0.3f, 0, false);
+  add_gemm(ops, false, true, 64, 33, 100, 1.0f, 0.0f, 0, false);
+  add_gemm(ops, true, false, 17, 128, 65, 1.0f, 1.0f, 0, false);
+  add_gemm(ops, true, true, 5, 7, 3, -0.5f, 0.25f, 0, false);
+  add_gemm(ops, false, false, 31, 29, 47, 1.0f, 0.5f, 3, false);
+  add_gemm(ops, true, true, 31, 29, 47, 1.0f, 0.0f, 2, false);
+  add_gemm(ops, false, true, 9, 11, 0, 1.0f, 0.5f, 0, false);  // K = 0: C = beta·C
+  add_gemm(ops, false, true, 9, 11, 0, 1.0f, 0.0f, 1, false);  // K = 0, beta 0: C = 0
+  add_gemm(ops, false, false, 0, 11, 5, 1.0f, 0.5f, 0, false);
+  add_gemm(ops, false, false, 128, 96, 200, 1.0f, 0.0f, 0, true);
+  add_gemm(ops, true, false, 33, 65, 47, 0.5f, 1.0f, 3, true);
+  add_gemm(ops, false, true, 64, 40, 96, 1.0f, 1.0f, 0, true);
+  add_elementwise(ops);
+  add_rmsnorm(ops);
+  add_rope(ops);
+  add_attention(ops);
+  add_cross_entropy(ops);
+  add_adamw(ops);
+  add_permute(ops);
+  add_router(ops);
+  add_dispatch(ops);
+  return ops;
+}
+
+}  // namespace
+
+int main() {
+  std::string why;
+  if (moe::cuda_device_count(&why) == 0) {
+    std::printf("cuda_ops: SKIPPED, no usable CUDA device (%s)\n", why.c_str());
+    return 77;
+  }
+  moe::kernels::set_active_device(moe::Device::kCpu);
+  int failed = 0, total = 0;
+  std::printf("%-40s %-36s %-10s %-8s %s\n", "op", "shape", "nmse", "bound", "result");
+  for (const OpCase& op : all_ops()) {
+    ++total;
+    Checker c;
+    std::string error;
+    try {
+      op.run(c);
+      moe::kernels::cuda::synchronize(op.name.c_str());
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    const bool ok = error.empty() && c.exact_ok && c.worst <= op.bound;
+    if (!ok) ++failed;
+    std::printf("%-40s %-36s %-10.3e %-8.1e %s%s%s\n", op.name.c_str(), op.shape.c_str(), c.worst,
+                op.bound, ok ? "PASS" : "FAIL", c.note.c_str(),
+                error.empty() ? "" : (" error: " + error).c_str());
+  }
+  for (bool bf16 : {false, true}) {
+    try {
+      std::printf("gemm roofline %s n=4096: %.1f GFLOP/s\n", bf16 ? "bf16" : "fp32",
+                  moe::kernels::cuda::measure_gemm_gflops(4096, 5, bf16));
+    } catch (const std::exception& e) {
+      ++failed;
+      std::printf("measure_gemm_gflops %s: FAIL %s\n", bf16 ? "bf16" : "fp32", e.what());
+    }
+  }
+  std::printf("cuda_ops: %d of %d cases passed\n", total - failed, total);
+  return failed ? 1 : 0;
+}
