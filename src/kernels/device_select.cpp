@@ -21,6 +21,12 @@ void set_active_device(Device d) {
 
 Device active_device() { return g_device; }
 
+void device_synchronize() {
+#ifdef MOETRAIN_HAVE_CUDA
+  if (g_device == Device::kCuda) cuda::synchronize("device_synchronize");
+#endif
+}
+
 void set_gemm_bf16(bool on) { g_gemm_bf16 = on; }
 bool gemm_bf16() { return g_gemm_bf16; }
 

@@ -14,6 +14,10 @@ void set_active_device(Device d);
 Device active_device();
 inline bool cuda_active() { return active_device() == Device::kCuda; }
 
+// Waits for the kernels queued on the active device (no-op on the CPU): timers call it so that a
+// wall-clock interval covers the GPU work it names.
+void device_synchronize();
+
 // GEMM input precision on CUDA: fp32, or bf16 inputs with fp32 accumulation and fp32 outputs.
 // The CPU backend has fp32 only (set_gemm_bf16(true) there is refused by the caller).
 void set_gemm_bf16(bool on);

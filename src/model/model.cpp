@@ -7,6 +7,7 @@
 #include "core/rng.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/device_select.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/rmsnorm.h"
@@ -24,7 +25,7 @@ struct Model::LayerActs {
   Buffer<float> ln1;        // [N,H] rmsnorm(x)
   Buffer<float> rstd1;      // [N]
   Buffer<float> q, k, v;    // [N,H] after rope (q, k)
-  Buffer<float> att;        // [B,nh,T,T] attention probabilities
+  Buffer<float> att;        // attention_saved_floats: [B,nh,T,T] probabilities (CPU), LSE + out (CUDA)
   Buffer<float> attn_out;   // [N,H] heads concatenated, before o_proj
   Buffer<float> h;          // [N,H] x + attention
   Buffer<float> ln2;        // [N,H] rmsnorm(h): the FFN input
@@ -39,7 +40,7 @@ class Model::MicroBatch {
  private:
   friend class Model;
   int B = 0, T = 0;
-  std::vector<int32_t> inputs, targets;               // [N] (first / last stage)
+  Buffer<int32_t> inputs, targets;                    // [N] on the model's device
   std::vector<std::unique_ptr<LayerActs>> layers;     // this stage's layers, in order
   std::vector<std::vector<int>> loads;                // [moe layers][E]
   int dropped = 0;
@@ -118,12 +119,13 @@ Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::Expert
       moe_options_(moe_options),
       ep_(ep),
       recompute_(recompute),
+      dev_(kernels::active_device()),
       layout_(config, shard_of(config, ep), stage) {
   config_.validate();
   act_mem_.set_parent(&total_mem_);
   work_mem_.set_parent(&total_mem_);
-  params_.resize(layout_.total(), &total_mem_);
-  grads_.resize(layout_.total(), &total_mem_);
+  params_.resize(layout_.total(), &total_mem_, dev_);
+  grads_.resize(layout_.total(), &total_mem_, dev_);
   w_ = bind_tensors(layout_, config_, params_.data());
   g_ = bind_tensors(layout_, config_, grads_.data());
   rope_ = k::make_rope_table(config_.max_position_embeddings, config_.head_dim(), config_.rope_theta);
@@ -146,15 +148,19 @@ uint64_t fnv1a(const std::string& s) {
 void Model::init_weights(uint64_t seed) {
   // One random stream per tensor, keyed by its name: a tensor's initial values do not depend on
   // which other tensors a rank holds (expert parallelism initialises only its own experts).
+  // Generated on the host (the same numbers on every device), one tensor at a time.
   const float std = config_.initializer_range;
+  std::vector<float> host;
   for (const ParamSpec& s : layout_.specs()) {
-    float* p = params_.data() + s.offset;
+    host.resize(s.numel);
+    float* p = host.data();
     if (s.shape.size() == 1) {
       for (size_t i = 0; i < s.numel; ++i) p[i] = 1.0f;  // norm weights
     } else {
       Rng rng = derive_rng(seed, fnv1a(s.name));
       for (size_t i = 0; i < s.numel; ++i) p[i] = static_cast<float>(std * rng.normal());
     }
+    device_copy(dev_, params_.data() + s.offset, Device::kCpu, p, s.numel * sizeof(float));
   }
 }
 
@@ -180,26 +186,26 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
   const int N = B * T, H = c.hidden_size, nh = c.num_attention_heads, hd = c.head_dim();
   const int I = c.intermediate_size;
   const size_t NH = static_cast<size_t>(N) * H;
-  a.ln1.resize(NH, mem);
-  a.rstd1.resize(N, mem);
+  a.ln1.resize(NH, mem, dev_);
+  a.rstd1.resize(N, mem, dev_);
   k::rmsnorm_forward(a.ln1.data(), a.rstd1.data(), a.x.data(), W.input_norm, N, H, c.rms_norm_eps);
-  a.q.resize(NH, mem);
-  a.k.resize(NH, mem);
-  a.v.resize(NH, mem);
+  a.q.resize(NH, mem, dev_);
+  a.k.resize(NH, mem, dev_);
+  a.v.resize(NH, mem, dev_);
   k::linear_forward(a.q.data(), a.ln1.data(), W.q, N, H, H);
   k::linear_forward(a.k.data(), a.ln1.data(), W.k, N, H, H);
   k::linear_forward(a.v.data(), a.ln1.data(), W.v, N, H, H);
   k::rope_forward(a.q.data(), rope_, B, T, nh, hd);
   k::rope_forward(a.k.data(), rope_, B, T, nh, hd);
-  a.att.resize(static_cast<size_t>(B) * nh * T * T, mem);
-  a.attn_out.resize(NH, mem);
+  a.att.resize(k::attention_saved_floats(B, T, nh, hd), mem, dev_);
+  a.attn_out.resize(NH, mem, dev_);
   k::attention_forward(a.attn_out.data(), a.att.data(), a.q.data(), a.k.data(), a.v.data(), B, T,
                        nh, hd);
-  a.h.resize(NH, mem);
+  a.h.resize(NH, mem, dev_);
   kernels::copy(a.h.data(), a.x.data(), a.h.size());
   k::linear_forward(a.h.data(), a.attn_out.data(), W.o, N, H, H, /*accumulate=*/true);
-  a.ln2.resize(NH, mem);
-  a.rstd2.resize(N, mem);
+  a.ln2.resize(NH, mem, dev_);
+  a.rstd2.resize(N, mem, dev_);
   k::rmsnorm_forward(a.ln2.data(), a.rstd2.data(), a.h.data(), W.post_norm, N, H, c.rms_norm_eps);
   if (c.is_moe_layer(l)) {
     kernels::fill_zero(out, NH);
@@ -207,9 +213,9 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
                     mem);
     k::add_inplace(out, a.h.data(), NH);
   } else {
-    a.mlp_g.resize(static_cast<size_t>(N) * I, mem);
-    a.mlp_u.resize(static_cast<size_t>(N) * I, mem);
-    a.mlp_h.resize(static_cast<size_t>(N) * I, mem);
+    a.mlp_g.resize(static_cast<size_t>(N) * I, mem, dev_);
+    a.mlp_u.resize(static_cast<size_t>(N) * I, mem, dev_);
+    a.mlp_h.resize(static_cast<size_t>(N) * I, mem, dev_);
     kernels::copy(out, a.h.data(), NH);
     k::swiglu_mlp_forward(out, a.mlp_g.data(), a.mlp_u.data(), a.mlp_h.data(), a.ln2.data(),
                           {W.mlp_gate, W.mlp_up, W.mlp_down}, N, H, I, /*accumulate=*/true);
@@ -222,7 +228,8 @@ void Model::drop_activations(LayerActs& a, Keep keep) {
   if (config_.n_routed_experts > 0) {
     // Kept to check that the recomputation routes exactly as this forward did.
     const auto& idx = a.moe.routing.topk_idx_TK;
-    a.topk_first.assign(idx.data(), idx.data() + idx.size());
+    a.topk_first.resize(idx.size());
+    device_copy(Device::kCpu, a.topk_first.data(), idx.device(), idx.data(), idx.bytes());
   }
   a.complete = false;
   a.moe = mx::MoeActivations{};  // MoE activations are recomputed in both modes
@@ -243,7 +250,7 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
   const bool moe = c.is_moe_layer(l);
   if (!a.complete) {
     // Recompute from the kept input (full) or the kept FFN input (moe); charged to work memory.
-    Buffer<float> out(NH, work);
+    Buffer<float> out(NH, work, dev_);
     if (!a.ln2.data()) {
       layer_forward(l, a, out.data(), B, T, work);
     } else {
@@ -254,26 +261,27 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
     }
     if (moe) {
       const auto& idx = a.moe.routing.topk_idx_TK;
-      MOE_CHECK(a.topk_first.size() == idx.size() &&
-                    std::memcmp(a.topk_first.data(), idx.data(), idx.size() * sizeof(int32_t)) == 0,
+      std::vector<int32_t> now(idx.size());
+      device_copy(Device::kCpu, now.data(), idx.device(), idx.data(), idx.bytes());
+      MOE_CHECK(a.topk_first == now,
                 "layer ", l, ": recomputed routing differs from the first forward");
     }
   }
-  Buffer<float> dln(NH, work);
+  Buffer<float> dln(NH, work, dev_);
   // FFN branch: out = h + ffn(ln2(h)); dx holds d(out).
   if (moe) {
     mx::moe_backward(dln.data(), moe_grads(G), dx, /*aux_grad=*/loss_scale, a.moe, a.ln2.data(),
                      moe_weights(W), moe_config(c, moe_options_, ep_, &work_mem_), N, B);
   } else {
-    Buffer<float> scratch(2 * static_cast<size_t>(N) * I, work);
+    Buffer<float> scratch(2 * static_cast<size_t>(N) * I, work, dev_);
     k::swiglu_mlp_backward(dln.data(), {G.mlp_gate, G.mlp_up, G.mlp_down}, dx, a.ln2.data(),
                            a.mlp_g.data(), a.mlp_u.data(), a.mlp_h.data(),
                            {W.mlp_gate, W.mlp_up, W.mlp_down}, N, H, I, scratch.data());
   }
   k::rmsnorm_backward(dx, G.post_norm, dln.data(), a.h.data(), W.post_norm, a.rstd2.data(), N, H);
   // Attention branch: h = x + o_proj(attn); dx now holds d(h).
-  Buffer<float> dattn(NH, work), dq(NH, work), dk(NH, work), dv(NH, work);
-  Buffer<float> att_scratch(static_cast<size_t>(T) * T, work);
+  Buffer<float> dattn(NH, work, dev_), dq(NH, work), dk(NH, work), dv(NH, work);
+  Buffer<float> att_scratch(k::attention_scratch_floats(T), work, dev_);
   k::linear_backward(dattn.data(), G.o, dx, a.attn_out.data(), W.o, N, H, H);
   k::attention_backward(dq.data(), dk.data(), dv.data(), dattn.data(), a.q.data(), a.k.data(),
                         a.v.data(), a.att.data(), B, T, nh, hd, att_scratch.data());
@@ -301,18 +309,21 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
   mb = MicroBatch{};
   mb.B = B;
   mb.T = T;
-  mb.inputs.resize(N);
-  mb.targets.resize(N);
+  std::vector<int32_t> inputs(N), targets(N);
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       int32_t in = tokens_BT1[b * (T + 1) + t], tg = tokens_BT1[b * (T + 1) + t + 1];
       MOE_CHECK(in >= 0 && in < V && tg >= 0 && tg < V, "token id ", (in < 0 || in >= V) ? in : tg,
                 " is outside the vocabulary [0, ", V, ")");
-      mb.inputs[b * T + t] = in;
-      mb.targets[b * T + t] = tg;
+      inputs[b * T + t] = in;
+      targets[b * T + t] = tg;
     }
+  mb.inputs.resize(N, nullptr, dev_);
+  mb.targets.resize(N, nullptr, dev_);
+  device_copy(dev_, mb.inputs.data(), Device::kCpu, inputs.data(), N * sizeof(int32_t));
+  device_copy(dev_, mb.targets.data(), Device::kCpu, targets.data(), N * sizeof(int32_t));
 
-  Buffer<float> x(NH, mem);
+  Buffer<float> x(NH, mem, dev_);
   if (st.embedding) {
     k::embedding_forward(x.data(), mb.inputs.data(), w_.embed, N, H);
   } else {
@@ -324,7 +335,7 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
     a->x = std::move(x);
     // The stage's last output goes to x_out (the pipeline's buffer): a temporary, not kept.
     const bool stage_output = l + 1 == st.end_layer(c) && !st.head;
-    Buffer<float> out(NH, stage_output ? &work_mem_ : mem);
+    Buffer<float> out(NH, stage_output ? &work_mem_ : mem, dev_);
     // A layer that keeps only part of its activations computes them as workspace; what it keeps
     // moves to the activation tracker, so its peak is exactly what is held for backward.
     const Keep km = keep ? keep_mode(l) : Keep::kAll;
@@ -347,14 +358,14 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
   }
   if (st.head) {
     mb.final_in = std::move(x);
-    mb.final_ln.resize(NH, mem);
-    mb.final_rstd.resize(N, mem);
+    mb.final_ln.resize(NH, mem, dev_);
+    mb.final_rstd.resize(N, mem, dev_);
     k::rmsnorm_forward(mb.final_ln.data(), mb.final_rstd.data(), mb.final_in.data(), w_.norm, N, H,
                        c.rms_norm_eps);
-    mb.logits.resize(static_cast<size_t>(N) * V, mem);
+    mb.logits.resize(static_cast<size_t>(N) * V, mem, dev_);
     k::linear_forward(mb.logits.data(), mb.final_ln.data(), w_.lm_head, N, H, V);
-    mb.probs.resize(static_cast<size_t>(N) * V, mem);
-    mb.losses.resize(N, mem);
+    mb.probs.resize(static_cast<size_t>(N) * V, mem, dev_);
+    mb.losses.resize(N, mem, dev_);
     loss.ce = k::cross_entropy_forward(mb.losses.data(), mb.probs.data(), mb.logits.data(),
                                        mb.targets.data(), N, V);
   } else {
@@ -376,13 +387,13 @@ void Model::backward(MicroBatch& mb, const float* dy_out, float* dx_in, float lo
   const size_t NH = static_cast<size_t>(N) * H;
   MemTracker* work = &work_mem_;
 
-  Buffer<float> dx(NH, work);  // gradient of the residual stream
+  Buffer<float> dx(NH, work, dev_);  // gradient of the residual stream
   if (st.head) {
     // Loss -> logits -> final norm.
-    Buffer<float> dlogits(static_cast<size_t>(N) * V, work);
+    Buffer<float> dlogits(static_cast<size_t>(N) * V, work, dev_);
     k::cross_entropy_backward(dlogits.data(), mb.probs.data(), mb.targets.data(), N, V,
                               loss_scale / N);
-    Buffer<float> dln(NH, work);
+    Buffer<float> dln(NH, work, dev_);
     k::linear_backward(dln.data(), g_.lm_head, dlogits.data(), mb.final_ln.data(), w_.lm_head, N, H, V);
     k::rmsnorm_backward(dx.data(), g_.norm, dln.data(), mb.final_in.data(), w_.norm,
                         mb.final_rstd.data(), N, H);

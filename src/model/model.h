@@ -65,6 +65,8 @@ class Model {
   Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return config_; }
+  // params(), grads() and logits() point into this device's memory (host for kCpu).
+  Device device() const { return dev_; }
   const ParamLayout& layout() const { return layout_; }
   const StageSpec& stage() const { return layout_.stage(); }
   size_t num_params() const { return layout_.total(); }
@@ -127,6 +129,7 @@ class Model {
   MoeOptions moe_options_;
   const mixture::ExpertParallel* ep_ = nullptr;
   Recompute recompute_;
+  Device dev_;  // where params, grads and activations live: the active kernel device at creation
   ParamLayout layout_;
   Buffer<float> params_, grads_;
   ModelTensors w_, g_;

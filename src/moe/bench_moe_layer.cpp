@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/timer.h"
+#include "kernels/device_select.h"
 #include "kernels/gemm.h"
 #include "moe/moe_layer.h"
 
@@ -93,24 +94,41 @@ double moe_layer_useful_flops(const MoeBenchOptions& o, size_t real_rows) {
 
 MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
   check_options(opts);
+  MOE_CHECK(!opts.bf16 || opts.device == Device::kCuda,
+            "bench moe-layer: --precision bf16 needs --device cuda (the CPU backend is fp32 only)");
   MoeBenchResult res;
   res.opts = opts;
-  // The roofline: best 1024³ sgemm of the run, measured before and after the layer (on a shared
+  const bool on_gpu = opts.device == Device::kCuda;
+  kernels::set_active_device(opts.device);
+  kernels::set_gemm_bf16(opts.bf16);
+  // The roofline: the best GEMM of the run, measured before and after the layer (on a shared
   // machine the best is the honest denominator; a single measurement can catch a busy moment).
-  res.blas_gflops_1024 = kernels::measure_gemm_gflops(1024);
+  res.blas_n = on_gpu ? 4096 : 1024;
+  auto roofline = [&] {
+#ifdef MOETRAIN_HAVE_CUDA
+    if (on_gpu) return kernels::cuda::measure_gemm_gflops(res.blas_n, 5, opts.bf16);
+#endif
+    return kernels::measure_gemm_gflops(res.blas_n);
+  };
+  res.blas_gflops_1024 = roofline();
 
   const int T = opts.tokens, H = opts.hidden, E = opts.experts, k = opts.topk, F = opts.ffn;
   const int Fs = opts.shared * opts.ffn;
   const size_t EFH = static_cast<size_t>(E) * F * H, FsH = static_cast<size_t>(Fs) * H;
-  BenchData d;
-  using Sized = std::pair<Buffer<float>*, size_t>;
-  for (const Sized& b : {Sized{&d.x, size_t(T) * H}, Sized{&d.dy, size_t(T) * H},
-                         Sized{&d.gate, size_t(E) * H}, Sized{&d.eg, EFH}, Sized{&d.eu, EFH},
-                         Sized{&d.ed, EFH}, Sized{&d.sg, FsH}, Sized{&d.su, FsH},
-                         Sized{&d.sd, FsH}, Sized{&d.dgate, size_t(E) * H}, Sized{&d.deg, EFH},
-                         Sized{&d.deu, EFH}, Sized{&d.ded, EFH}, Sized{&d.dsg, FsH},
-                         Sized{&d.dsu, FsH}, Sized{&d.dsd, FsH}, Sized{&d.dx, size_t(T) * H}}) {
-    b.first->resize(b.second);
+  BenchData d, dev;  // host data (and the naive check's inputs); its device copy on a GPU
+  using Member = Buffer<float> BenchData::*;
+  using Sized = std::pair<Member, size_t>;
+  for (const Sized& b : {Sized{&BenchData::x, size_t(T) * H}, Sized{&BenchData::dy, size_t(T) * H},
+                         Sized{&BenchData::gate, size_t(E) * H}, Sized{&BenchData::eg, EFH},
+                         Sized{&BenchData::eu, EFH}, Sized{&BenchData::ed, EFH},
+                         Sized{&BenchData::sg, FsH}, Sized{&BenchData::su, FsH},
+                         Sized{&BenchData::sd, FsH}, Sized{&BenchData::dgate, size_t(E) * H},
+                         Sized{&BenchData::deg, EFH}, Sized{&BenchData::deu, EFH},
+                         Sized{&BenchData::ded, EFH}, Sized{&BenchData::dsg, FsH},
+                         Sized{&BenchData::dsu, FsH}, Sized{&BenchData::dsd, FsH},
+                         Sized{&BenchData::dx, size_t(T) * H}}) {
+    (d.*b.first).resize(b.second);
+    if (on_gpu) (dev.*b.first).resize(b.second, nullptr, Device::kCuda);
   }
   // Inputs and upstream gradient std 1, weights std 0.02: a random router on random inputs.
   fill_normal(d.x, derive_rng(opts.seed, 0), 1.0f);
@@ -122,13 +140,20 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
   fill_normal(d.sg, derive_rng(opts.seed, 6), 0.02f);
   fill_normal(d.su, derive_rng(opts.seed, 7), 0.02f);
   fill_normal(d.sd, derive_rng(opts.seed, 8), 0.02f);
-  MoeWeights w{d.gate.data(), {d.eg.data(), d.eu.data(), d.ed.data()},
-               {d.sg.data(), d.su.data(), d.sd.data()}};
-  MoeGrads g{d.dgate.data(), {d.deg.data(), d.deu.data(), d.ded.data()},
-             {d.dsg.data(), d.dsu.data(), d.dsd.data()}};
-  Buffer<float> y(static_cast<size_t>(T) * H);
+  if (on_gpu)
+    for (Member m : {&BenchData::x, &BenchData::dy, &BenchData::gate, &BenchData::eg,
+                     &BenchData::eu, &BenchData::ed, &BenchData::sg, &BenchData::su,
+                     &BenchData::sd})
+      device_copy(Device::kCuda, (dev.*m).data(), Device::kCpu, (d.*m).data(), (d.*m).bytes());
+  BenchData& run = on_gpu ? dev : d;  // what the layer reads and writes
+  MoeWeights w{run.gate.data(), {run.eg.data(), run.eu.data(), run.ed.data()},
+               {run.sg.data(), run.su.data(), run.sd.data()}};
+  MoeGrads g{run.dgate.data(), {run.deg.data(), run.deu.data(), run.ded.data()},
+             {run.dsg.data(), run.dsu.data(), run.dsd.data()}};
+  Buffer<float> y(static_cast<size_t>(T) * H, nullptr, opts.device);
 
   for (bool padded : {false, true}) {
+    if (padded && on_gpu) continue;  // the padded baseline is a CPU comparison
     MoeConfig cfg;
     cfg.hidden = H;
     cfg.ffn = F;
@@ -145,11 +170,14 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
     for (int it = 0; it < opts.warmup + opts.iters; ++it) {
       MoeStepTimes times;
       MoeStepTimes* old = set_moe_step_times(&times);
+      kernels::device_synchronize();
       double t0 = now_seconds();
-      moe_forward(y.data(), act, d.x.data(), w, cfg, T, 1, &tracker);
+      moe_forward(y.data(), act, run.x.data(), w, cfg, T, 1, &tracker);
+      kernels::device_synchronize();
       double t1 = now_seconds();
       act_bytes = tracker.current();  // everything forward keeps for backward
-      moe_backward(d.dx.data(), g, d.dy.data(), 1.0f, act, d.x.data(), w, cfg, T, 1);
+      moe_backward(run.dx.data(), g, run.dy.data(), 1.0f, act, run.x.data(), w, cfg, T, 1);
+      kernels::device_synchronize();
       double t2 = now_seconds();
       set_moe_step_times(old);
       if (it < opts.warmup) continue;
@@ -173,21 +201,37 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
     row.activation_bytes = act_bytes;
     row.dropped_fraction = static_cast<double>(dropped) / (static_cast<double>(T) * k);
     row.padding_rows = padded ? act.padded_layout.padding_rows() : 0;
-    // Verify: y still holds the last forward's output.
+    // Verify: y still holds the last forward's output (brought to the host, with the routing the
+    // naive check reads, from a GPU).
+    Buffer<float> y_host(y.size());
+    device_copy(Device::kCpu, y_host.data(), y.device(), y.data(), y.bytes());
+    if (on_gpu) {
+      for (Buffer<int32_t>* b : {&act.layout.row_of_slot_TK, &act.routing.topk_idx_TK}) {
+        Buffer<int32_t> h(b->size());
+        device_copy(Device::kCpu, h.data(), b->device(), b->data(), b->bytes());
+        *b = std::move(h);
+      }
+      Buffer<float> h(act.routing.topk_weight_TK.size());
+      device_copy(Device::kCpu, h.data(), Device::kCuda, act.routing.topk_weight_TK.data(), h.bytes());
+      act.routing.topk_weight_TK = std::move(h);
+    }
     row.checked_tokens = std::min(T, 16);
     for (int i = 0; i < row.checked_tokens; ++i) {
       int t = static_cast<int>(static_cast<int64_t>(i) * T / row.checked_tokens);
       std::vector<double> ref = naive_token_output(d, act, padded, t, H, F, Fs, k);
       double diff = 0, scale = 1e-30;
       for (int c = 0; c < H; ++c) {
-        diff = std::max(diff, std::fabs(y[static_cast<size_t>(t) * H + c] - ref[c]));
+        diff = std::max(diff, std::fabs(y_host[static_cast<size_t>(t) * H + c] - ref[c]));
         scale = std::max(scale, std::fabs(ref[c]));
       }
-      if (!(diff <= 1e-3 * scale)) ++row.wrong_tokens;
+      // bf16 GEMM inputs round each operand to 8 bits of mantissa: a looser bound.
+      if (!(diff <= (opts.bf16 ? 3e-2 : 1e-3) * scale)) ++row.wrong_tokens;
     }
     res.rows.push_back(row);
   }
-  res.blas_gflops_1024 = std::max(res.blas_gflops_1024, kernels::measure_gemm_gflops(1024));
+  res.blas_gflops_1024 = std::max(res.blas_gflops_1024, roofline());
+  kernels::set_gemm_bf16(false);
+  kernels::set_active_device(Device::kCpu);
   for (MoeBenchRow& row : res.rows) {
     row.frac_of_blas_layer = row.gflops_layer / res.blas_gflops_1024;
     row.frac_of_blas_expert = row.gflops_expert / res.blas_gflops_1024;
@@ -200,10 +244,11 @@ std::string format_moe_bench_table(const MoeBenchResult& r) {
   std::ostringstream os;
   char line[320];
   std::snprintf(line, sizeof line,
-                "# moe-layer  T=%d H=%d E=%d k=%d F=%d shared=%d  padded cf=%.2f  "
-                "BLAS 1024^3: %.1f GFLOP/s\n",
+                "# moe-layer  T=%d H=%d E=%d k=%d F=%d shared=%d  padded cf=%.2f  device %s %s  "
+                "%s %d^3: %.1f GFLOP/s\n",
                 o.tokens, o.hidden, o.experts, o.topk, o.ffn, o.shared, o.capacity_factor,
-                r.blas_gflops_1024);
+                device_name(o.device), o.bf16 ? "bf16" : "fp32",
+                o.device == Device::kCuda ? "cuBLAS" : "BLAS", r.blas_n, r.blas_gflops_1024);
   os << line;
   std::snprintf(line, sizeof line, "%-13s %9s %9s %9s %10s %9s %9s %7s %7s %10s %8s %8s %7s\n",
                 "path", "fwd(ms)", "bwd(ms)", "total(ms)", "expert(ms)", "GF/s", "GF/s-exp",
@@ -231,7 +276,9 @@ std::string moe_bench_json(const MoeBenchResult& r) {
                   {"ffn", o.ffn},             {"capacity_factor", o.capacity_factor},
                   {"pft_capacity_factor", o.pft_capacity_factor},
                   {"shared", o.shared},       {"warmup", o.warmup},
-                  {"iters", o.iters},         {"seed", o.seed}};
+                  {"iters", o.iters},         {"seed", o.seed},
+                  {"device", device_name(o.device)}, {"precision", o.bf16 ? "bf16" : "fp32"}};
+  j["blas_n"] = r.blas_n;
   j["blas_gflops_1024"] = r.blas_gflops_1024;
   j["rows"] = nlohmann::json::array();
   for (const MoeBenchRow& row : r.rows) {

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
+
 namespace moe::mixture {
 
 // Wall seconds of each named step of moe_forward / moe_backward, added up while installed
@@ -30,6 +32,10 @@ struct MoeBenchOptions {
   int warmup = 1, iters = 3;
   uint64_t seed = 1;
   float pft_capacity_factor = 0;  // of the padding-free path; 0 = dropless
+  // Where the layer runs. On CUDA only the padding-free path runs (the padded baseline is a CPU
+  // comparison), and the roofline is the same run's cuBLAS n³ GEMM (bf16 inputs when bf16).
+  Device device = Device::kCpu;
+  bool bf16 = false;              // GEMM inputs in bf16 (CUDA only), fp32 accumulation
 };
 
 struct MoeBenchRow {
@@ -47,7 +53,8 @@ struct MoeBenchRow {
 };
 
 struct MoeBenchResult {
-  double blas_gflops_1024 = 0;    // best 1024³ sgemm GFLOP/s of the run
+  double blas_gflops_1024 = 0;    // best GEMM GFLOP/s of the run: 1024³ sgemm (CPU), or the
+  int blas_n = 1024;              // cuBLAS blas_n³ GEMM in the layer's precision (CUDA)
   std::vector<MoeBenchRow> rows;
   MoeBenchOptions opts;           // what was run
 };

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/device_select.h"
 #include "kernels/permute.h"
 
 namespace moe::mixture {
@@ -65,8 +66,11 @@ DispatchLayout build_dispatch_layout(const int32_t* topk_idx_TK, int T, int k, i
 
   // Place pairs in p order: rows of one expert keep token order (stable), and the first C of each
   // expert are the kept ones.
-  l.slot_of_row_R.resize(static_cast<size_t>(l.num_rows), tracker);
-  l.row_of_slot_TK.resize(P, tracker);
+  // The counts and offsets stay on the host (they size the grouped GEMM); the row maps live on
+  // the active device with the routing they index.
+  const Device dev = kernels::active_device();
+  l.slot_of_row_R.resize(static_cast<size_t>(l.num_rows), tracker, dev);
+  l.row_of_slot_TK.resize(P, tracker, dev);
   kernels::place_pairs(l.slot_of_row_R.data(), l.row_of_slot_TK.data(), topk_idx_TK, off, P, E);
   return l;
 }

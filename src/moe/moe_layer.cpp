@@ -17,6 +17,8 @@
 #include "core/timer.h"
 #include "moe/bench_moe_layer.h"
 #include "moe/dispatch.h"
+#include "kernels/device_select.h"
+#include "kernels/elementwise.h"
 #include "kernels/permute.h"
 
 namespace moe::mixture {
@@ -27,10 +29,15 @@ thread_local MoeStepTimes* g_step_times = nullptr;
 // Adds the wall time of one step to a field of the installed recorder (no-op without one).
 class StepTimer {
  public:
+  // On a GPU the interval is closed by a device sync (only while a recorder is installed).
   explicit StepTimer(double MoeStepTimes::*field)
-      : field_(field), start_(g_step_times ? now_seconds() : 0.0) {}
+      : field_(field), start_(g_step_times ? synced_now() : 0.0) {}
   ~StepTimer() {
-    if (g_step_times) g_step_times->*field_ += now_seconds() - start_;
+    if (g_step_times) g_step_times->*field_ += synced_now() - start_;
+  }
+  static double synced_now() {
+    kernels::device_synchronize();
+    return now_seconds();
   }
   StepTimer(const StepTimer&) = delete;
   StepTimer& operator=(const StepTimer&) = delete;
@@ -42,15 +49,19 @@ class StepTimer {
 
 // Temporary buffers of backward and of the exchange steps are Buffers charged to
 // cfg.scratch_tracker, so a rank's measured peak includes them.
-using Scratch = Buffer<float>;
+struct Scratch : Buffer<float> {
+  Scratch(size_t n, MemTracker* tracker) : Buffer<float>(n, tracker, kernels::active_device()) {}
+};
 
 // Reuses an activation buffer of the right size (every element is rewritten by forward, so a
 // model that keeps its MoeActivations across steps pays no allocation or page faults after the
 // first); reallocates, charged to tracker, otherwise. A reused buffer stays charged to the tracker
 // it was first allocated with.
+// On the active kernel device (kernels/device_select.h).
 template <class B>
 void ensure(B& buf, size_t n, MemTracker* tracker) {
-  if (buf.size() != n) buf.resize(n, tracker);
+  if (buf.size() != n || buf.device() != kernels::active_device())
+    buf.resize(n, tracker, kernels::active_device());
 }
 
 RouterConfig router_config(const MoeConfig& cfg) {
@@ -84,7 +95,12 @@ void validate(const MoeConfig& cfg, int T, int num_seqs) {
               "E=", cfg.num_experts, " divisible by it");
     MOE_CHECK(!cfg.padded || !cfg.ep->exchange, "moe layer: the capacity-padded baseline is single-rank only; "
               "expert parallelism uses the padding-free layout");
+    MOE_CHECK(!cfg.ep->exchange || !kernels::cuda_active(),
+              "moe layer: expert parallelism on CUDA devices is not implemented yet "
+              "(run EP on --device cpu, or one GPU rank without EP)");
   }
+  MOE_CHECK(!cfg.padded || !kernels::cuda_active(),
+            "moe layer: the capacity-padded baseline runs on the CPU only");
 }
 
 void local_forward(float* y, MoeActivations& act, const float* x, const MoeWeights& w,
@@ -151,7 +167,7 @@ void ep_forward(float* y, MoeActivations& act, const float* x, const MoeWeights&
     Scratch rows(static_cast<size_t>(R) * H, cfg.scratch_tracker);
     kernels::gather_scaled_rows(rows.data(), act.y_rows.data(), act.local_row_of_recv.data(),
                                 act.plan.recv_value.data(), R, H);
-    std::memset(y, 0, sizeof(float) * static_cast<size_t>(T) * H);
+    kernels::fill_zero(y, static_cast<size_t>(T) * H);
     ep.exchange->reduce(act.plan, rows.data(), y, H);
   }
 }
@@ -359,7 +375,7 @@ void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_g
                                  scratch.data());
   }
 
-  std::vector<float> dweight(static_cast<size_t>(T) * k, 0.0f);
+  Scratch dweight(static_cast<size_t>(T) * k, cfg.scratch_tracker);
   if (cfg.ep && cfg.ep->exchange) {
     ep_backward(dx, dweight.data(), grads, dy, act, w, cfg, T);
   } else {

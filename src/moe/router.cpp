@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/device_select.h"
 #include "kernels/gemm.h"
 #include "kernels/router_ops.h"
 
@@ -26,9 +27,11 @@ void check_config(const RouterConfig& cfg, int T, int H) {
 }
 
 
+// On the active kernel device (kernels/device_select.h).
 template <class B>
 void ensure(B& buf, size_t n, MemTracker* tracker) {
-  if (buf.size() != n) buf.resize(n, tracker);
+  if (buf.size() != n || buf.device() != kernels::active_device())
+    buf.resize(n, tracker, kernels::active_device());
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/adamw.h"
+#include "kernels/device_select.h"
 
 namespace moe::train {
 
@@ -17,8 +18,9 @@ double learning_rate(const OptimConfig& o, int s) {
 
 AdamW::AdamW(const model::ParamLayout& layout, OptimConfig cfg, MemTracker* mem)
     : layout_(layout), cfg_(cfg) {
-  m_.resize(layout.total(), mem);
-  v_.resize(layout.total(), mem);
+  // Moments on the active kernel device, beside the parameters they update.
+  m_.resize(layout.total(), mem, kernels::active_device());
+  v_.resize(layout.total(), mem, kernels::active_device());
 }
 
 double AdamW::step(float* params, const float* grads, int s) {
