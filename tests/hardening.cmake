@@ -5,3 +5,12 @@
 # deep JSON at every entry point, size-overflow configs, NaN/Inf checkpoints, stray step-N folders.
 add_test(NAME hostile_files COMMAND ${CMAKE_SOURCE_DIR}/tests/hostile_files.sh $<TARGET_FILE:moetrain>)
 set_tests_properties(hostile_files PROPERTIES TIMEOUT 300)
+
+# Runs that meet each other or a stalled machine (classes 3, 4, 6, 7): two runs on one folder,
+# metrics kept, a FIFO as data, non-finite runs, stale export files, kill -STOP on one of 4 ranks
+# with --comm.timeout 5, SIGTERM on one rank of 4. The script sets MOETRAIN_MPIRUN's environment
+# and flags itself around the same mpirun (it needs mpirun's pid to find the ranks).
+add_test(NAME run_guards
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/run_guards.sh $<TARGET_FILE:moetrain>
+                 ${CMAKE_SOURCE_DIR}/data/kjv.txt ${MPIRUN_EXECUTABLE})
+set_tests_properties(run_guards PROPERTIES LABELS "mpi" TIMEOUT 300)
