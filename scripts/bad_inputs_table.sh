@@ -2,14 +2,16 @@
 # Regenerates docs/bad_inputs.md from real runs: tests/cli_errors.sh --markdown runs every bad-input
 # case against build/moetrain and prints one table row per case (the error line as printed);
 # tests/hostile_files.sh --markdown does the same for the hostile-file cases (second table).
-# Fails, leaving the old table, if any case fails.
+# Fails, leaving the old table, if any case fails. MOETRAIN_BIN=path/to/moetrain uses that binary
+# instead of building build/moetrain.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-"$root/scripts/build.sh" >/dev/null
+bin="${MOETRAIN_BIN:-$root/build/moetrain}"
+[ -n "${MOETRAIN_BIN:-}" ] || "$root/scripts/build.sh" >/dev/null
 out="$root/docs/bad_inputs.md"
 mkdir -p "$root/docs"
-rows="$(OPENBLAS_NUM_THREADS=1 "$root/tests/cli_errors.sh" "$root/build/moetrain" --markdown)"
-hostile="$(OPENBLAS_NUM_THREADS=1 "$root/tests/hostile_files.sh" "$root/build/moetrain" --markdown)"
+rows="$(OPENBLAS_NUM_THREADS=1 "$root/tests/cli_errors.sh" "$bin" --markdown)"
+hostile="$(OPENBLAS_NUM_THREADS=1 "$root/tests/hostile_files.sh" "$bin" --markdown)"
 {
   echo "# Bad input: what moetrain says"
   echo
@@ -19,7 +21,9 @@ hostile="$(OPENBLAS_NUM_THREADS=1 "$root/tests/hostile_files.sh" "$root/build/mo
   echo
   echo "\`…\` stands for \`--steps 2 --batch 2 --seq-len 16 --eval-batches 1 --quiet --data text.txt\`"
   echo "(text.txt: 168 KB of text); file names are the test's temporary files. Multi-process cases"
-  echo "(world size mismatches under mpirun, one rank failing) are in \`tests/cli_errors_mpi.sh\`."
+  echo "(world size mismatches under mpirun, one rank failing, export under mpirun) are in"
+  echo "\`tests/cli_errors_mpi.sh\`; runs that meet each other or a stalled rank (two runs on one folder,"
+  echo "a stopped rank ending the job within \`--comm.timeout\`) are in \`tests/run_guards.sh\`."
   echo
   printf '%s\n' "$rows"
   echo
