@@ -108,8 +108,8 @@ struct Checker {
     for (size_t i = 0; i < cpu.size(); ++i)
       if (!(gpu[i] == cpu[i]) && bad++ == 0) first = i;
     if (bad)
-      mismatch(what, str_cat(bad, " differ, first [", first, "] gpu ", gpu[first], " cpu ",
-                             cpu[first]));
+      mismatch(what,
+               str_cat(bad, " differ, first [", first, "] gpu ", gpu[first], " cpu ", cpu[first]));
   }
   void mismatch(const char* what, const std::string& why) {
     exact_ok = false;
@@ -143,8 +143,8 @@ void add_gemm(std::vector<OpCase>& ops, bool ta, bool tb, int M, int N, int K, f
   // fp32: cuBLAS vs OpenBLAS round-off (~1e-13 expected); bf16: input rounding 2^-9 (~3e-6).
   ops.push_back({name, shape, bf16 ? 1e-4 : 1e-7, [=](Checker& c) {
                    Rng rng(1000 + M * 7 + N * 3 + K);
-                   const int lda = pad ? (ta ? M : K) + pad : 0, ldb = pad ? (tb ? K : N) + pad + 1 : 0,
-                             ldc = pad ? N + pad + 2 : 0;
+                   const int lda = pad ? (ta ? M : K) + pad : 0,
+                             ldb = pad ? (tb ? K : N) + pad + 1 : 0, ldc = pad ? N + pad + 2 : 0;
                    const size_t a_n = static_cast<size_t>(ta ? K : M) * (lda ? lda : (ta ? M : K));
                    const size_t b_n = static_cast<size_t>(tb ? N : K) * (ldb ? ldb : (tb ? K : N));
                    const size_t c_n = static_cast<size_t>(M) * (ldc ? ldc : N);
@@ -177,26 +177,25 @@ void add_elementwise(std::vector<OpCase>& ops) {
                      cuda::swiglu_forward(dh.data(), dg.data(), du.data(), n);
                      c.close("h", host(dh), h);
                    }});
-    ops.push_back({"swiglu_backward", shape, 1e-10, [=](Checker& c) {
-                     Rng rng(2);
-                     Vec g = randn(rng, n, 2.0), u = randn(rng, n), dh = randn(rng, n);
-                     Vec dg = randn(rng, n), du = randn(rng, n);  // += contract
-                     auto d_g = dev(g), d_u = dev(u), d_dh = dev(dh), d_dg = dev(dg),
-                          d_du = dev(du);
-                     swiglu_backward(dg.data(), du.data(), dh.data(), g.data(), u.data(), n);
-                     cuda::swiglu_backward(d_dg.data(), d_du.data(), d_dh.data(), d_g.data(),
-                                           d_u.data(), n);
-                     c.close("dg", host(d_dg), dg);
-                     c.close("du", host(d_du), du);
-                   }});
+    ops.push_back(
+        {"swiglu_backward", shape, 1e-10, [=](Checker& c) {
+           Rng rng(2);
+           Vec g = randn(rng, n, 2.0), u = randn(rng, n), dh = randn(rng, n);
+           Vec dg = randn(rng, n), du = randn(rng, n);  // += contract
+           auto d_g = dev(g), d_u = dev(u), d_dh = dev(dh), d_dg = dev(dg), d_du = dev(du);
+           swiglu_backward(dg.data(), du.data(), dh.data(), g.data(), u.data(), n);
+           cuda::swiglu_backward(d_dg.data(), d_du.data(), d_dh.data(), d_g.data(), d_u.data(), n);
+           c.close("dg", host(d_dg), dg);
+           c.close("du", host(d_du), du);
+         }});
     ops.push_back({"swiglu_backward_inplace", shape, 1e-10, [=](Checker& c) {
                      Rng rng(3);
                      Vec g = randn(rng, n, 2.0), u = randn(rng, n), dg = randn(rng, n),
                          du = randn(rng, n);  // du is overwritten
                      auto d_g = dev(g), d_u = dev(u), d_dg = dev(dg), d_du = dev(du);
                      swiglu_backward_inplace(dg.data(), du.data(), g.data(), u.data(), n);
-                     cuda::swiglu_backward_inplace(d_dg.data(), d_du.data(), d_g.data(),
-                                                   d_u.data(), n);
+                     cuda::swiglu_backward_inplace(d_dg.data(), d_du.data(), d_g.data(), d_u.data(),
+                                                   n);
                      c.close("dg", host(d_dg), dg);
                      c.close("du", host(d_du), du);
                    }});
@@ -215,20 +214,23 @@ void add_elementwise(std::vector<OpCase>& ops) {
                    cuda::embedding_forward(d_out.data(), d_tok.data(), d_wte.data(), n_tok, dim);
                    c.close("out", host(d_out), out);
                  }});
-  // Same adds in the same (token) order: bit-identical.
-  ops.push_back({"embedding_backward", eshape, 0.0, [=](Checker& c) {
-                   Rng rng(5);
-                   Vec dwte = randn(rng, static_cast<size_t>(V) * dim),
-                       dout = randn(rng, static_cast<size_t>(n_tok) * dim);
-                   IVec tok(n_tok);
-                   for (auto& t : tok) t = static_cast<int32_t>(rng.below(V / 2));  // repeats
-                   auto d_dwte = dev(dwte), d_dout = dev(dout);
-                   auto d_tok = dev(tok);
-                   embedding_backward(dwte.data(), dout.data(), tok.data(), n_tok, dim);
-                   cuda::embedding_backward(d_dwte.data(), d_dout.data(), d_tok.data(), n_tok,
-                                            dim);
-                   c.close("dwte", host(d_dwte), dwte);
-                 }});
+  // Same adds in the same (token) order: bit-identical. Ids from V/2 tokens (repeats, unused
+  // rows) or a single token (one long run).
+  for (int distinct : {V / 2, 1}) {
+    ops.push_back({"embedding_backward", str_cat(eshape, " ids<", distinct), 0.0, [=](Checker& c) {
+                     Rng rng(5);
+                     Vec dwte = randn(rng, static_cast<size_t>(V) * dim),
+                         dout = randn(rng, static_cast<size_t>(n_tok) * dim);
+                     IVec tok(n_tok);
+                     for (auto& t : tok) t = static_cast<int32_t>(rng.below(distinct));
+                     auto d_dwte = dev(dwte), d_dout = dev(dout);
+                     auto d_tok = dev(tok);
+                     embedding_backward(dwte.data(), dout.data(), tok.data(), n_tok, dim);
+                     cuda::embedding_backward(d_dwte.data(), d_dout.data(), d_tok.data(), n_tok,
+                                              dim);
+                     c.close("dwte", host(d_dwte), dwte);
+                   }});
+  }
   const size_t n = 4099;
   ops.push_back({"add_inplace", str_cat("n=", n), 0.0, [=](Checker& c) {
                    Rng rng(6);
@@ -252,44 +254,43 @@ void add_elementwise(std::vector<OpCase>& ops) {
 }
 
 void add_rmsnorm(std::vector<OpCase>& ops) {
-  struct S { int rows, dim; };
+  struct S {
+    int rows, dim;
+  };
   for (S s : {S{37, 1000}, S{5, 4097}, S{300, 64}, S{0, 16}}) {
     const std::string shape = str_cat("rows=", s.rows, " dim=", s.dim);
     // Row sums in double on both sides (only the summation tree differs).
-    ops.push_back({"rmsnorm_forward", shape, 1e-10, [=](Checker& c) {
-                     Rng rng(10 + s.rows);
-                     const size_t n = static_cast<size_t>(s.rows) * s.dim;
-                     Vec x = randn(rng, n, 3.0), w = uniform(rng, s.dim, 0.5, 1.5), out(n),
-                         rstd(s.rows);
-                     auto dx = dev(x), dw = dev(w), dout = dev(out), drstd = dev(rstd);
-                     rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), s.rows, s.dim,
-                                     1e-6f);
-                     cuda::rmsnorm_forward(dout.data(), drstd.data(), dx.data(), dw.data(), s.rows,
-                                           s.dim, 1e-6f);
-                     c.close("out", host(dout), out);
-                     c.close("rstd", host(drstd), rstd);
-                   }});
+    ops.push_back(
+        {"rmsnorm_forward", shape, 1e-10, [=](Checker& c) {
+           Rng rng(10 + s.rows);
+           const size_t n = static_cast<size_t>(s.rows) * s.dim;
+           Vec x = randn(rng, n, 3.0), w = uniform(rng, s.dim, 0.5, 1.5), out(n), rstd(s.rows);
+           auto dx = dev(x), dw = dev(w), dout = dev(out), drstd = dev(rstd);
+           rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), s.rows, s.dim, 1e-6f);
+           cuda::rmsnorm_forward(dout.data(), drstd.data(), dx.data(), dw.data(), s.rows, s.dim,
+                                 1e-6f);
+           c.close("out", host(dout), out);
+           c.close("rstd", host(drstd), rstd);
+         }});
     for (bool with_dw : {true, false}) {
       // dw: chunked partial sums (GPU) vs one running sum (CPU), fp32 round-off.
-      ops.push_back({with_dw ? "rmsnorm_backward" : "rmsnorm_backward dw=null", shape, 1e-8,
-                     [=](Checker& c) {
-                       Rng rng(20 + s.rows);
-                       const size_t n = static_cast<size_t>(s.rows) * s.dim;
-                       Vec x = randn(rng, n, 3.0), w = uniform(rng, s.dim, 0.5, 1.5),
-                           dout = randn(rng, n), rstd(s.rows), out(n);
-                       rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), s.rows, s.dim,
-                                       1e-6f);
-                       Vec dx = randn(rng, n), dw = randn(rng, s.dim);
-                       auto d_x = dev(x), d_w = dev(w), d_dout = dev(dout), d_rstd = dev(rstd),
-                            d_dx = dev(dx), d_dw = dev(dw);
-                       rmsnorm_backward(dx.data(), with_dw ? dw.data() : nullptr, dout.data(),
-                                        x.data(), w.data(), rstd.data(), s.rows, s.dim);
-                       cuda::rmsnorm_backward(d_dx.data(), with_dw ? d_dw.data() : nullptr,
-                                              d_dout.data(), d_x.data(), d_w.data(),
-                                              d_rstd.data(), s.rows, s.dim);
-                       c.close("dx", host(d_dx), dx);
-                       c.close("dw", host(d_dw), dw);
-                     }});
+      ops.push_back(
+          {with_dw ? "rmsnorm_backward" : "rmsnorm_backward dw=null", shape, 1e-8, [=](Checker& c) {
+             Rng rng(20 + s.rows);
+             const size_t n = static_cast<size_t>(s.rows) * s.dim;
+             Vec x = randn(rng, n, 3.0), w = uniform(rng, s.dim, 0.5, 1.5), dout = randn(rng, n),
+                 rstd(s.rows), out(n);
+             rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), s.rows, s.dim, 1e-6f);
+             Vec dx = randn(rng, n), dw = randn(rng, s.dim);
+             auto d_x = dev(x), d_w = dev(w), d_dout = dev(dout), d_rstd = dev(rstd),
+                  d_dx = dev(dx), d_dw = dev(dw);
+             rmsnorm_backward(dx.data(), with_dw ? dw.data() : nullptr, dout.data(), x.data(),
+                              w.data(), rstd.data(), s.rows, s.dim);
+             cuda::rmsnorm_backward(d_dx.data(), with_dw ? d_dw.data() : nullptr, d_dout.data(),
+                                    d_x.data(), d_w.data(), d_rstd.data(), s.rows, s.dim);
+             c.close("dx", host(d_dx), dx);
+             c.close("dw", host(d_dw), dw);
+           }});
     }
   }
 }
@@ -305,7 +306,7 @@ void add_rope(std::vector<OpCase>& ops) {
                    auto d_x = dev(x), d_dx = dev(dx);
                    rope_forward(x.data(), table, B, T, nh, hd);
                    rope_backward(dx.data(), table, B, T, nh, hd);
-                   cuda::rope_forward(d_x.data(), table, B, T, nh, hd);  // uploads the table
+                   cuda::rope_forward(d_x.data(), table, B, T, nh, hd);    // uploads the table
                    cuda::rope_backward(d_dx.data(), table, B, T, nh, hd);  // reuses it
                    c.close("x", host(d_x), x);
                    c.close("dx", host(d_dx), dx);
@@ -320,38 +321,39 @@ size_t cuda_saved_floats(int B, int T, int nh, int hd) {
 }
 
 void add_attention(std::vector<OpCase>& ops) {
-  struct S { int B, T, nh, hd; };
+  struct S {
+    int B, T, nh, hd;
+  };
   for (S s : {S{2, 37, 3, 16}, S{1, 70, 2, 128}, S{1, 5, 1, 24}, S{3, 1, 2, 8}, S{1, 200, 1, 64},
               S{2, 0, 2, 16}}) {
     const std::string shape = str_cat("B=", s.B, " T=", s.T, " nh=", s.nh, " hd=", s.hd);
     // Online softmax in fp32 vs the CPU's two-pass softmax: fp32 round-off, ~1e-12 expected.
-    ops.push_back({"attention_forward + backward", shape, 1e-6, [=](Checker& c) {
-                     Rng rng(40 + s.T + s.hd);
-                     const size_t n = static_cast<size_t>(s.B) * s.T * s.nh * s.hd;
-                     Vec q = randn(rng, n, 1.5), k = randn(rng, n, 1.5), v = randn(rng, n),
-                         dout = randn(rng, n);
-                     Vec dq = randn(rng, n), dk = randn(rng, n), dv = randn(rng, n), out(n);
-                     Vec att(attention_saved_floats(s.B, s.T, s.nh, s.hd));
-                     Vec scratch(attention_scratch_floats(s.T));
-                     auto d_q = dev(q), d_k = dev(k), d_v = dev(v), d_dout = dev(dout),
-                          d_dq = dev(dq), d_dk = dev(dk), d_dv = dev(dv), d_out = dev(out);
-                     Buffer<float> d_att(cuda_saved_floats(s.B, s.T, s.nh, s.hd), nullptr,
-                                         Device::kCuda);
-                     attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), s.B,
-                                       s.T, s.nh, s.hd);
-                     attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
-                                        k.data(), v.data(), att.data(), s.B, s.T, s.nh, s.hd,
-                                        scratch.data());
-                     cuda::attention_forward(d_out.data(), d_att.data(), d_q.data(), d_k.data(),
-                                             d_v.data(), s.B, s.T, s.nh, s.hd);
-                     cuda::attention_backward(d_dq.data(), d_dk.data(), d_dv.data(), d_dout.data(),
-                                              d_q.data(), d_k.data(), d_v.data(), d_att.data(),
-                                              s.B, s.T, s.nh, s.hd, nullptr);
-                     c.close("out", host(d_out), out);
-                     c.close("dq", host(d_dq), dq);
-                     c.close("dk", host(d_dk), dk);
-                     c.close("dv", host(d_dv), dv);
-                   }});
+    ops.push_back(
+        {"attention_forward + backward", shape, 1e-6, [=](Checker& c) {
+           Rng rng(40 + s.T + s.hd);
+           const size_t n = static_cast<size_t>(s.B) * s.T * s.nh * s.hd;
+           Vec q = randn(rng, n, 1.5), k = randn(rng, n, 1.5), v = randn(rng, n),
+               dout = randn(rng, n);
+           Vec dq = randn(rng, n), dk = randn(rng, n), dv = randn(rng, n), out(n);
+           Vec att(attention_saved_floats(s.B, s.T, s.nh, s.hd));
+           Vec scratch(attention_scratch_floats(s.T));
+           auto d_q = dev(q), d_k = dev(k), d_v = dev(v), d_dout = dev(dout), d_dq = dev(dq),
+                d_dk = dev(dk), d_dv = dev(dv), d_out = dev(out);
+           Buffer<float> d_att(cuda_saved_floats(s.B, s.T, s.nh, s.hd), nullptr, Device::kCuda);
+           attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), s.B, s.T, s.nh,
+                             s.hd);
+           attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
+                              v.data(), att.data(), s.B, s.T, s.nh, s.hd, scratch.data());
+           cuda::attention_forward(d_out.data(), d_att.data(), d_q.data(), d_k.data(), d_v.data(),
+                                   s.B, s.T, s.nh, s.hd);
+           cuda::attention_backward(d_dq.data(), d_dk.data(), d_dv.data(), d_dout.data(),
+                                    d_q.data(), d_k.data(), d_v.data(), d_att.data(), s.B, s.T,
+                                    s.nh, s.hd, nullptr);
+           c.close("out", host(d_out), out);
+           c.close("dq", host(d_dq), dq);
+           c.close("dk", host(d_dk), dk);
+           c.close("dv", host(d_dv), dv);
+         }});
   }
   ops.push_back({"attention head_dim 130 refused", "hd=130", 0.0, [](Checker& c) {
                    try {
@@ -364,7 +366,9 @@ void add_attention(std::vector<OpCase>& ops) {
 }
 
 void add_cross_entropy(std::vector<OpCase>& ops) {
-  struct S { int N, V; };
+  struct S {
+    int N, V;
+  };
   for (S s : {S{19, 1001}, S{3, 50257}, S{0, 10}}) {
     const std::string shape = str_cat("N=", s.N, " V=", s.V);
     ops.push_back({"cross_entropy_forward", shape, 1e-10, [=](Checker& c) {
@@ -435,7 +439,8 @@ void add_adamw(std::vector<OpCase>& ops) {
                      Rng rng(71);
                      Vec x = randn(rng, len);
                      auto d_x = dev(x);
-                     c.scalar("sum", cuda::sum_squares(d_x.data(), len), sum_squares(x.data(), len));
+                     c.scalar("sum", cuda::sum_squares(d_x.data(), len),
+                              sum_squares(x.data(), len));
                    }});
   }
 }
@@ -453,7 +458,9 @@ IVec layout_offsets(const IVec& count, int cap, Offsets kind) {
 }
 
 void add_permute(std::vector<OpCase>& ops) {
-  struct S { int T, k, E, skip; };
+  struct S {
+    int T, k, E, skip;
+  };
   for (S s : {S{50, 3, 7, 5}, S{1000, 1, 16, 3}, S{257, 4, 64, -1}}) {
     const std::string shape = str_cat("T=", s.T, " k=", s.k, " E=", s.E,
                                       s.skip >= 0 ? str_cat(" (expert ", s.skip, " empty)") : "");
@@ -467,8 +474,9 @@ void add_permute(std::vector<OpCase>& ops) {
                      c.same("count", d_cnt, cnt);
                    }});
     for (Offsets kind : {Offsets::kFull, Offsets::kCapacity, Offsets::kPadded}) {
-      const char* kname = kind == Offsets::kFull ? "all kept" :
-                          kind == Offsets::kCapacity ? "capacity drops" : "padded E*C";
+      const char* kname = kind == Offsets::kFull       ? "all kept"
+                          : kind == Offsets::kCapacity ? "capacity drops"
+                                                       : "padded E*C";
       ops.push_back({str_cat("place_pairs ", kname), shape, 0.0, [=](Checker& c) {
                        Rng rng(81);
                        IVec idx = topk_ids(rng, s.T, s.k, s.E, s.skip);
@@ -478,7 +486,8 @@ void add_permute(std::vector<OpCase>& ops) {
                        IVec off = layout_offsets(cnt, cap, kind);
                        IVec slot(off[s.E], -1), row(idx.size(), 99);
                        auto d_idx = dev(idx), d_slot = dev(slot), d_row = dev(row);
-                       place_pairs(slot.data(), row.data(), idx.data(), off.data(), idx.size(), s.E);
+                       place_pairs(slot.data(), row.data(), idx.data(), off.data(), idx.size(),
+                                   s.E);
                        cuda::place_pairs(d_slot.data(), d_row.data(), d_idx.data(), off.data(),
                                          idx.size(), s.E);
                        c.same("slot_of_row", host(d_slot), slot);
@@ -502,7 +511,9 @@ void add_permute(std::vector<OpCase>& ops) {
                  }});
 
   // The row kernels on a padded layout with drops (rows of -1 and slots of -1) and odd H.
-  struct R { int T, k, E, H; };
+  struct R {
+    int T, k, E, H;
+  };
   for (R s : {R{61, 2, 8, 37}, R{40, 1, 4, 300}, R{0, 2, 4, 8}}) {
     const std::string shape = str_cat("T=", s.T, " k=", s.k, " E=", s.E, " H=", s.H);
     struct Layout {
@@ -532,58 +543,54 @@ void add_permute(std::vector<OpCase>& ops) {
                      cuda::gather_rows(d_rows.data(), d_x.data(), d_slot.data(), l.N, s.k, s.H);
                      c.close("rows", host(d_rows), rows);
                    }});
-    ops.push_back({"gather_rows_backward", shape, 0.0, [=](Checker& c) {
-                     Rng rng(91);
-                     Layout l = make_layout(rng);
-                     Vec dx = randn(rng, static_cast<size_t>(s.T) * s.H),
-                         drows = randn(rng, l.N * s.H);
-                     auto d_dx = dev(dx), d_drows = dev(drows);
-                     auto d_row = dev(l.row);
-                     gather_rows_backward(dx.data(), drows.data(), l.row.data(), s.T, s.k, s.H);
-                     cuda::gather_rows_backward(d_dx.data(), d_drows.data(), d_row.data(), s.T,
-                                                s.k, s.H);
-                     c.close("dx", host(d_dx), dx);
-                   }});
+    ops.push_back(
+        {"gather_rows_backward", shape, 0.0, [=](Checker& c) {
+           Rng rng(91);
+           Layout l = make_layout(rng);
+           Vec dx = randn(rng, static_cast<size_t>(s.T) * s.H), drows = randn(rng, l.N * s.H);
+           auto d_dx = dev(dx), d_drows = dev(drows);
+           auto d_row = dev(l.row);
+           gather_rows_backward(dx.data(), drows.data(), l.row.data(), s.T, s.k, s.H);
+           cuda::gather_rows_backward(d_dx.data(), d_drows.data(), d_row.data(), s.T, s.k, s.H);
+           c.close("dx", host(d_dx), dx);
+         }});
     for (bool acc : {false, true}) {
-      ops.push_back({acc ? "combine_rows accumulate" : "combine_rows", shape, 1e-10,
-                     [=](Checker& c) {
-                       Rng rng(92);
-                       Layout l = make_layout(rng);
-                       Vec y = randn(rng, l.N * s.H), w = uniform(rng, l.idx.size(), 0.0, 1.0),
-                           out = randn(rng, static_cast<size_t>(s.T) * s.H);
-                       auto d_y = dev(y), d_w = dev(w), d_out = dev(out);
-                       auto d_row = dev(l.row);
-                       combine_rows(out.data(), y.data(), w.data(), l.row.data(), s.T, s.k, s.H,
-                                    acc);
-                       cuda::combine_rows(d_out.data(), d_y.data(), d_w.data(), d_row.data(), s.T,
-                                          s.k, s.H, acc);
-                       c.close("out", host(d_out), out);
-                     }});
+      ops.push_back(
+          {acc ? "combine_rows accumulate" : "combine_rows", shape, 1e-10, [=](Checker& c) {
+             Rng rng(92);
+             Layout l = make_layout(rng);
+             Vec y = randn(rng, l.N * s.H), w = uniform(rng, l.idx.size(), 0.0, 1.0),
+                 out = randn(rng, static_cast<size_t>(s.T) * s.H);
+             auto d_y = dev(y), d_w = dev(w), d_out = dev(out);
+             auto d_row = dev(l.row);
+             combine_rows(out.data(), y.data(), w.data(), l.row.data(), s.T, s.k, s.H, acc);
+             cuda::combine_rows(d_out.data(), d_y.data(), d_w.data(), d_row.data(), s.T, s.k, s.H,
+                                acc);
+             c.close("out", host(d_out), out);
+           }});
     }
     for (int which : {0, 1, 2}) {  // both outputs, dy only, dweight only
-      const char* name = which == 0 ? "combine_rows_backward" :
-                         which == 1 ? "combine_rows_backward dweight=null" :
-                                      "combine_rows_backward dy=null";
-      ops.push_back({name, shape, 1e-10, [=](Checker& c) {
-                       Rng rng(93);
-                       Layout l = make_layout(rng);
-                       Vec y = randn(rng, l.N * s.H), w = uniform(rng, l.idx.size(), 0.0, 1.0),
-                           dout = randn(rng, static_cast<size_t>(s.T) * s.H),
-                           dy = randn(rng, l.N * s.H), dw = randn(rng, l.idx.size());
-                       auto d_y = dev(y), d_w = dev(w), d_dout = dev(dout), d_dy = dev(dy),
-                            d_dw = dev(dw);
-                       auto d_row = dev(l.row);
-                       const bool want_dy = which != 2, want_dw = which != 1;
-                       combine_rows_backward(want_dy ? dy.data() : nullptr,
-                                             want_dw ? dw.data() : nullptr, dout.data(), y.data(),
-                                             w.data(), l.row.data(), s.T, s.k, s.H);
-                       cuda::combine_rows_backward(want_dy ? d_dy.data() : nullptr,
-                                                   want_dw ? d_dw.data() : nullptr, d_dout.data(),
-                                                   d_y.data(), d_w.data(), d_row.data(), s.T, s.k,
-                                                   s.H);
-                       c.close("dy", host(d_dy), dy);
-                       c.close("dweight", host(d_dw), dw);
-                     }});
+      const char* name = which == 0   ? "combine_rows_backward"
+                         : which == 1 ? "combine_rows_backward dweight=null"
+                                      : "combine_rows_backward dy=null";
+      ops.push_back(
+          {name, shape, 1e-10, [=](Checker& c) {
+             Rng rng(93);
+             Layout l = make_layout(rng);
+             Vec y = randn(rng, l.N * s.H), w = uniform(rng, l.idx.size(), 0.0, 1.0),
+                 dout = randn(rng, static_cast<size_t>(s.T) * s.H), dy = randn(rng, l.N * s.H),
+                 dw = randn(rng, l.idx.size());
+             auto d_y = dev(y), d_w = dev(w), d_dout = dev(dout), d_dy = dev(dy), d_dw = dev(dw);
+             auto d_row = dev(l.row);
+             const bool want_dy = which != 2, want_dw = which != 1;
+             combine_rows_backward(want_dy ? dy.data() : nullptr, want_dw ? dw.data() : nullptr,
+                                   dout.data(), y.data(), w.data(), l.row.data(), s.T, s.k, s.H);
+             cuda::combine_rows_backward(want_dy ? d_dy.data() : nullptr,
+                                         want_dw ? d_dw.data() : nullptr, d_dout.data(), d_y.data(),
+                                         d_w.data(), d_row.data(), s.T, s.k, s.H);
+             c.close("dy", host(d_dy), dy);
+             c.close("dweight", host(d_dw), dw);
+           }});
     }
   }
 
@@ -613,37 +620,38 @@ void add_permute(std::vector<OpCase>& ops) {
                      c.close("scatter", host(d_dst), dst);
                      c.close("gather", host(d_back), back);
                    }});
-    ops.push_back({"gather_scaled_rows + backward", shape, 1e-10, [=](Checker& c) {
-                     Rng rng(96);
-                     IVec r = perm(rng);
-                     const size_t rows = static_cast<size_t>(n) + 5;
-                     Vec src = randn(rng, rows * H), val = uniform(rng, n, 0.0, 1.0),
-                         dst = randn(rng, static_cast<size_t>(n) * H),
-                         d = randn(rng, static_cast<size_t>(n) * H), dsrc = randn(rng, rows * H),
-                         dval = randn(rng, n);
-                     auto d_src = dev(src), d_val = dev(val), d_dst = dev(dst), d_d = dev(d),
-                          d_dsrc = dev(dsrc), d_dval = dev(dval);
-                     auto d_r = dev(r);
-                     gather_scaled_rows(dst.data(), src.data(), r.data(), val.data(), n, H);
-                     gather_scaled_rows_backward(dsrc.data(), dval.data(), d.data(), src.data(),
-                                                 r.data(), val.data(), n, H);
-                     cuda::gather_scaled_rows(d_dst.data(), d_src.data(), d_r.data(), d_val.data(),
-                                              n, H);
-                     cuda::gather_scaled_rows_backward(d_dsrc.data(), d_dval.data(), d_d.data(),
-                                                       d_src.data(), d_r.data(), d_val.data(), n,
-                                                       H);
-                     c.close("dst", host(d_dst), dst);
-                     c.close("dsrc", host(d_dsrc), dsrc);
-                     c.close("dvalue", host(d_dval), dval);
-                   }});
+    ops.push_back(
+        {"gather_scaled_rows + backward", shape, 1e-10, [=](Checker& c) {
+           Rng rng(96);
+           IVec r = perm(rng);
+           const size_t rows = static_cast<size_t>(n) + 5;
+           Vec src = randn(rng, rows * H), val = uniform(rng, n, 0.0, 1.0),
+               dst = randn(rng, static_cast<size_t>(n) * H),
+               d = randn(rng, static_cast<size_t>(n) * H), dsrc = randn(rng, rows * H),
+               dval = randn(rng, n);
+           auto d_src = dev(src), d_val = dev(val), d_dst = dev(dst), d_d = dev(d),
+                d_dsrc = dev(dsrc), d_dval = dev(dval);
+           auto d_r = dev(r);
+           gather_scaled_rows(dst.data(), src.data(), r.data(), val.data(), n, H);
+           gather_scaled_rows_backward(dsrc.data(), dval.data(), d.data(), src.data(), r.data(),
+                                       val.data(), n, H);
+           cuda::gather_scaled_rows(d_dst.data(), d_src.data(), d_r.data(), d_val.data(), n, H);
+           cuda::gather_scaled_rows_backward(d_dsrc.data(), d_dval.data(), d_d.data(), d_src.data(),
+                                             d_r.data(), d_val.data(), n, H);
+           c.close("dst", host(d_dst), dst);
+           c.close("dsrc", host(d_dsrc), dsrc);
+           c.close("dvalue", host(d_dval), dval);
+         }});
   }
 }
 
 void add_router(std::vector<OpCase>& ops) {
-  struct S { int T, E, k; bool renorm; };
+  struct S {
+    int T, E, k;
+    bool renorm;
+  };
   for (S s : {S{67, 16, 1, false}, S{67, 16, 4, true}, S{130, 64, 6, false}, S{9, 8, 8, true}}) {
-    const std::string shape =
-        str_cat("T=", s.T, " E=", s.E, " k=", s.k, s.renorm ? " renorm" : "");
+    const std::string shape = str_cat("T=", s.T, " E=", s.E, " k=", s.k, s.renorm ? " renorm" : "");
     ops.push_back({"router_topk", shape, 1e-10, [=](Checker& c) {
                      Rng rng(100 + s.E);
                      Vec scores = randn(rng, static_cast<size_t>(s.T) * s.E, 2.0),
@@ -667,7 +675,8 @@ void add_router(std::vector<OpCase>& ops) {
                            w(static_cast<size_t>(s.T) * s.k);
                        IVec idx(w.size());
                        router_topk(scores.data(), idx.data(), w.data(), s.T, s.E, s.k, s.renorm);
-                       Vec dw = randn(rng, w.size()), coef = randn(rng, static_cast<size_t>(B) * s.E),
+                       Vec dw = randn(rng, w.size()),
+                           coef = randn(rng, static_cast<size_t>(B) * s.E),
                            dlogits = randn(rng, scores.size());  // overwritten
                        auto d_scores = dev(scores), d_dw = dev(dw), d_coef = dev(coef),
                             d_dlogits = dev(dlogits);

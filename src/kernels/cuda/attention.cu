@@ -17,9 +17,9 @@
 namespace moe::kernels::cuda {
 namespace {
 
-constexpr int kRows = 8;    // rows (warps) per block
-constexpr int kTile = 32;   // rows of the other side per shared-memory tile (one per lane)
-constexpr int kCols = 4;    // output columns per lane: head_dim <= 32·kCols
+constexpr int kRows = 8;   // rows (warps) per block
+constexpr int kTile = 32;  // rows of the other side per shared-memory tile (one per lane)
+constexpr int kCols = 4;   // output columns per lane: head_dim <= 32·kCols
 constexpr int kMaxHeadDim = 32 * kCols;
 
 struct Geom {
@@ -255,7 +255,8 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
   if (B == 0 || T == 0) return;
   const size_t rows = static_cast<size_t>(B) * n_head * T;
   const Geom g{T, n_head, head_dim, 1.0f / std::sqrt(static_cast<float>(head_dim))};
-  const size_t smem = sizeof(float) * (kTile * (head_dim + 1) + kTile * head_dim + kRows * head_dim);
+  const size_t smem =
+      sizeof(float) * (kTile * (head_dim + 1) + kTile * head_dim + kRows * head_dim);
   attention_forward_kernel<<<grid_of(B, T, n_head), kRows * 32, smem, stream()>>>(
       out, att, att + rows, q, k, v, g);
   MOE_CUDA_LAUNCHED("attention_forward");
@@ -277,12 +278,12 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   MOE_CUDA_LAUNCHED("attention_backward D");
   const size_t smem_dq = sizeof(float) * (2 * kTile * (head_dim + 1) + 2 * kRows * head_dim);
   attention_dq_kernel<<<grid_of(B, T, n_head), kRows * 32, smem_dq, stream()>>>(dq, dout, q, k, v,
-                                                                               lse, D, g);
+                                                                                lse, D, g);
   MOE_CUDA_LAUNCHED("attention_backward dq");
   const size_t smem_dkv =
       sizeof(float) * (2 * kTile * (head_dim + 1) + 2 * kTile + 2 * kRows * head_dim);
-  attention_dkv_kernel<<<grid_of(B, T, n_head), kRows * 32, smem_dkv, stream()>>>(
-      dk, dv, dout, q, k, v, lse, D, g);
+  attention_dkv_kernel<<<grid_of(B, T, n_head), kRows * 32, smem_dkv, stream()>>>(dk, dv, dout, q,
+                                                                                  k, v, lse, D, g);
   MOE_CUDA_LAUNCHED("attention_backward dk dv");
 }
 

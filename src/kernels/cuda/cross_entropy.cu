@@ -75,8 +75,8 @@ double cross_entropy_forward(float* losses, float* probs, const float* logits,
   MOE_CUDA_LAUNCHED("cross_entropy_forward");
   std::vector<double> loss(N);
   int bad = 0;
-  MOE_CUDA_CHECK(cudaMemcpyAsync(loss.data(), losses_d, sizeof(double) * N,
-                                 cudaMemcpyDeviceToHost, stream()));
+  MOE_CUDA_CHECK(
+      cudaMemcpyAsync(loss.data(), losses_d, sizeof(double) * N, cudaMemcpyDeviceToHost, stream()));
   MOE_CUDA_CHECK(cudaMemcpyAsync(&bad, bad_row, sizeof(int), cudaMemcpyDeviceToHost, stream()));
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
   if (bad != no_bad_row) {
@@ -95,8 +95,8 @@ void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* t
   MOE_CHECK(N >= 0 && V > 0, "cross_entropy_backward: N=", N, " V=", V);
   const size_t n = static_cast<size_t>(N) * V;
   if (n == 0) return;
-  cross_entropy_backward_kernel<<<elem_blocks(n), kThreads, 0, stream()>>>(dlogits, probs,
-                                                                           targets, N, V, scale);
+  cross_entropy_backward_kernel<<<elem_blocks(n), kThreads, 0, stream()>>>(dlogits, probs, targets,
+                                                                           N, V, scale);
   MOE_CUDA_LAUNCHED("cross_entropy_backward");
 }
 

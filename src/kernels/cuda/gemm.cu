@@ -35,7 +35,7 @@ __global__ void scale_kernel(float* C, size_t M, size_t N, size_t ldc, float bet
 
 __global__ void fill_pattern_kernel(float* x, size_t n, unsigned mul) {
   MOE_GRID_STRIDE(i, n)
-    x[i] = static_cast<float>((i * mul) % 1000) * 1e-3f - 0.5f;
+  x[i] = static_cast<float>((i * mul) % 1000) * 1e-3f - 0.5f;
 }
 
 Scratch g_bf16;  // bf16 copies of A and B
@@ -49,8 +49,8 @@ void convert(__nv_bfloat16* dst, const float* src, int rows, int cols, int ld) {
 }
 
 // The column-major call for row-major operands (lda/ldb/ldc already resolved).
-void gemm_ex(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A,
-             int lda, const void* B, int ldb, cudaDataType_t type, float beta, float* C, int ldc) {
+void gemm_ex(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
+             const void* B, int ldb, cudaDataType_t type, float beta, float* C, int ldc) {
   MOE_CUBLAS_CHECK(cublasGemmEx(blas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                 trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, type, ldb,
                                 A, type, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
@@ -69,11 +69,11 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
   if (lda == 0) lda = a_cols;
   if (ldb == 0) ldb = b_cols;
   if (ldc == 0) ldc = N;
-  MOE_CHECK(lda >= a_cols && ldb >= b_cols && ldc >= N, "gemm: row strides lda=", lda, " ldb=",
-            ldb, " ldc=", ldc, " are below the row lengths ", a_cols, ", ", b_cols, ", ", N);
+  MOE_CHECK(lda >= a_cols && ldb >= b_cols && ldc >= N, "gemm: row strides lda=", lda, " ldb=", ldb,
+            " ldc=", ldc, " are below the row lengths ", a_cols, ", ", b_cols, ", ", N);
   if (K == 0) {  // cuBLAS is not asked for K == 0; scale C as the CPU does
     scale_kernel<<<elem_blocks(static_cast<size_t>(M) * N), kThreads, 0, stream()>>>(C, M, N, ldc,
-                                                                                    beta);
+                                                                                     beta);
     MOE_CUDA_LAUNCHED("gemm scale");
     return;
   }

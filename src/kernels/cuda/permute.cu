@@ -2,9 +2,8 @@
 // across H; every sum runs in the CPU's order (per token over k ascending), without float atomics.
 // place_pairs is a stable radix sort of (expert, pair) followed by the rank of each pair within
 // its expert, which is exactly the CPU's counting-sort placement. See permute.h for the legend.
-#include <cub/device/device_radix_sort.cuh>
-
 #include <climits>
+#include <cub/device/device_radix_sort.cuh>
 #include <vector>
 
 #include "kernels/cuda/reduce.cuh"
@@ -151,8 +150,8 @@ __global__ void combine_dweight_kernel(float* dweight, const float* dout, const 
 
 // dst[row_of_i[i]] = src[i] (scatter) or dst[i] = value[i] · src[row_of_i[i]] (gather; value
 // null means 1).
-__global__ void scatter_rows_kernel(float* dst, const float* src, const int32_t* row_of_i,
-                                    size_t n, int H) {
+__global__ void scatter_rows_kernel(float* dst, const float* src, const int32_t* row_of_i, size_t n,
+                                    int H) {
   MOE_ROW_STRIDE(i, n) {
     const float* s = src + i * H;
     float* d = dst + static_cast<size_t>(row_of_i[i]) * H;
@@ -217,8 +216,8 @@ void count_pairs_per_expert(int32_t* count_E, const int32_t* topk_idx_TK, size_t
   MOE_CUDA_LAUNCHED("count_pairs_per_expert");
   unsigned long long first_bad = 0;
   if (E > 0)
-    MOE_CUDA_CHECK(cudaMemcpyAsync(count_E, count, sizeof(int) * E, cudaMemcpyDeviceToHost,
-                                   stream()));
+    MOE_CUDA_CHECK(
+        cudaMemcpyAsync(count_E, count, sizeof(int) * E, cudaMemcpyDeviceToHost, stream()));
   MOE_CUDA_CHECK(
       cudaMemcpyAsync(&first_bad, bad, sizeof(first_bad), cudaMemcpyDeviceToHost, stream()));
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
@@ -258,8 +257,7 @@ void place_pairs(int32_t* slot_of_row_R, int32_t* row_of_slot_TK, const int32_t*
 
   MOE_CUDA_CHECK(cudaMemcpyAsync(offsets, offsets_E1, sizeof(int32_t) * (E + 1),
                                  cudaMemcpyHostToDevice, stream()));
-  sort_input_kernel<<<elem_blocks(P), kThreads, 0, stream()>>>(keys_in, vals_in, topk_idx_TK, P,
-                                                               E);
+  sort_input_kernel<<<elem_blocks(P), kThreads, 0, stream()>>>(keys_in, vals_in, topk_idx_TK, P, E);
   MOE_CUDA_LAUNCHED("place_pairs sort input");
   MOE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, vals_in,
                                                  vals_out, n, 0, end_bit, stream()));

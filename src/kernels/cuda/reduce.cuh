@@ -10,8 +10,8 @@
 #include "kernels/cuda/common.cuh"
 
 // for (size_t i = global thread index; i < n; i += grid size)
-#define MOE_GRID_STRIDE(i, n)                                                            \
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n);   \
+#define MOE_GRID_STRIDE(i, n)                                                          \
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
 // for (size_t r = blockIdx.x; r < rows; r += gridDim.x): one block per row
 #define MOE_ROW_STRIDE(r, rows) for (size_t r = blockIdx.x; r < (rows); r += gridDim.x)

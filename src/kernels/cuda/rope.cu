@@ -8,8 +8,8 @@ namespace moe::kernels::cuda {
 namespace {
 
 // x [B·T, n_head, 2·half]; pair i of head h at token row bt (position t = bt mod T).
-__global__ void rope_kernel(float* x, const float* cos_t, const float* sin_t, size_t n_pairs,
-                            int T, int n_head, int half, float sign) {
+__global__ void rope_kernel(float* x, const float* cos_t, const float* sin_t, size_t n_pairs, int T,
+                            int n_head, int half, float sign) {
   MOE_GRID_STRIDE(idx, n_pairs) {
     const int i = static_cast<int>(idx % half);
     const size_t rest = idx / half;  // bt·n_head + h

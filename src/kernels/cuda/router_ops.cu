@@ -14,13 +14,13 @@ namespace {
 __global__ void router_topk_kernel(float* scores, int32_t* idx, float* weight, size_t T, int E,
                                    int k, bool renorm) {
   MOE_GRID_STRIDE(t, T)
-    math::router_row_forward(scores + t * E, idx + t * k, weight + t * k, E, k, renorm);
+  math::router_row_forward(scores + t * E, idx + t * k, weight + t * k, E, k, renorm);
 }
 
-__global__ void router_topk_backward_kernel(float* dlogits, const float* scores,
-                                            const int32_t* idx, const float* dweight, size_t T,
-                                            int E, int k, bool renorm, const float* aux_coef,
-                                            int S, float aux_scale) {
+__global__ void router_topk_backward_kernel(float* dlogits, const float* scores, const int32_t* idx,
+                                            const float* dweight, size_t T, int E, int k,
+                                            bool renorm, const float* aux_coef, int S,
+                                            float aux_scale) {
   MOE_GRID_STRIDE(t, T) {
     float* ds = dlogits + t * E;
     for (int e = 0; e < E; ++e) ds[e] = 0.0f;
@@ -61,8 +61,7 @@ void router_topk(float* scores_TE, int32_t* topk_idx_TK, float* topk_weight_TK, 
 void router_topk_backward(float* dlogits_TE, const float* scores_TE, const int32_t* topk_idx_TK,
                           const float* dtopk_weight_TK, int T, int E, int k, bool renorm,
                           const float* aux_coef_BE, int S, float aux_scale) {
-  MOE_CHECK(T >= 0 && E > 0 && k >= 1 && k <= E, "router_topk_backward: T=", T, " E=", E,
-            " k=", k);
+  MOE_CHECK(T >= 0 && E > 0 && k >= 1 && k <= E, "router_topk_backward: T=", T, " E=", E, " k=", k);
   MOE_CHECK(!aux_coef_BE || S > 0, "router_topk_backward: sequence length S=", S);
   if (T == 0) return;
   router_topk_backward_kernel<<<elem_blocks(T), kThreads, 0, stream()>>>(
@@ -73,15 +72,15 @@ void router_topk_backward(float* dlogits_TE, const float* scores_TE, const int32
 
 void router_aux_stats(double* count_BE, double* score_sum_BE, const int32_t* topk_idx_TK,
                       const float* scores_TE, int T, int E, int k, int B) {
-  MOE_CHECK(T >= 0 && E > 0 && k >= 1 && B >= 1 && T % B == 0, "router_aux_stats: T=", T, " E=",
-            E, " k=", k, " B=", B, " (T must be a multiple of B)");
+  MOE_CHECK(T >= 0 && E > 0 && k >= 1 && B >= 1 && T % B == 0, "router_aux_stats: T=", T, " E=", E,
+            " k=", k, " B=", B, " (T must be a multiple of B)");
   const size_t BE = static_cast<size_t>(B) * E;
   double* dev = g_stats.as<double>(2 * BE);
-  router_aux_stats_kernel<<<elem_blocks(BE), kThreads, 0, stream()>>>(
-      dev, dev + BE, topk_idx_TK, scores_TE, T / B, E, k, BE);
+  router_aux_stats_kernel<<<elem_blocks(BE), kThreads, 0, stream()>>>(dev, dev + BE, topk_idx_TK,
+                                                                      scores_TE, T / B, E, k, BE);
   MOE_CUDA_LAUNCHED("router_aux_stats");
-  MOE_CUDA_CHECK(cudaMemcpyAsync(count_BE, dev, sizeof(double) * BE, cudaMemcpyDeviceToHost,
-                                 stream()));
+  MOE_CUDA_CHECK(
+      cudaMemcpyAsync(count_BE, dev, sizeof(double) * BE, cudaMemcpyDeviceToHost, stream()));
   MOE_CUDA_CHECK(cudaMemcpyAsync(score_sum_BE, dev + BE, sizeof(double) * BE,
                                  cudaMemcpyDeviceToHost, stream()));
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream()));
