@@ -33,6 +33,10 @@ namespace cuda {
 // bf16 inputs (converted on the fly when set_gemm_bf16) with fp32 accumulation and output.
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc);
+// GFLOP/s of one n×n×n cuBLAS GEMM on the current GPU (fp32, or bf16 inputs with fp32 output;
+// inputs already on the device and converted, so this is the GEMM roofline), best of `repeats`
+// cudaEvent-timed runs after one warm-up.
+double measure_gemm_gflops(int n, int repeats, bool bf16);
 }  // namespace cuda
 
 }  // namespace moe::kernels
