@@ -170,6 +170,8 @@ both "deep JSON: manifest" 'manifest.json: JSON nested deeper than 256 levels' "
 fresh deep-header
 ck deep_header "$dir/deep-header"  # checksum and size updated: the header itself must be refused
 both "deep JSON: safetensors header" 'shard-00000.safetensors: header: JSON nested deeper than 256 levels' "$dir/deep-header"
+echo '{"expert_loads": [[1e999, 2]]}' > "$dir/inf.jsonl"
+expect "plan --loads: a load of 1e999 (beyond double)" "inf.jsonl: line 1: not valid JSON ([json.exception.out_of_range.406] number overflow parsing '1e999')" plan --model tiny --gpus 2 --loads "$dir/inf.jsonl"
 head -c 100000000 /dev/zero > "$dir/zeros.json" 2>/dev/null || true
 expect "config of 100 MB" 'zeros.json: config file is 100000000 bytes, more than the limit of 67108864' \
   "${common[@]}" --config "$dir/zeros.json" --out "$dir/o-zeros"
@@ -215,6 +217,20 @@ import json; p = json.load(open('$dir/dgx.json')); p['nodes'] = 2**32 + 1
 json.dump(p, open('$dir/dgx-wrap.json', 'w'))"
 expect "profile: nodes 2^32+1 (wrapped to 1 before)" 'dgx-wrap.json: field "nodes" = 4294967297 is out of range' \
   plan --cluster "$dir/dgx-wrap.json" --gpus 8
+fresh config-overflow
+ck manifest "$dir/config-overflow" 'm["config"].update(vocab_size=2**31 - 1, hidden_size=2**30)'
+expect "manifest: config whose sizes overflow (export)" \
+  'config-overflow/manifest.json: vocab_size * hidden_size = 2147483647 * 1073741824 exceeds' export "$dir/config-overflow" "$dir/x-config-overflow"
+fresh offsets
+"$py" - "$dir/offsets/shard-00000.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]; raw = open(p, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n]); h["lm_head.weight"]["data_offsets"] = [0, 2**64 - 1]
+t = json.dumps(h).encode(); t += b" " * ((8 - len(t) % 8) % 8)
+open(p, "wb").write(struct.pack("<Q", len(t)) + t + raw[8 + n:])
+PY
+ck rehash "$dir/offsets"
+both "safetensors header: data_offsets [0, 2^64-1]" 'tensor "lm_head.weight": data_offsets [0, 18446744073709551615] out of bounds' "$dir/offsets"
 fresh seed-text
 ck manifest "$dir/seed-text" 'm["data_rng_state"] = "12abc"'
 both "manifest: data_rng_state \"12abc\" (was a bare stoull)" 'field "data_rng_state": "12abc" is not an integer' "$dir/seed-text"
@@ -235,6 +251,33 @@ fresh neg-v
 ck poke "$dir/neg-v" adam_v.lm_head.weight 5 -1
 expect "negative AdamW second moment (--resume)" 'tensor "adam_v.lm_head.weight" holds a negative second moment -1 at element 5' \
   "${common[@]}" --steps 4 --out "$dir/o-neg-v" --resume "$dir/neg-v"
+
+# --- the same on 2 ranks: refused in setup, reported once, no rank left waiting ---------------------
+if command -v mpirun >/dev/null; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  moe=(train --preset test-moe --steps 2 --batch 2 --seq-len 16 --eval-batches 1 --quiet --data "$dir/text.txt")
+  "$bin" "${moe[@]}" --steps 1 --out "$dir/moe" >/dev/null
+  expect_mpi() {  # expect_mpi NAME PATTERN CKPT: resume CKPT on 2 ranks (EP 2)
+    local out rc=0 n
+    out="$(timeout 120 mpirun --oversubscribe --bind-to none -np 2 "$bin" "${moe[@]}" --ep 2 \
+           --out "$dir/o-mpi-$n_out" --resume "$3" 2>&1)" || rc=$?
+    n_out=$((n_out + 1))
+    n=$(printf '%s\n' "$out" | grep -c "^moetrain: error" || true)
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -lt 128 ] && [ "$n" -eq 1 ] && printf '%s' "$out" | grep -qF -- "$2"; then
+      ok "$1: $(printf '%s\n' "$out" | grep "^moetrain: error" | sed "s|$dir|T|g")"
+    else
+      bad "$1: rc=$rc error lines=$n output: ${out:0:600}"
+    fi
+  }
+  rm -rf "$dir/moe-nan"; cp -r "$dir/moe/checkpoints/step-1" "$dir/moe-nan"
+  # Expert 7 lives on EP rank 1 only: rank 0 never loads it, yet the whole job refuses once.
+  ck poke "$dir/moe-nan" model.layers.2.mlp.experts.7.up_proj.weight 3 nan
+  expect_mpi "2 ranks: NaN in an expert only rank 1 holds" 'tensor "model.layers.2.mlp.experts.7.up_proj.weight" holds NaN at [0, 3]' "$dir/moe-nan"
+  rm -rf "$dir/moe-link"; cp -r "$dir/moe/checkpoints/step-1" "$dir/moe-link"
+  mv "$dir/moe-link/shard-00000.safetensors" "$dir/moe-outside.safetensors"
+  ln -s "$dir/moe-outside.safetensors" "$dir/moe-link/shard-00000.safetensors"
+  expect_mpi "2 ranks: shard is a symlink out of the folder" 'shard shard-00000.safetensors is a symbolic link' "$dir/moe-link"
+fi
 
 # --- stray checkpoint folders break neither saving nor --resume latest -------------------------------
 run="$dir/stray"

@@ -332,30 +332,49 @@ void SafetensorsFile::read(const std::string& name, const std::string& dtype, vo
   MOE_CHECK(t.shape == expected_shape, "safetensors file ", path_, ": tensor \"", name,
             "\" has shape ", shape_str(t.shape), ", expected ", shape_str(expected_shape));
   if (t.end > t.begin) std::memcpy(dst, data_section_ + t.begin, t.end - t.begin);
-  if (dtype == "F32") check_finite(name, static_cast<const float*>(dst), t);
-  if (dtype == "F64") check_finite(name, static_cast<const double*>(dst), t);
+  if (dtype == "F32" || dtype == "F64") require_finite(name);
 }
 
+namespace {
+// Scans n elements of F at src (any alignment: a hostile header may place a tensor at an odd
+// offset, so elements are copied out, never dereferenced in place). Throws naming the first
+// non-finite element by its index in every dimension ([row, col]: which embedding row, which
+// stacked expert) and how many there are.
 template <class F>
-void SafetensorsFile::check_finite(const std::string& name, const F* v, const TensorInfo& t) const {
+void scan_finite(const uint8_t* src, const TensorInfo& t, const std::string& where) {
   const size_t n = static_cast<size_t>(t.numel());
-  for (size_t i = 0; i < n; ++i) {
-    if (std::isfinite(v[i])) continue;
-    // The element's index in every dimension ([row, col] of a matrix): which row of an
-    // embedding, which expert of a stacked weight.
-    std::vector<int64_t> at(t.shape.size());
-    size_t rest = i;
-    for (size_t d = t.shape.size(); d-- > 0;) {
-      at[d] = static_cast<int64_t>(rest % static_cast<size_t>(t.shape[d]));
-      rest /= static_cast<size_t>(t.shape[d]);
+  size_t first = n, count = 0;
+  F bad = 0;
+  F buf[1024];
+  for (size_t i0 = 0; i0 < n; i0 += 1024) {
+    const size_t m = std::min<size_t>(1024, n - i0);
+    std::memcpy(buf, src + i0 * sizeof(F), m * sizeof(F));
+    for (size_t j = 0; j < m; ++j) {
+      if (std::isfinite(buf[j])) continue;
+      if (count++ == 0) {
+        first = i0 + j;
+        bad = buf[j];
+      }
     }
-    size_t count = 0;
-    for (size_t j = i; j < n; ++j) count += std::isfinite(v[j]) ? 0 : 1;
-    throw Error(str_cat("safetensors file ", path_, ": tensor \"", name, "\" holds ",
-                        std::isnan(v[i]) ? "NaN" : v[i] > 0 ? "+Inf" : "-Inf", " at ",
-                        shape_str(at), " (", count, " non-finite of ", n,
-                        " elements): refusing non-finite values"));
   }
+  if (count == 0) return;
+  std::vector<int64_t> at(t.shape.size());
+  size_t rest = first;
+  for (size_t d = t.shape.size(); d-- > 0;) {
+    at[d] = static_cast<int64_t>(rest % static_cast<size_t>(t.shape[d]));
+    rest /= static_cast<size_t>(t.shape[d]);
+  }
+  throw Error(str_cat(where, ": tensor \"", t.name, "\" holds ",
+                      std::isnan(bad) ? "NaN" : bad > 0 ? "+Inf" : "-Inf", " at ", shape_str(at),
+                      " (", count, " non-finite of ", n, " elements): refusing non-finite values"));
+}
+}  // namespace
+
+void SafetensorsFile::require_finite(const std::string& name) const {
+  const TensorInfo& t = info(name);
+  const std::string where = str_cat("safetensors file ", path_);
+  if (t.dtype == "F32") scan_finite<float>(data_section_ + t.begin, t, where);
+  if (t.dtype == "F64") scan_finite<double>(data_section_ + t.begin, t, where);
 }
 
 void SafetensorsFile::read_f32(const std::string& name, float* dst,

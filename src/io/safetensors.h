@@ -82,10 +82,11 @@ class SafetensorsFile {
                 const std::vector<int64_t>& expected_shape) const;
   std::vector<float> read_f32(const std::string& name) const;  // any shape
   std::vector<int32_t> read_i32(const std::string& name) const;
+  // Throws naming the file, the tensor and the first bad element if an F32 / F64 tensor holds a
+  // NaN or Inf (other dtypes pass); scans in place, copies nothing out.
+  void require_finite(const std::string& name) const;
 
  private:
-  template <class F>
-  void check_finite(const std::string& name, const F* v, const TensorInfo& t) const;
   struct Mapping;
   std::string path_;
   std::shared_ptr<Mapping> map_;

@@ -2,6 +2,7 @@
 #include "plan/routing.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -52,8 +53,9 @@ RoutingStats read_routing_stats(const std::string& path) {
       MOE_CHECK(layer.is_array() && !layer.empty(), path, ": line ", n, ": \"expert_loads\" must be a list of lists");
       std::vector<double> v;
       for (const auto& x : layer) {
-        MOE_CHECK(x.is_number() && x.get<double>() >= 0, path, ": line ", n, ": expert load ", x.dump(),
-                  " is not a count");
+        // 1e999 parses as inf: a load must be a finite count, or every imbalance becomes NaN.
+        MOE_CHECK(x.is_number() && x.get<double>() >= 0 && std::isfinite(x.get<double>()), path,
+                  ": line ", n, ": expert load ", x.dump(), " is not a count");
         v.push_back(x.get<double>());
       }
       MOE_CHECK(s.experts == 0 || static_cast<int>(v.size()) == s.experts, path, ": line ", n, ": ",

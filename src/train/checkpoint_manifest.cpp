@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include "core/error.h"
 #include "io/json_file.h"
 #include "io/parse_number.h"
+#include "io/safetensors.h"
 
 namespace moe::train {
 namespace {
@@ -206,18 +208,43 @@ uint64_t fd_checksum(int fd, const std::string& path) {
   return h;
 }
 
+namespace {
+// AdamW divides by sqrt(v): a negative second moment turns the update into NaN.
+void require_non_negative(const io::SafetensorsFile& f, const io::TensorInfo& t) {
+  const auto* src = static_cast<const uint8_t*>(f.data(t.name));
+  float buf[1024];
+  const size_t n = static_cast<size_t>(t.numel());
+  for (size_t i0 = 0; i0 < n; i0 += 1024) {
+    const size_t k = std::min<size_t>(1024, n - i0);
+    std::memcpy(buf, src + i0 * sizeof(float), k * sizeof(float));  // any alignment
+    for (size_t j = 0; j < k; ++j)
+      MOE_CHECK(buf[j] >= 0.0f, f.path(), ": tensor \"", t.name, "\" holds a negative second moment ",
+                buf[j], " at element ", i0 + j, ": refusing a corrupt optimizer state");
+  }
+}
+}  // namespace
+
 void verify_shards(const std::string& dir, const Manifest& m) {
   for (const auto& [name, info] : m.shards) {
     const int fd = open_shard(dir, name, info);
     uint64_t sum = 0;
+    io::SafetensorsFile f;
     try {
       sum = fd_checksum(fd, dir + "/" + name);
+      if (hex64(sum) == info.fnv1a64) f = io::SafetensorsFile::from_fd(fd, dir + "/" + name);
     } catch (...) {
       ::close(fd);
       throw;
     }
     ::close(fd);
     MOE_CHECK(hex64(sum) == info.fnv1a64, dir, ": shard ", name, " checksum mismatch (corrupt)");
+    // Every float of the checkpoint, not only those a rank will load (an expert another rank
+    // holds, an embedding row the data never reads): a checkpoint with NaN / Inf weights or
+    // moments is refused while every rank still agrees on setup errors.
+    for (const io::TensorInfo& t : f.tensors()) {
+      f.require_finite(t.name);
+      if (t.dtype == "F32" && t.name.rfind("adam_v.", 0) == 0) require_non_negative(f, t);
+    }
   }
 }
 

@@ -56,7 +56,8 @@ int checkpoint_step_of(const std::string& folder_name);
 // Opens DIR/shard read-only without following a symlink and checks that it is a regular file
 // whose size is the manifest's; returns the fd (the caller closes it). Errors name dir and shard.
 int open_shard(const std::string& dir, const std::string& shard, const ShardInfo& info);
-// Checks every listed shard: a regular file inside dir, of the recorded size and checksum.
+// Checks every listed shard: a regular file inside dir, of the recorded size and checksum, a
+// valid safetensors file whose floats are all finite (and AdamW second moments >= 0).
 void verify_shards(const std::string& dir, const Manifest& m);
 
 // 64-bit FNV-1a of the bytes read from fd (to its end); errors name `path`.
