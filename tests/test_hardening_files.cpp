@@ -200,26 +200,48 @@ TEST(Manifest, EveryRuleNamesTheField) {
 TEST(Manifest, ShardsArePlainFilesOfTheRecordedSizeAndChecksum) {
   const std::string d = fresh_dir("shards");
   const std::string outside = fresh_dir("shards_outside");
-  std::ofstream(outside + "/s.safetensors") << "0123456789";
-  std::ofstream(d + "/shard-00000.safetensors") << "0123456789";
-  const int fd = ::open((d + "/shard-00000.safetensors").c_str(), O_RDONLY);
-  ASSERT_GE(fd, 0);
-  const std::string sum = moe::train::hex64(moe::train::fd_checksum(fd, "x"));
-  ::close(fd);
+  // A shard of weights w and AdamW moments; `v0` is the first second moment, `w1` a weight.
+  auto write_shard = [](const std::string& path, float w1, float v0) {
+    const float w[2] = {1.0f, w1}, mo[2] = {0.0f, 0.0f}, v[2] = {v0, 1.0f};
+    moe::io::SafetensorsWriter sw;
+    sw.add_f32("w", {2}, w);
+    sw.add_f32("adam_m.w", {2}, mo);
+    sw.add_f32("adam_v.w", {2}, v);
+    sw.write(path);
+  };
+  auto info_of = [](const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    const moe::train::ShardInfo i{fs::file_size(path), moe::train::hex64(moe::train::fd_checksum(fd, path))};
+    ::close(fd);
+    return i;
+  };
+  const std::string shard = d + "/shard-00000.safetensors";
+  write_shard(outside + "/s.safetensors", 2.0f, 0.5f);
+  write_shard(shard, 2.0f, 0.5f);
+  const moe::train::ShardInfo good = info_of(shard);
   moe::train::Manifest m;
-  m.shards["shard-00000.safetensors"] = {10, sum};
+  m.shards["shard-00000.safetensors"] = good;
   EXPECT_NO_THROW(moe::train::verify_shards(d, m));
   m.shards["shard-00000.safetensors"].bytes = std::numeric_limits<uint64_t>::max();
   EXPECT_ERROR_HAS(moe::train::verify_shards(d, m),
-                   "shard shard-00000.safetensors has 10 bytes, the manifest says 18446744073709551615");
-  m.shards["shard-00000.safetensors"] = {10, "0000000000000000"};
+                   "shard shard-00000.safetensors has " + std::to_string(good.bytes) +
+                       " bytes, the manifest says 18446744073709551615");
+  m.shards["shard-00000.safetensors"] = {good.bytes, "0000000000000000"};
   EXPECT_ERROR_HAS(moe::train::verify_shards(d, m), "shard shard-00000.safetensors checksum mismatch");
+  // Consistent size and checksum, but a NaN weight or a negative second moment inside.
+  write_shard(shard, std::nanf(""), 0.5f);
+  m.shards["shard-00000.safetensors"] = info_of(shard);
+  EXPECT_ERROR_HAS(moe::train::verify_shards(d, m), "tensor \"w\" holds NaN at [1]");
+  write_shard(shard, 2.0f, -0.25f);
+  m.shards["shard-00000.safetensors"] = info_of(shard);
+  EXPECT_ERROR_HAS(moe::train::verify_shards(d, m),
+                   "tensor \"adam_v.w\" holds a negative second moment -0.25 at element 0");
   // Same bytes behind a symlink out of the folder: refused, although size and checksum match.
-  fs::remove(d + "/shard-00000.safetensors");
-  fs::create_symlink(outside + "/s.safetensors", d + "/shard-00000.safetensors");
-  m.shards["shard-00000.safetensors"] = {10, sum};
+  fs::remove(shard);
+  fs::create_symlink(outside + "/s.safetensors", shard);
+  m.shards["shard-00000.safetensors"] = good;
   EXPECT_ERROR_HAS(moe::train::verify_shards(d, m), "shard shard-00000.safetensors is a symbolic link");
-  fs::remove(d + "/shard-00000.safetensors");
+  fs::remove(shard);
   EXPECT_ERROR_HAS(moe::train::verify_shards(d, m), "shard shard-00000.safetensors is missing");
   // A manifest that is a symlink, or absent.
   std::ofstream(outside + "/manifest.json") << manifest_json().dump();
