@@ -203,10 +203,10 @@ expect "config: 4 * hidden_size^2 per layer (sums to 2^64)" \
   'wrap0.json: 4 * hidden_size * hidden_size = 4294967296 * 1073741824 exceeds' \
   "${common[@]}" --config "$dir/wrap0.json" --out "$dir/o-wrap0"
 cfg "$dir/experts.json" 'c.update(n_routed_experts=2**31 - 1, num_experts_per_tok=1, moe_intermediate_size=1, hidden_size=2, num_attention_heads=1)'
-expect "config: 2^31 experts (tensor count)" 'experts.json: n_routed_experts = 2147483647 over 2 MoE layers gives more than 16777216 named tensors' \
+expect "config: 2^31 experts (tensor count)" 'experts.json: n_routed_experts = 2147483647 over 2 MoE layers gives more than 1048576 named tensors' \
   "${common[@]}" --config "$dir/experts.json" --out "$dir/o-experts"
 cfg "$dir/layers.json" 'c.update(num_hidden_layers=2**31 - 1)'
-expect "config: 2^31 layers" 'layers.json: "num_hidden_layers" = 2147483647 gives more than 16777216 named tensors' \
+expect "config: 2^31 layers" 'layers.json: "num_hidden_layers" = 2147483647 gives more than 1048576 named tensors' \
   "${common[@]}" --config "$dir/layers.json" --out "$dir/o-layers"
 cfg "$dir/mixtral.json" 'c.update(model_type="mixtral", num_hidden_layers=2**40, num_local_experts=8, num_experts_per_tok=2)'
 expect "plan: num_hidden_layers 2^40 (mixtral)" 'mixtral.json: field "num_hidden_layers" = 1099511627776 is out of range [-2147483648, 2147483647]' \

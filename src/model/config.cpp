@@ -19,8 +19,9 @@ using nlohmann::json;
 // Parameters a config may describe: 16 bytes each (weights, gradients, AdamW m, v) must fit in
 // int64 with room to spare. 2^58 is far beyond any real model (DeepSeek-V3: 6.7e11 < 2^40).
 constexpr int64_t kMaxParams = int64_t{1} << 58;
-// Named tensors (ParamLayout entries, manifest index rows); DeepSeek-V3 has about 45k.
-constexpr int64_t kMaxTensors = int64_t{1} << 24;
+// Named tensors (ParamLayout entries, manifest index rows): each costs a name and a spec in
+// memory before any parameter is allocated. DeepSeek-V3 has about 45k, Kimi K2 about 70k.
+constexpr int64_t kMaxTensors = int64_t{1} << 20;
 
 template <class T>
 void read_field(const json& j, const char* name, T& out, bool required, const std::string& src) {
