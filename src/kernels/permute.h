@@ -15,8 +15,7 @@ namespace moe::kernels {
 
 // count_E[e] = number of pairs p with topk_idx_TK[p] == e. count_E is HOST memory on every device:
 // on a GPU this is the one explicit device-to-host sync of a MoE layer (the counts size the
-// grouped expert GEMM). Throws naming p when an id is outside [0, E) (the CUDA version clamps
-// nothing and trusts the router it follows).
+// grouped expert GEMM). Throws naming p when an id is outside [0, E) (on every device).
 void count_pairs_per_expert(int32_t* count_E, const int32_t* topk_idx_TK, size_t P, int E);
 // The stable placement of the counting sort: pairs in p order, rows of expert e from offsets_E1[e]
 // on; only the first offsets_E1[e+1] - offsets_E1[e] pairs of e are kept (a capacity), the rest
