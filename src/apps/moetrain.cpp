@@ -11,6 +11,7 @@
 #include "comm/bench_a2a.h"
 #include "comm/mpi_runtime.h"
 #include "parallel/bench_pipeline.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "kernels/gemm.h"
@@ -88,12 +89,18 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   t->add_option("--comm.timeout", o.comm_timeout_s,
                 "seconds a rank may wait in one MPI operation before the job ends naming it (0 = forever)")
       ->capture_default_str();
+  t->add_option("--device", o.device, "cpu or cuda (one GPU per rank: local rank modulo the visible GPUs)")
+      ->capture_default_str();
+  t->add_option("--precision", o.precision, "fp32, or bf16 GEMM inputs with fp32 accumulation (cuda only)")
+      ->capture_default_str();
   t->add_flag("--quiet", quiet, "no progress output");
 }
 
 void add_a2a_bench(CLI::App* bench, A2aCli& a);
 
 void add_pipeline_bench(CLI::App* bench, PipeCli& p);
+
+std::string bench_device = "cpu", bench_precision = "fp32";
 
 void add_bench_command(CLI::App& app, mixture::MoeBenchOptions& b, bool& json, int& threads,
                        A2aCli& a2a, PipeCli& pipe) {
@@ -114,6 +121,9 @@ void add_bench_command(CLI::App& app, mixture::MoeBenchOptions& b, bool& json, i
   m->add_option("--warmup", b.warmup, "untimed iterations")->capture_default_str();
   m->add_option("--seed", b.seed, "seed")->capture_default_str()->check(kNonNegativeInteger);
   m->add_option("--threads", threads, "BLAS threads")->capture_default_str();
+  m->add_option("--device", bench_device, "cpu or cuda (on cuda only the padding-free path runs)")
+      ->capture_default_str();
+  m->add_option("--precision", bench_precision, "fp32, or bf16 GEMM inputs (cuda only)")->capture_default_str();
   m->add_flag("--json", json, "print JSON instead of a table");
 }
 
@@ -253,6 +263,11 @@ int main(int argc, char** argv) {
       MOE_CHECK(std::isfinite(bench_opts.capacity_factor) && bench_opts.capacity_factor >= 0,
                 "--capacity-factor must be a finite number >= 0, got ", bench_opts.capacity_factor);
       kernels::set_blas_threads(bench_threads);
+      bench_opts.device = parse_device(bench_device, "--device");
+      MOE_CHECK(bench_precision == "fp32" || bench_precision == "bf16",
+                "--precision: expected fp32 or bf16, got '", bench_precision, "'");
+      bench_opts.bf16 = bench_precision == "bf16";
+      require_device(bench_opts.device, "--device");
       auto result = mixture::run_moe_layer_bench(bench_opts);
       std::printf("%s\n", bench_json ? mixture::moe_bench_json(result).c_str()
                                      : mixture::format_moe_bench_table(result).c_str());

@@ -19,6 +19,8 @@
 #include "core/timer.h"
 #include "io/dataset.h"
 #include "io/safetensors.h"
+#include "kernels/adamw.h"
+#include "kernels/device_select.h"
 #include "kernels/gemm.h"
 #include "model/weights_io.h"
 #include "parallel/grid.h"
@@ -91,6 +93,11 @@ void validate_options(const TrainOptions& o) {
   MOE_CHECK(o.max_bad_steps >= 1, "--max-bad-steps must be >= 1, got ", o.max_bad_steps);
   for (int s : o.fault_nan_steps) MOE_CHECK(s >= 1, "--fault.nan-steps: steps count from 1, got ", s);
   for (int s : o.fault_inf_weight_steps) MOE_CHECK(s >= 1, "--fault.inf-weight-steps: steps count from 1, got ", s);
+  parse_device(o.device, "--device");
+  MOE_CHECK(o.precision == "fp32" || o.precision == "bf16", "--precision: expected fp32 or bf16, got '",
+            o.precision, "'");
+  MOE_CHECK(o.precision == "fp32" || o.device == "cuda", "--precision bf16: the CPU backend computes in "
+            "fp32 only (bf16 GEMM inputs need --device cuda)");
   MOE_CHECK(finite(o.comm_timeout_s) && o.comm_timeout_s >= 0 && o.comm_timeout_s < 1e9,
             "--comm.timeout must be a number of seconds >= 0 (0 = wait forever), got ", o.comm_timeout_s);
   MOE_CHECK(!o.out_dir.empty(), "--out must not be empty");
@@ -138,19 +145,83 @@ double validation_loss(model::Model& m, const std::vector<int32_t>& val, int B_l
   return data_mean(g, v);
 }
 
+// The model's parameters and AdamW moments where host code (checkpoint files, weight files) can
+// read and write them: the buffers themselves on the CPU, host copies of a GPU's (copy = true
+// fills them from the device; to_device() writes them back after a load).
+class HostState {
+ public:
+  HostState(model::Model& model, AdamW& opt, bool copy) : device_(model.device()) {
+    if (device_ == Device::kCpu) {
+      p_ = model.params();
+      m_ = opt.m().data();
+      v_ = opt.v().data();
+      return;
+    }
+    for (auto [buf, src] : {std::pair{&hp_, model.params()}, {&hm_, opt.m().data()}, {&hv_, opt.v().data()}}) {
+      buf->resize(model.num_params());
+      if (copy) device_copy(Device::kCpu, buf->data(), device_, src, buf->size() * sizeof(float));
+    }
+    p_ = hp_.data();
+    m_ = hm_.data();
+    v_ = hv_.data();
+  }
+  float* params() { return p_; }
+  float* m() { return m_; }
+  float* v() { return v_; }
+  void to_device(model::Model& model, AdamW& opt) {
+    if (device_ == Device::kCpu) return;
+    for (auto [dst, src] : {std::pair{model.params(), &hp_}, {opt.m().data(), &hm_}, {opt.v().data(), &hv_}})
+      device_copy(device_, dst, Device::kCpu, src->data(), src->size() * sizeof(float));
+  }
+
+ private:
+  Device device_;
+  std::vector<float> hp_, hm_, hv_;
+  float* p_ = nullptr;
+  float* m_ = nullptr;
+  float* v_ = nullptr;
+};
+
+// The parameters alone, read-only, on the host (see HostState).
+class HostParams {
+ public:
+  explicit HostParams(const model::Model& model) : n_(model.num_params()) {
+    if (model.device() == Device::kCpu) {
+      p_ = model.params();
+      return;
+    }
+    host_.resize(n_);
+    device_copy(Device::kCpu, host_.data(), model.device(), model.params(), n_ * sizeof(float));
+    p_ = host_.data();
+  }
+  const float* params() const { return p_; }
+  size_t num_params() const { return n_; }
+
+ private:
+  size_t n_;
+  std::vector<float> host_;
+  const float* p_ = nullptr;
+};
+
+// x[0] = value on x's device (the fault-injection hooks).
+void set_first(float* x, float value) {
+  device_copy(kernels::active_device(), x, Device::kCpu, &value, sizeof(float));
+}
+
 // Writes every parameter with its Hugging Face name into one file on world rank 0, which gathers
 // from the ranks of data-parallel index 0: every stage's tensors, and every EP rank's experts
 // (together they hold each parameter exactly once).
-void save_full_weights(const model::Model& m, const model::ModelConfig& cfg,
+void save_full_weights(const model::Model& model, const model::ModelConfig& cfg,
                        const parallel::Grid& g, const std::vector<int>& layers_per_stage,
                        const std::string& path) {
   if (g.me.dp != 0 || g.me.tp != 0) return;
+  const HostParams m(model);
   // What rank (pp, ep) contributes: everything on ep 0, only its experts on the others.
   auto owned = [](const model::ParamSpec& s, int ep_rank) { return ep_rank == 0 || s.is_expert; };
   const int El = g.dims.ep > 0 ? cfg.n_routed_experts / g.dims.ep : 0;
   if (g.world.rank() != 0) {
     std::vector<float> mine;
-    for (const model::ParamSpec& s : m.layout().specs())
+    for (const model::ParamSpec& s : model.layout().specs())
       if (owned(s, g.me.ep)) mine.insert(mine.end(), m.params() + s.offset, m.params() + s.offset + s.numel);
     g.world.send(mine.data(), static_cast<int64_t>(mine.size()), 0, /*tag=*/71);
     return;
@@ -222,6 +293,14 @@ TrainResult run_training(const TrainOptions& opts) {
     parallel::parse_schedule(opts.schedule);
     model::parse_recompute(opts.recompute);
     comm::Topology::detect(world.size(), opts.topo_ranks_per_node, opts.topo_nodes_per_group);
+    // The device: usable here (a CUDA build and a GPU), and a layout the GPU path has.
+    const Device device = parse_device(opts.device, "--device");
+    require_device(device, "--device");
+    MOE_CHECK(device == Device::kCpu || world.size() == 1,
+              "--device cuda: multi-rank runs on GPUs (token exchange and gradient sync of device "
+              "buffers) are not implemented yet; run one rank per job on a GPU, or --device cpu");
+    MOE_CHECK(device == Device::kCpu || !opts.moe.padded,
+              "--padded: the capacity-padded baseline runs on the CPU only (--device cpu)");
     cfg = opts.config_path.empty() ? model::preset(opts.preset) : model::load_config(opts.config_path);
     MOE_CHECK(opts.seq_len <= cfg.max_position_embeddings, "--seq-len ", opts.seq_len,
               " exceeds the model's max_position_embeddings ", cfg.max_position_embeddings);
@@ -337,8 +416,24 @@ TrainResult run_training(const TrainOptions& opts) {
   std::vector<int32_t> val = corpus->val_batches(B_global, T, opts.eval_batches);
 
   kernels::set_blas_threads(opts.threads);
+  const Device device = parse_device(opts.device, "--device");
+  select_device(device, grid.topo.local_rank(grid.world.rank()));
+  kernels::set_active_device(device);  // every buffer and kernel of the model from here on
+  kernels::set_gemm_bf16(opts.precision == "bf16");
+  struct CpuAgain {  // later work in this process (tests run several trainings) starts on the CPU
+    ~CpuAgain() {
+      kernels::set_gemm_bf16(false);
+      kernels::set_active_device(Device::kCpu);
+    }
+  } cpu_again;
   TrainResult res;
-  res.peak_gflops = kernels::measure_gemm_gflops(1024, 3);
+#ifdef MOETRAIN_HAVE_CUDA
+  // The MFU denominator: the same run's dense GEMM rate on the device in the run's precision.
+  if (device == Device::kCuda)
+    res.peak_gflops = kernels::cuda::measure_gemm_gflops(4096, 3, opts.precision == "bf16");
+  else
+#endif
+    res.peak_gflops = kernels::measure_gemm_gflops(1024, 3);
 
   comm::TrafficStats traffic;
   comm::TokenExchange exchange(grid.ep, grid.topo, algo, &traffic);
@@ -381,11 +476,9 @@ TrainResult run_training(const TrainOptions& opts) {
   std::string last_checkpoint;
   // Whether weights and AdamW moments are finite on every rank (a collective).
   auto state_finite = [&]() {
-    auto finite = [](const float* p, size_t n) {
-      bool ok = true;
-      for (size_t i = 0; i < n; ++i) ok &= std::isfinite(p[i]);
-      return ok;
-    };
+    // A sum of squares in double is finite exactly when every element is (|x| <= 3.4e38 squares to
+    // at most 1.2e77): one reduction on the state's own device, no host copy of a GPU's weights.
+    auto finite = [](const float* p, size_t n) { return std::isfinite(kernels::sum_squares(p, n)); };
     int64_t bad = finite(model.params(), model.num_params()) && finite(opt.m().data(), opt.m().size()) &&
                           finite(opt.v().data(), opt.v().size())
                       ? 0
@@ -396,7 +489,11 @@ TrainResult run_training(const TrainOptions& opts) {
   bool stopped_early = false;
   if (!resume_path.empty()) {
     CheckpointMeta meta = read_checkpoint_meta(resume_path, /*verify=*/false);  // verified in setup
-    load_checkpoint_tensors(resume_path, model.layout(), model.params(), opt.m().data(), opt.v().data());
+    {
+      HostState h(model, opt, /*copy=*/false);
+      load_checkpoint_tensors(resume_path, model.layout(), h.params(), h.m(), h.v());
+      h.to_device(model, opt);
+    }
     step0 = meta.step;
     bad_steps = meta.bad_steps;
     bad_steps_at_start = bad_steps;
@@ -479,7 +576,7 @@ TrainResult run_training(const TrainOptions& opts) {
     loss.total = loss.ce + loss.aux;
     if (std::find(opts.fault_nan_steps.begin(), opts.fault_nan_steps.end(), step + 1) !=
         opts.fault_nan_steps.end())
-      model.grads()[0] = NAN;  // test hook: a non-finite gradient on every rank's first tensor
+      set_first(model.grads(), NAN);  // test hook: a non-finite gradient on every rank's first tensor
     double gnorm = NAN;
     bool skipped = false;
     {
@@ -490,7 +587,7 @@ TrainResult run_training(const TrainOptions& opts) {
     }
     if (std::find(opts.fault_inf_weight_steps.begin(), opts.fault_inf_weight_steps.end(), step + 1) !=
         opts.fault_inf_weight_steps.end())
-      model.params()[0] = INFINITY;  // test hook: the update "overflowed" one weight on every rank
+      set_first(model.params(), INFINITY);  // test hook: the update "overflowed" one weight on every rank
     if (skipped) {
       ++bad_steps;
       ++bad_in_a_row;
@@ -644,9 +741,9 @@ TrainResult run_training(const TrainOptions& opts) {
       meta.config = model::config_to_json(cfg);
       meta.parallel = parallel_json;
       meta.expert_placement = placement_json;
+      HostState h(model, opt, /*copy=*/true);
       last_checkpoint = save_checkpoint(grid.world, ckpt_dir, opts.checkpoint_keep, meta,
-                                        {&model.layout(), model.params(), opt.m().data(),
-                                         opt.v().data(), owned});
+                                        {&model.layout(), h.params(), h.m(), h.v(), owned});
     }
     ++steps_run;
     if (!skipped) ++good_steps;

@@ -52,6 +52,10 @@ struct TrainOptions {
   // A rank waiting longer than this in one MPI operation ends the job naming itself, the
   // operation and the group (comm::CommTimeout). 0 = wait forever.
   double comm_timeout_s = 600;
+  // Where the model runs (--device cpu|cuda; a rank uses the GPU of its local rank modulo the
+  // visible GPUs) and the GEMM input precision (--precision fp32|bf16; bf16 needs cuda).
+  std::string device = "cpu";
+  std::string precision = "fp32";
 };
 
 // Every option's value on its own (ranges, finiteness, consistency between flags): throws
