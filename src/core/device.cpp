@@ -8,11 +8,61 @@
 
 #include "core/error.h"
 
-#ifdef MOETRAIN_HAVE_CUDA
+#if defined(MOETRAIN_HAVE_CUDA) && !defined(MOETRAIN_EMULATED_CUDA)
+#define MOE_REAL_CUDA 1
 #include <cuda_runtime_api.h>
+#endif
+#ifdef MOETRAIN_EMULATED_CUDA
+#include <sys/mman.h>
+
+#include <map>
 #endif
 
 namespace moe {
+
+#ifdef MOETRAIN_EMULATED_CUDA
+// The emulated GPU's memory: one mmap per buffer, PROT_NONE except while access is open.
+namespace {
+std::map<void*, size_t>& emulated_regions() {
+  static std::map<void*, size_t> regions;
+  return regions;
+}
+int g_access_depth = 0, g_kernel_depth = 0;
+void protect_all(int prot) {
+  for (const auto& [p, n] : emulated_regions())
+    MOE_CHECK(mprotect(p, n, prot) == 0, "emulated device: mprotect failed");
+}
+void* emulated_alloc(size_t bytes) {
+  void* p = mmap(nullptr, bytes, g_access_depth > 0 ? PROT_READ | PROT_WRITE : PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  MOE_CHECK(p != MAP_FAILED, "out of emulated GPU memory: could not map ", bytes, " bytes");
+  emulated_regions()[p] = bytes;
+  return p;
+}
+void emulated_free(void* p) {
+  auto it = emulated_regions().find(p);
+  if (it == emulated_regions().end()) return;
+  munmap(p, it->second);
+  emulated_regions().erase(it);
+}
+// Open for the duration of a copy or memset that touches device memory.
+struct Open {
+  Open() { emulated_device_access(true); }
+  ~Open() { emulated_device_access(false); }
+};
+}  // namespace
+
+void emulated_device_access(bool open) {
+  if (open) {
+    if (g_access_depth++ == 0) protect_all(PROT_READ | PROT_WRITE);
+  } else if (--g_access_depth == 0) {
+    protect_all(PROT_NONE);
+  }
+}
+void emulated_kernel_enter() { ++g_kernel_depth; }
+void emulated_kernel_exit() { --g_kernel_depth; }
+bool in_emulated_kernel() { return g_kernel_depth > 0; }
+#endif
 
 const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
 
@@ -31,7 +81,10 @@ bool cuda_built() {
 }
 
 int cuda_device_count(std::string* why) {
-#ifdef MOETRAIN_HAVE_CUDA
+#ifdef MOETRAIN_EMULATED_CUDA
+  (void)why;
+  return 1;  // the emulated device
+#elif defined(MOE_REAL_CUDA)
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
@@ -59,7 +112,7 @@ void require_device(Device d, const char* what) {
 int select_device(Device d, int local_rank) {
   if (d == Device::kCpu) return -1;
   require_device(d, "--device");
-#ifdef MOETRAIN_HAVE_CUDA
+#ifdef MOE_REAL_CUDA
   int n = cuda_device_count();
   int dev = (local_rank < 0 ? 0 : local_rank) % n;
   cudaError_t e = cudaSetDevice(dev);
@@ -73,7 +126,7 @@ int select_device(Device d, int local_rank) {
 void cuda_mem_info(size_t* free_bytes, size_t* total_bytes) {
   *free_bytes = 0;
   *total_bytes = 0;
-#ifdef MOETRAIN_HAVE_CUDA
+#ifdef MOE_REAL_CUDA
   if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) {
     (void)cudaGetLastError();
     *free_bytes = *total_bytes = 0;
@@ -94,7 +147,7 @@ void* device_alloc_zeroed(Device d, size_t bytes) {
     reinterpret_cast<void**>(aligned)[-1] = raw;
     return reinterpret_cast<void*>(aligned);
   }
-#ifdef MOETRAIN_HAVE_CUDA
+#ifdef MOE_REAL_CUDA
   void* p = nullptr;
   cudaError_t e = cudaMalloc(&p, padded);  // 256-byte aligned
   if (e != cudaSuccess) {
@@ -107,6 +160,8 @@ void* device_alloc_zeroed(Device d, size_t bytes) {
   e = cudaMemset(p, 0, padded);
   MOE_CHECK(e == cudaSuccess, "cudaMemset of ", padded, " bytes: ", cudaGetErrorString(e));
   return p;
+#elif defined(MOETRAIN_EMULATED_CUDA)
+  return emulated_alloc(padded);
 #else
   require_device(d, "allocation on");
   return nullptr;
@@ -119,8 +174,10 @@ void device_free(Device d, void* p) {
     std::free(static_cast<void**>(p)[-1]);
     return;
   }
-#ifdef MOETRAIN_HAVE_CUDA
+#ifdef MOE_REAL_CUDA
   (void)cudaFree(p);
+#elif defined(MOETRAIN_EMULATED_CUDA)
+  emulated_free(p);
 #endif
 }
 
@@ -130,9 +187,12 @@ void device_memset_zero(Device d, void* p, size_t bytes) {
     std::memset(p, 0, bytes);
     return;
   }
-#ifdef MOETRAIN_HAVE_CUDA
+#ifdef MOE_REAL_CUDA
   cudaError_t e = cudaMemset(p, 0, bytes);
   MOE_CHECK(e == cudaSuccess, "cudaMemset of ", bytes, " bytes: ", cudaGetErrorString(e));
+#elif defined(MOETRAIN_EMULATED_CUDA)
+  Open open;
+  std::memset(p, 0, bytes);
 #endif
 }
 
@@ -142,10 +202,13 @@ void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, siz
     std::memcpy(dst, src, bytes);
     return;
   }
-#ifdef MOETRAIN_HAVE_CUDA
+#ifdef MOE_REAL_CUDA
   cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);  // unified addressing
   MOE_CHECK(e == cudaSuccess, "cudaMemcpy of ", bytes, " bytes (", device_name(src_dev), " -> ",
             device_name(dst_dev), "): ", cudaGetErrorString(e));
+#elif defined(MOETRAIN_EMULATED_CUDA)
+  Open open;
+  std::memcpy(dst, src, bytes);
 #else
   require_device(Device::kCuda, "copy to/from");
 #endif

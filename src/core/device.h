@@ -37,4 +37,15 @@ void device_memset_zero(Device d, void* p, size_t bytes);
 // Copies between any two of host and device memory (synchronous with respect to the host).
 void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, size_t bytes);
 
+#ifdef MOETRAIN_EMULATED_CUDA
+// The emulated GPU of a CI build without one (kernels/emulated/): device buffers are host pages
+// that are accessible only between emulated_device_access(true) and (false) (nested), which the
+// emulated kernels and device_copy open; host code touching them elsewhere faults at once.
+void emulated_device_access(bool open);
+// Inside an emulated kernel the active kernel device reads as the CPU (the CPU kernel runs).
+void emulated_kernel_enter();
+void emulated_kernel_exit();
+bool in_emulated_kernel();
+#endif
+
 }  // namespace moe
