@@ -4,6 +4,10 @@
 #   scripts/test.sh --sanitize [CTEST ARGS...]  AddressSanitizer + UBSan build in build-asan/
 #                                               (-DMOETRAIN_SANITIZE=ON, RelWithDebInfo): the same
 #                                               tests; any memory error, leak in our code or UB fails
+#   scripts/test.sh --emulated-cuda [CTEST ARGS...] the GPU path (--device cuda) on an emulated
+#                                               device whose memory faults outside kernels
+#                                               (-DMOETRAIN_EMULATE_CUDA=ON, build-emu/): the model
+#                                               CUDA == CPU bit for bit, device checkpoints, bf16
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 if [ "${1:-}" = "--sanitize" ]; then
@@ -19,6 +23,21 @@ if [ "${1:-}" = "--sanitize" ]; then
     exit 1
   fi
   echo "build: ok (build-asan, ASan + UBSan)"
+elif [ "${1:-}" = "--emulated-cuda" ]; then
+  shift
+  "$root/scripts/setup.sh"
+  build="$root/build-emu"
+  mkdir -p "$build"
+  log="$build/build.log"
+  if ! { cmake -S "$root" -B "$build" -DMOETRAIN_CUDA=OFF -DMOETRAIN_EMULATE_CUDA=ON \
+           -DCMAKE_BUILD_TYPE=Release &&
+         cmake --build "$build" -j"$(nproc)" --target moetrain tool_device_parity; } >"$log" 2>&1; then
+    grep -E -A3 "error|Error" "$log" | head -60 >&2
+    echo "emulated-device build failed; full log: $log" >&2
+    exit 1
+  fi
+  echo "build: ok (build-emu, emulated CUDA device)"
+  set -- -L emulated-cuda "$@"
 else
   "$root/scripts/build.sh"
   build="$root/build"
