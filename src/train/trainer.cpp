@@ -446,6 +446,9 @@ TrainResult run_training(const TrainOptions& opts) {
   };
   model::Model model(cfg, opts.moe, D > 1 ? &ep_ctx : nullptr, stage,
                      model::parse_recompute(opts.recompute));
+  // The exchange's staging rows (send/receive buffers, RBD pools, HALO rails) are workspace of
+  // this rank like backward's temporaries: charged, so the measured peak includes them.
+  exchange.set_staging_tracker(&model.work_memory());
   model.init_weights(opts.seed);
   OptimConfig oc = opts.optim;
   oc.total_steps = opts.steps;
