@@ -32,16 +32,21 @@ RopeTable make_rope_table(int max_pos, int head_dim, double theta) {
   return t;
 }
 
+// Sizes of a rotation against its table (shared by the CPU and CUDA rotations).
+void check_rope_args(const RopeTable& table, int B, int T, int n_head, int head_dim, const char* who) {
+  MOE_CHECK(B >= 0 && T >= 0 && n_head >= 0, who, ": B=", B, " T=", T, " n_head=", n_head);
+  MOE_CHECK(head_dim == 2 * table.half, who, ": head_dim ", head_dim, " does not match the table (",
+            2 * table.half, ")");
+  MOE_CHECK(T <= table.max_pos, who, ": T=", T, " exceeds the table's max_pos ", table.max_pos);
+}
+
 namespace {
 
 // Rotates every head vector of x by +angle (sign = 1) or -angle (sign = -1):
 //   out_i = x_i·cos - x_{i+half}·sin·sign ; out_{i+half} = x_{i+half}·cos + x_i·sin·sign
 void rotate(float* x, const RopeTable& table, int B, int T, int n_head, int head_dim, float sign,
             const char* who) {
-  MOE_CHECK(B >= 0 && T >= 0 && n_head >= 0, who, ": B=", B, " T=", T, " n_head=", n_head);
-  MOE_CHECK(head_dim == 2 * table.half, who, ": head_dim ", head_dim, " does not match the table (",
-            2 * table.half, ")");
-  MOE_CHECK(T <= table.max_pos, who, ": T=", T, " exceeds the table's max_pos ", table.max_pos);
+  check_rope_args(table, B, T, n_head, head_dim, who);
   int half = table.half;
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {

@@ -17,6 +17,8 @@ struct RopeTable {
 };
 RopeTable make_rope_table(int max_pos, int head_dim, double theta);
 
+// Throws naming `who` when B, T, n_head or head_dim do not fit the table.
+void check_rope_args(const RopeTable& table, int B, int T, int n_head, int head_dim, const char* who);
 // x [B, T, n_head, head_dim] rotated in place; token t of every sequence has position t.
 void rope_forward(float* x, const RopeTable& table, int B, int T, int n_head, int head_dim);
 // The rotation is orthogonal: its backward rotates dx in place by the opposite angle.

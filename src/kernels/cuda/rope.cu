@@ -36,10 +36,7 @@ void upload(const RopeTable& table) {
 
 void rotate(float* x, const RopeTable& table, int B, int T, int n_head, int head_dim, float sign,
             const char* who) {
-  MOE_CHECK(B >= 0 && T >= 0 && n_head >= 0, who, ": B=", B, " T=", T, " n_head=", n_head);
-  MOE_CHECK(head_dim == 2 * table.half, who, ": head_dim ", head_dim, " does not match the table (",
-            2 * table.half, ")");
-  MOE_CHECK(T <= table.max_pos, who, ": T=", T, " exceeds the table's max_pos ", table.max_pos);
+  check_rope_args(table, B, T, n_head, head_dim, who);
   const size_t n_pairs = static_cast<size_t>(B) * T * n_head * table.half;
   if (n_pairs == 0) return;
   upload(table);
