@@ -79,4 +79,13 @@ check "bf16 losses within 1% of fp32" same_metrics "$work/cpu" "$work/bf16" 0.01
 # The fault hooks write device memory through device copies: a poisoned step is skipped.
 "$bin" "${common[@]}" --device cuda --fault.nan-steps 3 --out "$work/nan" >/dev/null 2>&1
 check "a NaN gradient on the device is skipped and the run still finishes" test -s "$work/nan/model.safetensors"
+# A run that does not fit in the GPU's free memory: one line naming the bytes, nothing written.
+set +e
+msg=$(MOETRAIN_EMULATED_GPU_BYTES=1000000 "$bin" "${common[@]}" --device cuda --out "$work/small" 2>&1)
+rc=$?
+set -e
+echo "  $msg"
+check "a run larger than the GPU is refused naming the bytes" \
+  test "$rc" -ne 0 -a "$rc" -lt 128 -a "$(echo "$msg" | wc -l)" -eq 1 -a ! -e "$work/small/model.safetensors"
+check "  ... the message names GPU memory" grep -q "not enough GPU memory: this run needs .* bytes" <<<"$msg"
 exit $fail

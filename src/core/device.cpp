@@ -14,6 +14,7 @@
 #endif
 #ifdef MOETRAIN_EMULATED_CUDA
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <map>
 #endif
@@ -130,6 +131,18 @@ void cuda_mem_info(size_t* free_bytes, size_t* total_bytes) {
   if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) {
     (void)cudaGetLastError();
     *free_bytes = *total_bytes = 0;
+  }
+#elif defined(MOETRAIN_EMULATED_CUDA)
+  // The emulated GPU is host memory: report the host's.
+  const long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES),
+             page = sysconf(_SC_PAGESIZE);
+  *total_bytes = pages > 0 && page > 0 ? static_cast<size_t>(pages) * page : 0;
+  *free_bytes = avail > 0 && page > 0 ? static_cast<size_t>(avail) * page : 0;
+  // Test hook: an emulated GPU of this many bytes (the "does not fit on the GPU" error path).
+  if (const char* v = std::getenv("MOETRAIN_EMULATED_GPU_BYTES")) {
+    char* end = nullptr;
+    const unsigned long long b = std::strtoull(v, &end, 10);
+    if (end && *end == '\0') *free_bytes = *total_bytes = static_cast<size_t>(b);
   }
 #endif
 }

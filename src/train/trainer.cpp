@@ -322,6 +322,19 @@ TrainResult run_training(const TrainOptions& opts) {
       for (int r = 0; r < world.size(); ++r)
         if (host_of[r] == host_of[world.rank()]) here.push_back(r);
       check_memory_fits(need, here, available_memory(), opts);
+      if (device == Device::kCuda) {
+        // The model's state and activations live on the GPU: they must fit in what it has free.
+        size_t free_b = 0, total_b = 0;
+        cuda_mem_info(&free_b, &total_b);
+        const double gpu_need = need[world.rank()].state + need[world.rank()].activations;
+        MOE_CHECK(gpu_need <= static_cast<double>(free_b), "not enough GPU memory: this run needs ",
+                  format_bytes(gpu_need), " (", static_cast<uint64_t>(gpu_need), " bytes: ",
+                  format_bytes(need[world.rank()].state), " weights, gradients and AdamW state, ",
+                  format_bytes(need[world.rank()].activations), " activations and workspace) on the GPU, ",
+                  format_bytes(static_cast<double>(free_b)), " (", free_b, " bytes) free of ",
+                  format_bytes(static_cast<double>(total_b)), "; use a smaller --batch or --seq-len, ",
+                  "more --micro-batches or --recompute");
+      }
     }
     corpus.emplace(io::ByteCorpus::load(data_path));
     // Both splits must hold a window (the checks name the file and the sizes).
