@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the PyTorch reference check: the C++ dump tool writes weights, a batch, logits, loss, every
-# gradient and 10 training losses into OUTDIR; deepseek_ref.py recomputes them in PyTorch and
-# compares. Exit code is non-zero if either step fails.
+# gradient, 10 training losses and the weights after them into OUTDIR; deepseek_ref.py recomputes
+# them in PyTorch and compares. Exit code is non-zero if either step fails.
 # Usage: run_reference.sh DUMP_TOOL PYTHON OUTDIR [PRESET]
 set -euo pipefail
 if [[ $# -lt 3 || $# -gt 4 ]]; then
@@ -16,6 +16,6 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 mkdir -p "$outdir"
 # Stale files from an earlier run must not be compared (only the known names are removed).
 rm -f "$outdir"/config.json "$outdir"/train.json "$outdir"/model.safetensors \
-  "$outdir"/batch.safetensors "$outdir"/expected.safetensors
+  "$outdir"/batch.safetensors "$outdir"/expected.safetensors "$outdir"/final.safetensors
 "$dump_tool" "$outdir" ${4:+"$4"}
 "$python" "$here/deepseek_ref.py" "$outdir"
