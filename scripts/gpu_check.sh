@@ -51,7 +51,12 @@ print(":".join(sorted(dirs)))
 PY
 )"
 bundle="$root/build-gpu/bundle.tar.xz"
-if [ -f "$bundle" ]; then
+if [ -n "${MOETRAIN_GPU_BIN:-}" ]; then
+  # Binaries already built (e.g. the emulated-device build, to try this script without a GPU).
+  bin="$MOETRAIN_GPU_BIN"
+  corpus="$root/data/kjv.txt"
+  note "- binaries: $bin (given by MOETRAIN_GPU_BIN)"
+elif [ -f "$bundle" ]; then
   step "binaries from $bundle"
   mkdir -p "$work/bundle"
   tar -C "$work/bundle" -xJf "$bundle"
@@ -144,11 +149,11 @@ PY
 done
 note ""
 
-step "tiny model, 600 steps on the GPU"
-timeout 300 "$bin/moetrain" train --device cuda --data "$corpus" --out "$work/train600" \
-  >"$out/train600.txt" 2>&1
+step "tiny model, ${GPU_CHECK_TRAIN_STEPS:-600} steps on the GPU"
+timeout 300 "$bin/moetrain" train --device cuda --steps "${GPU_CHECK_TRAIN_STEPS:-600}" \
+  --data "$corpus" --out "$work/train600" >"$out/train600.txt" 2>&1
 rc=$?
-note "- 600 steps on GPU: rc=$rc; $(grep -E 'tok/s|tokens/s' "$out/train600.txt" | tail -1)"
+note "- ${GPU_CHECK_TRAIN_STEPS:-600} steps on GPU: rc=$rc; $(grep -E 'tok/s|tokens/s' "$out/train600.txt" | tail -1)"
 note "  $(grep -iE 'held-out|val' "$out/train600.txt" | tail -1)"
 note "- wall: $(( $(date +%s) - t_start )) s"
 rm -rf "$work"
