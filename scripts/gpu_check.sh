@@ -24,6 +24,11 @@ summary="$out/summary.md"
 note() { echo "$*" | tee -a "$summary"; }
 step() { echo "== $*" >&2; }
 t_start=$(date +%s)
+# A python with torch (the GPU image's python3; /usr/bin/python3 on a Debian development machine).
+PY=python3
+for p in python3 /usr/bin/python3; do
+  if "$p" -c 'import torch' 2>/dev/null; then PY="$p"; break; fi
+done
 
 step "environment"
 {
@@ -32,7 +37,7 @@ step "environment"
   nvcc --version 2>&1 | tail -1
   cmake --version 2>&1 | head -1
   command -v mpirun || echo "mpirun: not found"
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' 2>&1
+  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' 2>&1
   ldd --version 2>&1 | head -1
   nproc
 } >"$out/env.txt" 2>&1
@@ -120,12 +125,10 @@ PY
 note "- 20 steps CPU vs GPU: $(tail -1 "$out/train20.txt")"
 
 step "EP 2 on one GPU vs 1 rank"
-{
-  timeout 120 mpirun --oversubscribe -np 2 "$bin/moetrain" train --device cuda --ep 2 --steps 10 \
-    --eval-every 0 --data "$corpus" --out "$work/ep2" 2>&1 | tail -5
-  echo "rc=${PIPESTATUS[0]}"
-} >"$out/ep2.txt" 2>&1
-note "- EP2 on one GPU: $(tail -1 "$out/ep2.txt") (ep2.txt)"
+timeout 120 mpirun --oversubscribe -np 2 "$bin/moetrain" train --device cuda --ep 2 --steps 10 \
+  --eval-every 0 --data "$corpus" --out "$work/ep2" >"$out/ep2.txt" 2>&1
+rc=$?
+note "- EP2 on one GPU: rc=$rc $(grep -m1 'error' "$out/ep2.txt") (ep2.txt)"
 
 step "bench moe-layer bf16 vs cuBLAS and PyTorch"
 note ""
@@ -137,7 +140,7 @@ for shape in "64 6 704" "128 8 256" "8 2 3584"; do
   timeout 120 "$bin/moetrain" bench moe-layer --device cuda --precision bf16 --tokens 4096 \
     --hidden 1024 --experts "$1" --topk "$2" --ffn "$3" --iters 10 --warmup 3 --json \
     >"$out/bench_$tag.json" 2>"$out/bench_$tag.log"
-  timeout 120 python3 "$root/scripts/torch_moe_layer.py" --tokens 4096 --hidden 1024 --experts "$1" \
+  timeout 120 "$PY" "$root/scripts/torch_moe_layer.py" --tokens 4096 --hidden 1024 --experts "$1" \
     --topk "$2" --ffn "$3" --device cuda --dtype bf16 >"$out/torch_$tag.json" 2>"$out/torch_$tag.log"
   python3 - "$out/bench_$tag.json" "$out/torch_$tag.json" "$tag" >>"$summary" 2>/dev/null <<'PY' || note "| $tag | failed (see bench_$tag.log, torch_$tag.log) | | | |"
 import json, sys
