@@ -10,11 +10,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <fstream>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -229,4 +231,34 @@ TEST(ByteCorpus, SmallFilesStillGetAValidationSplit) {
   EXPECT_EQ(c.block_bytes(), 2500u);
   EXPECT_EQ(c.num_tokens(Split::kVal), 5000u);
   EXPECT_EQ(c.num_tokens(Split::kTrain), 95000u);
+}
+
+// A file that grows while it is read (a writer appending as fast as it can) is read up to the
+// size it had when opened: the load ends, instead of chasing the writer forever.
+TEST(ByteCorpus, GrowingFileIsReadAsASnapshot) {
+  const std::string path = fresh_dir("growing") + "/data.txt";
+  const size_t initial = 4 << 20;
+  write_marked(path, initial, 64);
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> appended{0};
+  std::thread writer([&] {
+    std::ofstream f(path, std::ios::binary | std::ios::app);
+    const std::string chunk(1 << 20, 'x');
+    while (!stop.load()) {
+      f.write(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+      f.flush();
+      appended += chunk.size();
+      if (appended.load() > (size_t{256} << 20)) break;  // bounded, whatever happens
+    }
+  });
+  // Let the writer start, then load while it keeps appending.
+  while (appended.load() == 0) std::this_thread::yield();
+  const size_t at_open = fs::file_size(path);
+  ByteCorpus c = ByteCorpus::load(path, 64);
+  const size_t after = fs::file_size(path);
+  stop = true;
+  writer.join();
+  EXPECT_GE(c.size_bytes(), at_open);
+  EXPECT_LE(c.size_bytes(), after);
+  EXPECT_GE(c.size_bytes(), initial);
 }

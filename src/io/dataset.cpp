@@ -25,11 +25,22 @@ ByteCorpus ByteCorpus::load(const std::string& path, size_t block_bytes) {
   }
   ByteCorpus c;
   c.path_ = path;
-  if (st.st_size > 0) c.bytes_.reserve(static_cast<size_t>(st.st_size));
-  // Read to EOF rather than trusting st_size, so pipes and growing files also work.
+  // A regular file is read up to the size it had when opened: one that grows while it is read
+  // (a log still being written) is a snapshot, never a read that chases its writer forever. A
+  // stream (a pipe, a device) has no size: it is read to EOF, but no further than kMaxStreamBytes.
+  const bool regular = S_ISREG(st.st_mode);
+  const size_t limit = regular ? static_cast<size_t>(st.st_size) : kMaxStreamBytes;
+  if (regular && st.st_size > 0) c.bytes_.reserve(static_cast<size_t>(st.st_size));
   std::vector<uint8_t> chunk(1 << 20);
   for (;;) {
-    ssize_t r = ::read(fd, chunk.data(), chunk.size());
+    if (c.bytes_.size() >= limit) {
+      if (regular) break;  // the size it had when opened
+      ::close(fd);
+      throw Error(str_cat("dataset ", path, ": a stream of more than ", limit,
+                          " bytes (it does not end); save the data to a file first"));
+    }
+    const size_t want = std::min(chunk.size(), limit - c.bytes_.size());
+    ssize_t r = ::read(fd, chunk.data(), want);
     if (r < 0) {
       if (errno == EINTR) continue;
       int err = errno;

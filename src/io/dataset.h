@@ -24,6 +24,8 @@ const char* split_name(Split s);  // "train" / "val"
 class ByteCorpus {
  public:
   static constexpr size_t kBlockBytes = 64 * 1024;
+  // A stream (not a regular file) is read to EOF but no further than this (16 GiB).
+  static constexpr size_t kMaxStreamBytes = size_t{16} << 30;
   static constexpr size_t kValEvery = 20;  // block b is validation iff b % kValEvery == kValEvery-1
   static constexpr int kVocabSize = 256;
 
