@@ -4,6 +4,7 @@
 // the optimizer call one function per op and never branch on the device. Composite kernels
 // (linear, SwiGLU MLP, grouped experts) are built from leaf kernels and need no dispatch.
 #pragma once
+#include "core/buffer.h"
 #include "core/device.h"
 
 namespace moe::kernels {
@@ -22,6 +23,15 @@ void device_synchronize();
 // The CPU backend has fp32 only (set_gemm_bf16(true) there is refused by the caller).
 void set_gemm_bf16(bool on);
 bool gemm_bf16();
+
+// Reuses `buf` when it already holds n elements on the active device (a caller that rewrites
+// every element, like the MoE layer's activations across steps, then pays no allocation or page
+// faults after the first step; a reused buffer stays charged to the tracker it was allocated
+// with); reallocates on the active device, charged to `tracker`, otherwise.
+template <class T>
+void ensure_buffer(Buffer<T>& buf, size_t n, MemTracker* tracker) {
+  if (buf.size() != n || buf.device() != active_device()) buf.resize(n, tracker, active_device());
+}
 
 }  // namespace moe::kernels
 

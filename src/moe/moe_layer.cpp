@@ -48,16 +48,7 @@ struct Scratch : Buffer<float> {
   Scratch(size_t n, MemTracker* tracker) : Buffer<float>(n, tracker, kernels::active_device()) {}
 };
 
-// Reuses an activation buffer of the right size (every element is rewritten by forward, so a
-// model that keeps its MoeActivations across steps pays no allocation or page faults after the
-// first); reallocates, charged to tracker, otherwise. A reused buffer stays charged to the tracker
-// it was first allocated with.
-// On the active kernel device (kernels/device_select.h).
-template <class B>
-void ensure(B& buf, size_t n, MemTracker* tracker) {
-  if (buf.size() != n || buf.device() != kernels::active_device())
-    buf.resize(n, tracker, kernels::active_device());
-}
+using kernels::ensure_buffer;
 
 RouterConfig router_config(const MoeConfig& cfg) {
   RouterConfig r{cfg.num_experts, cfg.top_k, cfg.norm_topk_prob, cfg.aux_loss_alpha, cfg.seq_aux,
@@ -134,11 +125,11 @@ void moe_forward(float* y, MoeActivations& act, const float* x, const MoeWeights
     StepTimer st(&MoeStepTimes::dispatch);
     dispatcher->plan(act, T);
     const size_t N = dispatcher->num_rows(act);
-    ensure(act.x_rows, N * H, tracker);
-    ensure(act.g, N * F, tracker);
-    ensure(act.u, N * F, tracker);
-    ensure(act.h, N * F, tracker);
-    ensure(act.y_rows, N * H, tracker);
+    ensure_buffer(act.x_rows, N * H, tracker);
+    ensure_buffer(act.g, N * F, tracker);
+    ensure_buffer(act.u, N * F, tracker);
+    ensure_buffer(act.h, N * F, tracker);
+    ensure_buffer(act.y_rows, N * H, tracker);
     dispatcher->dispatch(act.x_rows.data(), x, act);
   }
   {  // 4. experts: grouped SwiGLU over the (local) expert segments. Local (no communication).
@@ -155,9 +146,9 @@ void moe_forward(float* y, MoeActivations& act, const float* x, const MoeWeights
   // 6. shared experts on every token: y += shared(x). Local (replicated in the EP group).
   if (Fs > 0) {
     StepTimer st(&MoeStepTimes::shared);
-    ensure(act.shared_g, static_cast<size_t>(T) * Fs, tracker);
-    ensure(act.shared_u, static_cast<size_t>(T) * Fs, tracker);
-    ensure(act.shared_h, static_cast<size_t>(T) * Fs, tracker);
+    ensure_buffer(act.shared_g, static_cast<size_t>(T) * Fs, tracker);
+    ensure_buffer(act.shared_u, static_cast<size_t>(T) * Fs, tracker);
+    ensure_buffer(act.shared_h, static_cast<size_t>(T) * Fs, tracker);
     kernels::swiglu_mlp_forward(y, act.shared_g.data(), act.shared_u.data(), act.shared_h.data(),
                                 x, w.shared, T, H, Fs, /*accumulate=*/true);
   } else {

@@ -27,12 +27,7 @@ void check_config(const RouterConfig& cfg, int T, int H) {
 }
 
 
-// On the active kernel device (kernels/device_select.h).
-template <class B>
-void ensure(B& buf, size_t n, MemTracker* tracker) {
-  if (buf.size() != n || buf.device() != kernels::active_device())
-    buf.resize(n, tracker, kernels::active_device());
-}
+using kernels::ensure_buffer;
 
 }  // namespace
 
@@ -51,10 +46,10 @@ void router_forward(Routing& r, const float* x_TH, const float* gate_EH, int T, 
   r.k = k;
   r.num_aux_seqs = B;
   r.aux_loss = 0.0;
-  ensure(r.scores_TE, static_cast<size_t>(T) * E, tracker);
-  ensure(r.topk_idx_TK, static_cast<size_t>(T) * k, tracker);
-  ensure(r.topk_weight_TK, static_cast<size_t>(T) * k, tracker);
-  ensure(r.aux_coef_BE, static_cast<size_t>(B) * E, tracker);
+  ensure_buffer(r.scores_TE, static_cast<size_t>(T) * E, tracker);
+  ensure_buffer(r.topk_idx_TK, static_cast<size_t>(T) * k, tracker);
+  ensure_buffer(r.topk_weight_TK, static_cast<size_t>(T) * k, tracker);
+  ensure_buffer(r.aux_coef_BE, static_cast<size_t>(B) * E, tracker);
   if (T == 0) return;
 
   // logits[T,E] = x · W_gate^T, then softmax in place: scores.
