@@ -1,0 +1,45 @@
+// Text <-> token ids for `moetrain generate`, behind one small interface. Byte-level is the only
+// tokenizer today (one token per byte, ids 0..255, what the built-in corpus trains on); another
+// (e.g. SentencePiece for tokenized datasets) implements the same three functions.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace moe::io {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::vector<int32_t> encode(const std::string& text) const = 0;
+  // The text of one token id (ids the tokenizer has no text for are written as <|id|>).
+  virtual std::string decode_token(int32_t id) const = 0;
+  virtual const char* name() const = 0;
+};
+
+// Token = byte value. A model of vocab_size V > 256 may still emit ids >= 256 (untrained rows of
+// its head): those print as <|id|>, never as a wrong byte.
+class ByteTokenizer final : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(const std::string& text) const override {
+    std::vector<int32_t> ids(text.size());
+    for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
+    return ids;
+  }
+  std::string decode_token(int32_t id) const override {
+    if (id >= 0 && id < 256) return std::string(1, static_cast<char>(id));
+    return str_cat("<|", id, "|>");
+  }
+  const char* name() const override { return "bytes"; }
+};
+
+// "bytes" -> ByteTokenizer; any other kind is refused by name.
+inline std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind) {
+  if (kind == "bytes") return std::make_unique<ByteTokenizer>();
+  throw Error(str_cat("tokenizer '", kind, "' is not supported by generate (only bytes)"));
+}
+
+}  // namespace moe::io

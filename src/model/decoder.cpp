@@ -1,0 +1,184 @@
+#include "model/decoder.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/attention.h"
+#include "kernels/device_select.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/router_ops.h"
+#include "kernels/swiglu_mlp.h"
+
+namespace moe::model {
+
+namespace k = moe::kernels;
+namespace mx = moe::mixture;
+
+namespace {
+
+// The MoE layer of inference: the model's config (model.cpp's moe_config), every expert local,
+// dropless (a capacity limit is a training-time device; inference routes every pair).
+mx::MoeConfig inference_moe_config(const ModelConfig& c, MemTracker* scratch) {
+  mx::MoeConfig m;
+  m.hidden = c.hidden_size;
+  m.ffn = c.moe_intermediate_size;
+  m.num_experts = c.n_routed_experts;
+  m.top_k = c.num_experts_per_tok;
+  m.shared_ffn = c.moe_intermediate_size * c.n_shared_experts;
+  m.norm_topk_prob = c.norm_topk_prob;
+  m.aux_loss_alpha = c.aux_loss_alpha;
+  m.seq_aux = c.seq_aux;
+  m.scratch_tracker = scratch;
+  return m;
+}
+
+mx::MoeWeights moe_weights(const LayerTensors& L) {
+  mx::MoeWeights w;
+  w.gate_EH = L.router;
+  w.experts = {L.experts_gate, L.experts_up, L.experts_down};
+  w.shared = {L.shared_gate, L.shared_up, L.shared_down};
+  return w;
+}
+
+// The rotation of position p alone: a one-row table holding row p of `t` (rope_forward rotates
+// token t of a sequence by row t). A fresh table each time: the CUDA rotation uploads a table's
+// rows on its first use and keeps them.
+k::RopeTable rope_row(const k::RopeTable& t, int p) {
+  k::RopeTable r;
+  r.max_pos = 1;
+  r.half = t.half;
+  r.cos.assign(t.cos.begin() + static_cast<size_t>(p) * t.half,
+               t.cos.begin() + static_cast<size_t>(p + 1) * t.half);
+  r.sin.assign(t.sin.begin() + static_cast<size_t>(p) * t.half,
+               t.sin.begin() + static_cast<size_t>(p + 1) * t.half);
+  return r;
+}
+
+}  // namespace
+
+Decoder::Decoder(const Model& model, int max_len)
+    : model_(model), c_(model.config()), max_len_(max_len), dev_(model.device()) {
+  const StageSpec& st = model.stage();
+  MOE_CHECK(st.embedding && st.head && st.first_layer == 0 && st.end_layer(c_) == c_.num_hidden_layers,
+            "decoding needs a model holding every layer, the embedding and the head");
+  const ExpertShard& shard = model.layout().shard();
+  MOE_CHECK(shard.count < 0 || (shard.begin == 0 && shard.count == c_.n_routed_experts),
+            "decoding needs every routed expert on this process (no expert parallelism)");
+  MOE_CHECK(dev_ == k::active_device(), "decoding: the model lives on another device than the "
+            "active one");
+  MOE_CHECK(max_len >= 1 && max_len <= c_.max_position_embeddings, "decoding length ", max_len,
+            " must be in [1, max_position_embeddings = ", c_.max_position_embeddings, "]");
+  rope_ = k::make_rope_table(c_.max_position_embeddings, c_.head_dim(), c_.rope_theta);
+  const size_t SH = static_cast<size_t>(max_len) * c_.hidden_size;
+  k_cache_.resize(c_.num_hidden_layers);
+  v_cache_.resize(c_.num_hidden_layers);
+  for (int l = 0; l < c_.num_hidden_layers; ++l) {
+    k_cache_[l].resize(SH, &mem_, dev_);
+    v_cache_[l].resize(SH, &mem_, dev_);
+  }
+  scores_.resize(static_cast<size_t>(c_.num_attention_heads) * max_len, &mem_, dev_);
+  top1_idx_.resize(c_.num_attention_heads, &mem_, dev_);
+  top1_w_.resize(c_.num_attention_heads, &mem_, dev_);
+  logits_dev_.resize(c_.vocab_size, &mem_, dev_);
+  logits_.resize(c_.vocab_size);
+}
+
+const std::vector<float>& Decoder::feed(const int32_t* tokens, int n) {
+  const int H = c_.hidden_size, V = c_.vocab_size;
+  MOE_CHECK(n >= 1, "decoding: feed needs at least one token, got ", n);
+  MOE_CHECK(n == 1 || pos_ == 0, "decoding: only the first call may feed several tokens (the "
+            "prompt); position ", pos_, ", ", n, " tokens");
+  MOE_CHECK(static_cast<long long>(pos_) + n <= max_len_, "decoding: position ", pos_ + n,
+            " is beyond the cache of ", max_len_, " positions (max_position_embeddings ",
+            c_.max_position_embeddings, ")");
+  for (int i = 0; i < n; ++i)
+    MOE_CHECK(tokens[i] >= 0 && tokens[i] < V, "token id ", tokens[i],
+              " is outside the vocabulary [0, ", V, ")");
+  const size_t NH = static_cast<size_t>(n) * H;
+  k::ensure_buffer(tokens_, n, &mem_);
+  for (Buffer<float>* b : {&x_, &ln_, &q_, &attn_, &h_, &out_}) k::ensure_buffer(*b, NH, &mem_);
+  k::ensure_buffer(rstd_, n, &mem_);
+  device_copy(dev_, tokens_.data(), Device::kCpu, tokens, n * sizeof(int32_t));
+
+  k::embedding_forward(x_.data(), tokens_.data(), model_.weights().embed, n, H);
+  for (int l = 0; l < c_.num_hidden_layers; ++l) layer(l, n);
+  // Final norm and head on the last token only.
+  const float* x_last = x_.data() + static_cast<size_t>(n - 1) * H;
+  k::rmsnorm_forward(ln_.data(), rstd_.data(), x_last, model_.weights().norm, 1, H, c_.rms_norm_eps);
+  k::linear_forward(logits_dev_.data(), ln_.data(), model_.weights().lm_head, 1, H, V);
+  // Host sync: the sampler reads the logits.
+  device_copy(Device::kCpu, logits_.data(), dev_, logits_dev_.data(), V * sizeof(float));
+  pos_ += n;
+  return logits_;
+}
+
+void Decoder::layer(int l, int n) {
+  const LayerTensors& W = model_.weights().layers[l];
+  const int H = c_.hidden_size, nh = c_.num_attention_heads, hd = c_.head_dim();
+  const size_t NH = static_cast<size_t>(n) * H;
+  // Attention block: h = x + o_proj(attn(rope(q, k), v)(rmsnorm(x))); k and v of the new tokens
+  // are written straight into the cache rows [pos_, pos_ + n).
+  float* kc = k_cache_[l].data() + static_cast<size_t>(pos_) * H;
+  float* vc = v_cache_[l].data() + static_cast<size_t>(pos_) * H;
+  k::rmsnorm_forward(ln_.data(), rstd_.data(), x_.data(), W.input_norm, n, H, c_.rms_norm_eps);
+  k::linear_forward(q_.data(), ln_.data(), W.q, n, H, H);
+  k::linear_forward(kc, ln_.data(), W.k, n, H, H);
+  k::linear_forward(vc, ln_.data(), W.v, n, H, H);
+  if (pos_ == 0) {  // positions [0, n): the table as the full forward uses it
+    k::rope_forward(q_.data(), rope_, 1, n, nh, hd);
+    k::rope_forward(kc, rope_, 1, n, nh, hd);
+  } else {          // one token at position pos_
+    const k::RopeTable row = rope_row(rope_, pos_);
+    k::rope_forward(q_.data(), row, 1, 1, nh, hd);
+    k::rope_forward(kc, row, 1, 1, nh, hd);
+  }
+  attention(l, n);
+  k::copy(h_.data(), x_.data(), NH);
+  k::linear_forward(h_.data(), attn_.data(), W.o, n, H, H, /*accumulate=*/true);
+  // FFN block: out = h + ffn(rmsnorm(h)).
+  k::rmsnorm_forward(ln_.data(), rstd_.data(), h_.data(), W.post_norm, n, H, c_.rms_norm_eps);
+  if (c_.is_moe_layer(l)) {
+    k::fill_zero(out_.data(), NH);
+    mx::moe_forward(out_.data(), moe_, ln_.data(), moe_weights(W), inference_moe_config(c_, &mem_), n,
+                    /*num_seqs=*/1, &mem_);
+    k::add_inplace(out_.data(), h_.data(), NH);
+  } else {
+    const int I = c_.intermediate_size;
+    const size_t NI = static_cast<size_t>(n) * I;
+    for (Buffer<float>* b : {&mlp_g_, &mlp_u_, &mlp_h_}) k::ensure_buffer(*b, NI, &mem_);
+    k::copy(out_.data(), h_.data(), NH);
+    k::swiglu_mlp_forward(out_.data(), mlp_g_.data(), mlp_u_.data(), mlp_h_.data(), ln_.data(),
+                          {W.mlp_gate, W.mlp_up, W.mlp_down}, n, H, I, /*accumulate=*/true);
+  }
+  std::swap(x_, out_);
+}
+
+void Decoder::attention(int l, int n) {
+  const int H = c_.hidden_size, nh = c_.num_attention_heads, hd = c_.head_dim();
+  const float* kc = k_cache_[l].data();
+  const float* vc = v_cache_[l].data();
+  if (pos_ == 0) {
+    // The prompt: the cache rows [0, n) are the [1, n, H] keys and values of the full forward.
+    k::ensure_buffer(att_, k::attention_saved_floats(1, n, nh, hd), &mem_);
+    k::attention_forward(attn_.data(), att_.data(), q_.data(), kc, vc, 1, n, nh, hd);
+    return;
+  }
+  // One query at position p over the cache rows [0, p], per head h (column block h·hd of a row):
+  //   scores_h = scale · q_h · K_h^T [1, p+1];  probs_h = softmax(scores_h);  out_h = probs_h · V_h
+  // No mask: every cached position precedes the query. The row softmax is router_topk's (k = 1,
+  // its top-1 output unused): the same softmax_row of element_math.h that the attention kernel's
+  // rows use, and a kernel with a CUDA twin, so this loop runs on either device.
+  const int S = pos_ + 1;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int h = 0; h < nh; ++h)
+    k::gemm(false, true, 1, S, hd, scale, q_.data() + h * hd, H, kc + h * hd, H, 0.0f,
+            scores_.data() + static_cast<size_t>(h) * S, S);
+  k::router_topk(scores_.data(), top1_idx_.data(), top1_w_.data(), nh, S, 1, /*renorm=*/false);
+  for (int h = 0; h < nh; ++h)
+    k::gemm(false, false, 1, hd, S, 1.0f, scores_.data() + static_cast<size_t>(h) * S, S,
+            vc + h * hd, H, 0.0f, attn_.data() + h * hd, H);
+}
+
+}  // namespace moe::model

@@ -1,0 +1,192 @@
+#include "train/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/json_file.h"
+#include "io/safetensors.h"
+#include "io/tokenizer.h"
+#include "kernels/device_select.h"
+#include "model/config.h"
+#include "model/decoder.h"
+#include "train/checkpoint.h"
+
+namespace moe::train {
+namespace fs = std::filesystem;
+
+namespace {
+
+bool is_file(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_regular_file(p, ec);
+}
+
+// An exported folder's weights into `params` (host, laid out by `layout`): model.safetensors, or
+// the shards model.safetensors.index.json names. Every parameter exactly once, nothing else.
+void load_export_weights(const std::string& dir, const model::ParamLayout& layout, float* params) {
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  std::map<std::string, std::string> file_of;  // tensor -> weight file (plain name in dir)
+  if (is_file(index_path)) {
+    const nlohmann::json index = io::read_json_file(index_path, "safetensors index");
+    MOE_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+              index_path, ": no \"weight_map\" object");
+    for (const auto& [name, file] : index["weight_map"].items()) {
+      MOE_CHECK(file.is_string(), index_path, ": weight_map[\"", name, "\"] is not a file name");
+      const std::string f = file.get<std::string>();
+      MOE_CHECK(!f.empty() && f.find('/') == std::string::npos && f != "." && f != "..", index_path,
+                ": weight_map[\"", name, "\"] = \"", f, "\" is not a plain file name in the folder");
+      MOE_CHECK(layout.contains(name), index_path, ": unexpected tensor \"", name,
+                "\" (not a parameter of this config)");
+      file_of[name] = f;
+    }
+  } else {
+    MOE_CHECK(is_file(dir + "/model.safetensors"), dir,
+              ": neither model.safetensors nor model.safetensors.index.json is there");
+    for (const model::ParamSpec& s : layout.specs()) file_of[s.name] = "model.safetensors";
+  }
+  std::map<std::string, io::SafetensorsFile> files;
+  for (const model::ParamSpec& s : layout.specs()) {
+    auto it = file_of.find(s.name);
+    MOE_CHECK(it != file_of.end(), index_path, ": tensor \"", s.name, "\" is missing");
+    auto f = files.find(it->second);
+    if (f == files.end())
+      f = files.emplace(it->second, io::SafetensorsFile::open(dir + "/" + it->second)).first;
+    MOE_CHECK(f->second.has(s.name), f->second.path(), ": tensor \"", s.name, "\" is missing");
+    f->second.read_f32(s.name, params + s.offset, s.shape);  // shape, dtype and finiteness checked
+  }
+  for (const auto& [name, f] : files)
+    for (const io::TensorInfo& t : f.tensors())
+      MOE_CHECK(layout.contains(t.name), f.path(), ": unexpected tensor \"", t.name,
+                "\" (not a parameter of this config)");
+}
+
+}  // namespace
+
+LoadedModel load_model_for_inference(const std::string& path_in) {
+  std::error_code ec;
+  MOE_CHECK(fs::is_directory(path_in, ec), path_in,
+            ": no such folder (expected a checkpoint step-N folder or an exported model folder)");
+  std::string path = path_in;
+  // A folder of checkpoints (out/checkpoints): its newest complete one.
+  if (!is_file(path + "/manifest.json") && !is_file(path + "/config.json")) {
+    const std::string latest = find_latest_checkpoint(path);
+    MOE_CHECK(!latest.empty(), path, ": neither a checkpoint (manifest.json), a folder of "
+              "checkpoints, nor an exported model (config.json)");
+    path = latest;
+  }
+  LoadedModel out;
+  std::vector<float> host;
+  if (is_file(path + "/manifest.json")) {
+    const CheckpointMeta meta = read_checkpoint_meta(path, /*verify=*/true);
+    out.source = path + "/manifest.json";
+    const model::ModelConfig cfg = model::config_from_json(meta.config, out.source);
+    out.model = std::make_unique<model::Model>(cfg);
+    host.resize(out.model->num_params());
+    load_checkpoint_tensors(path, out.model->layout(), host.data(), nullptr, nullptr);
+  } else {
+    out.source = path + "/config.json";
+    const model::ModelConfig cfg = model::load_config(out.source);
+    out.model = std::make_unique<model::Model>(cfg);
+    host.resize(out.model->num_params());
+    load_export_weights(path, out.model->layout(), host.data());
+  }
+  device_copy(out.model->device(), out.model->params(), Device::kCpu, host.data(),
+              host.size() * sizeof(float));
+  return out;
+}
+
+int32_t sample_token(const std::vector<float>& logits, float temperature, int top_k, Rng& rng) {
+  const int V = static_cast<int>(logits.size());
+  MOE_CHECK(V > 0, "sampling: no logits");
+  for (int i = 0; i < V; ++i)
+    MOE_CHECK(std::isfinite(logits[i]), "sampling: logit of token ", i, " is ", logits[i],
+              " (the model's output is not finite)");
+  if (temperature == 0.0f) {
+    int best = 0;
+    for (int i = 1; i < V; ++i)
+      if (logits[i] > logits[best]) best = i;
+    return best;
+  }
+  // Candidates by logit, descending (ties: lower id first); keep the top k.
+  std::vector<int32_t> ids(V);
+  for (int i = 0; i < V; ++i) ids[i] = i;
+  const int keep = top_k > 0 && top_k < V ? top_k : V;
+  auto by_logit = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), by_logit);
+  ids.resize(keep);
+  // p_i ∝ exp((l_i - l_max) / temperature), summed in double; one uniform draw.
+  std::vector<double> w(keep);
+  double sum = 0.0;
+  for (int j = 0; j < keep; ++j) {
+    w[j] = std::exp((static_cast<double>(logits[ids[j]]) - logits[ids[0]]) / temperature);
+    sum += w[j];
+  }
+  const double u = rng.uniform() * sum;
+  double acc = 0.0;
+  for (int j = 0; j < keep; ++j) {
+    acc += w[j];
+    if (u < acc) return ids[j];
+  }
+  return ids[keep - 1];  // u within rounding of sum
+}
+
+void check_generate_options(const GenerateOptions& o) {
+  MOE_CHECK(!o.prompt.empty(), "--prompt is empty: generation starts from at least one token");
+  MOE_CHECK(o.tokens >= 0, "--tokens must be >= 0, got ", o.tokens);
+  MOE_CHECK(std::isfinite(o.temperature) && o.temperature >= 0.0f,
+            "--temperature must be a finite number >= 0 (0 = greedy), got ", o.temperature);
+  MOE_CHECK(o.top_k >= 0, "--top-k must be >= 0 (0 = every token), got ", o.top_k);
+  parse_device(o.device, "--device");
+}
+
+GenerateResult generate(const GenerateOptions& o,
+                        const std::function<void(const std::vector<int32_t>&)>& on_prompt,
+                        const std::function<void(int32_t)>& on_token) {
+  check_generate_options(o);
+  const std::unique_ptr<io::Tokenizer> tok = io::make_tokenizer(o.tokenizer);
+  const Device device = parse_device(o.device, "--device");
+  require_device(device, "--device");
+  select_device(device, 0);
+  kernels::set_active_device(device);  // the model and the decoder live there
+  struct CpuAgain {  // later work in this process (tests) starts on the CPU
+    ~CpuAgain() { kernels::set_active_device(Device::kCpu); }
+  } cpu_again;
+
+  LoadedModel m = load_model_for_inference(o.model_path);
+  const model::ModelConfig& c = m.model->config();
+  GenerateResult r;
+  r.max_position_embeddings = c.max_position_embeddings;
+  r.prompt_ids = tok->encode(o.prompt);
+  const long long P = static_cast<long long>(r.prompt_ids.size());
+  MOE_CHECK(P <= c.max_position_embeddings, "--prompt is ", P, " tokens, longer than "
+            "max_position_embeddings ", c.max_position_embeddings, " of ", m.source);
+  // Refused up front rather than cut short: the output is exactly --tokens long or nothing.
+  MOE_CHECK(P + o.tokens <= c.max_position_embeddings, "--prompt (", P, " tokens) + --tokens ",
+            o.tokens, " = ", P + o.tokens, " exceeds max_position_embeddings ",
+            c.max_position_embeddings, " of ", m.source, ": ask for at most ",
+            c.max_position_embeddings - P, " tokens");
+  for (long long i = 0; i < P; ++i)
+    MOE_CHECK(r.prompt_ids[i] < c.vocab_size, "--prompt: token ", r.prompt_ids[i], " at offset ", i,
+              " is outside the model's vocabulary [0, ", c.vocab_size, ") of ", m.source);
+  if (on_prompt) on_prompt(r.prompt_ids);
+  if (o.tokens == 0) return r;
+
+  model::Decoder dec(*m.model, static_cast<int>(P) + o.tokens);
+  Rng rng(o.seed);
+  const std::vector<float>* logits = &dec.feed(r.prompt_ids.data(), static_cast<int>(P));
+  for (int i = 0; i < o.tokens; ++i) {
+    const int32_t next = sample_token(*logits, o.temperature, o.top_k, rng);
+    r.new_ids.push_back(next);
+    if (on_token) on_token(next);
+    if (i + 1 < o.tokens) logits = &dec.feed(&next, 1);
+  }
+  return r;
+}
+
+}  // namespace moe::train
