@@ -1,0 +1,758 @@
+// `moetrain report`: metrics.jsonl -> one self-contained HTML page. See report_cmd.h.
+//
+// What it reads, one JSON object per line (written by train/trainer.cpp):
+//   step records: step, loss, ce_loss, aux_loss, lr, grad_norm, tokens, tokens_per_s, mfu,
+//     step_time_s, elapsed_s (wall time since the process began training; absent in older files:
+//     the step times are summed instead), bubble_fraction, time_s {pipeline, compute, bubble,
+//     grad_sync, optimizer, all_to_all}, a2a_bytes {same_rank, intra_node, inter_node,
+//     inter_group}, stages [{stage, layers, compute_s, bubble_s, all_to_all_s, step_s,
+//     activation_peak_bytes, total_peak_bytes, max_in_flight}], expert_loads [[tokens per expert]
+//     per MoE layer], expert_loads_layers [layer index of each], val_loss on evaluation steps.
+//     A non-finite loss is written as null (a skipped step).
+//   event records (no "step" of their own kind): {"event": "migration", "step": N, "layer": L,
+//     "expert": e, "from_rank": a, "to_rank": b, "bytes": B, "seconds": s} -- one expert's weights
+//     and optimizer state moved between ranks before step N. Nothing writes these yet (there is no
+//     migration mechanism); the section appears only when such records exist.
+// A resumed run appends to the same file, so step numbers can repeat: the later record wins.
+// A last line without its newline that does not parse (the run was killed mid-write) is left out
+// and the page says so; any other bad line is an error naming the file and the line.
+#include "apps/report_cmd.h"
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "apps/svg_plot.h"
+#include "core/error.h"
+#include "io/json_file.h"
+#include "model/config.h"
+
+namespace moe::apps {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// A line of 61 layers x 256 experts of loads is ~100 KB; a file without newlines is an error.
+constexpr size_t kMaxLineBytes = size_t{64} << 20;
+// Expert loads kept in memory: beyond this many numbers, only every 2nd, 4th, ... step's loads
+// are kept (the heatmap averages them over time buckets anyway).
+constexpr size_t kMaxLoadValues = size_t{1} << 24;
+// The heatmap draws at most this many cells (rows = layer x expert, columns = time buckets).
+constexpr size_t kMaxHeatmapCells = 120000;
+constexpr int kMaxHeatmapColumns = 60;
+constexpr const char* kLinkClasses[4] = {"same_rank", "intra_node", "inter_node", "inter_group"};
+
+struct StageRec {
+  double compute_s = NAN, bubble_s = NAN, a2a_s = NAN, step_s = NAN, act_peak = NAN, total_peak = NAN;
+  double in_flight = NAN, layers = NAN;
+};
+
+struct Rec {
+  int step = 0;
+  double loss = NAN, ce = NAN, aux = NAN, lr = NAN, gnorm = NAN, tokens = NAN, tps = NAN, mfu = NAN;
+  double step_time = NAN, elapsed = NAN, wall = NAN, val = NAN, bubble = NAN;
+  double t_compute = NAN, t_sync = NAN, t_opt = NAN, t_a2a = NAN, t_bubble = NAN;
+  std::array<double, 4> bytes{NAN, NAN, NAN, NAN};
+  std::vector<StageRec> stages;
+  std::vector<float> loads;  // [layer][expert] flattened; empty when absent or not kept
+};
+
+struct Migration {
+  int step = 0, layer = 0, expert = 0, from = 0, to = 0;
+  double bytes = NAN, seconds = NAN;
+};
+
+struct Run {
+  std::string metrics_path;
+  std::map<int, Rec> recs;  // by step: a resumed run's later record replaces the earlier one
+  std::vector<Migration> migrations;
+  int lines = 0, replaced = 0, other_events = 0;
+  bool dropped_torn_line = false;
+  int loads_layers = 0, loads_experts = 0, loads_stride = 1;
+  std::vector<int> loads_layer_ids;
+};
+
+// Next line of f into line (without '\n'); false at the end. *complete: the line ended in '\n'.
+bool read_line(std::istream& f, std::string& line, const std::string& path, int n, bool* complete) {
+  line.clear();
+  std::streambuf* sb = f.rdbuf();
+  for (;;) {
+    const int c = sb->sbumpc();
+    if (c == std::char_traits<char>::eof()) {
+      *complete = false;
+      return !line.empty();
+    }
+    if (c == '\n') {
+      *complete = true;
+      return true;
+    }
+    MOE_CHECK(line.size() < kMaxLineBytes, path, ": line ", n, " is longer than ", kMaxLineBytes,
+              " bytes (not a metrics.jsonl?)");
+    line.push_back(static_cast<char>(c));
+  }
+}
+
+// A numeric field: absent or null -> NaN (null is how a non-finite number is written); any
+// other non-number is an error naming the line and the field.
+double number(const json& j, const char* key, const std::string& where) {
+  if (!j.is_object()) return NAN;
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return NAN;
+  MOE_CHECK(it->is_number(), where, ": \"", key, "\" must be a number, got ", it->dump());
+  return it->get<double>();
+}
+
+int integer(const json& j, const char* key, const std::string& where) {
+  auto it = j.find(key);
+  MOE_CHECK(it != j.end(), where, ": no \"", key, "\"");
+  MOE_CHECK(it->is_number_integer() && it->get<int64_t>() >= 0 && it->get<int64_t>() < (int64_t{1} << 31), where,
+            ": \"", key, "\" must be an integer in [0, 2^31), got ", it->dump());
+  return static_cast<int>(it->get<int64_t>());
+}
+
+void read_loads(Run& run, Rec& r, const json& j, const std::string& where) {
+  auto it = j.find("expert_loads");
+  if (it == j.end() || it->is_null()) return;
+  MOE_CHECK(it->is_array(), where, ": \"expert_loads\" must be a list of lists");
+  if (it->empty()) return;  // a dense model
+  const int L = static_cast<int>(it->size());
+  int E = -1;
+  for (const json& layer : *it) {
+    MOE_CHECK(layer.is_array() && !layer.empty(), where, ": \"expert_loads\" must be a list of lists");
+    MOE_CHECK(E < 0 || static_cast<int>(layer.size()) == E, where, ": \"expert_loads\" has layers of ", E, " and ",
+              layer.size(), " experts");
+    E = static_cast<int>(layer.size());
+  }
+  MOE_CHECK(run.loads_layers == 0 || (run.loads_layers == L && run.loads_experts == E), where, ": \"expert_loads\" is ",
+            L, " layers x ", E, " experts, earlier lines had ", run.loads_layers, " x ", run.loads_experts);
+  run.loads_layers = L;
+  run.loads_experts = E;
+  if (auto ids = j.find("expert_loads_layers"); ids != j.end() && run.loads_layer_ids.empty()) {
+    MOE_CHECK(ids->is_array() && static_cast<int>(ids->size()) == L, where,
+              ": \"expert_loads_layers\" must list one layer per row of \"expert_loads\"");
+    for (const json& id : *ids) {
+      MOE_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < 1000000, where,
+                ": \"expert_loads_layers\" holds ", id.dump(), ", not a layer index");
+      run.loads_layer_ids.push_back(static_cast<int>(id.get<int64_t>()));
+    }
+  }
+  if (r.step % run.loads_stride != 0) return;
+  r.loads.reserve(static_cast<size_t>(L) * E);
+  for (const json& layer : *it)
+    for (const json& x : layer) {
+      MOE_CHECK(x.is_number() && x.get<double>() >= 0 && std::isfinite(x.get<double>()), where, ": expert load ",
+                x.dump(), " is not a count");
+      r.loads.push_back(static_cast<float>(x.get<double>()));
+    }
+}
+
+// Keeps the loads within kMaxLoadValues by keeping only every (2 * stride)-th step's.
+void thin_loads(Run& run) {
+  size_t held = 0;
+  for (auto& [s, r] : run.recs) held += r.loads.size();
+  while (held > kMaxLoadValues) {
+    run.loads_stride *= 2;
+    held = 0;
+    for (auto& [s, r] : run.recs) {
+      if (s % run.loads_stride != 0) std::vector<float>().swap(r.loads);
+      held += r.loads.size();
+    }
+  }
+}
+
+Run read_metrics(const std::string& path) {
+  std::error_code ec;
+  MOE_CHECK(!fs::is_directory(path, ec), path, ": is a folder, not a metrics file");
+  std::ifstream f(path, std::ios::binary);
+  MOE_CHECK(f.good(), path, ": cannot open metrics file");
+  Run run;
+  run.metrics_path = path;
+  std::string line;
+  bool complete = true;
+  double wall_offset = 0, last_elapsed = -1, last_wall = 0;
+  size_t loads_since_thin = 0;
+  while (read_line(f, line, path, run.lines + 1, &complete)) {
+    ++run.lines;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = str_cat(path, ": line ", run.lines);
+    json j;
+    try {
+      j = io::parse_json(line, where);
+    } catch (const Error&) {
+      // Killed mid-write: the torn last line is left out, and the page says so.
+      if (!complete) {
+        run.dropped_torn_line = true;
+        break;
+      }
+      throw;
+    }
+    MOE_CHECK(j.is_object(), where, ": not a JSON object (not a metrics.jsonl?)");
+    if (auto ev = j.find("event"); ev != j.end()) {
+      MOE_CHECK(ev->is_string(), where, ": \"event\" must be a string");
+      if (ev->get<std::string>() != "migration") {
+        ++run.other_events;
+        continue;
+      }
+      Migration m;
+      m.step = integer(j, "step", where);
+      m.layer = integer(j, "layer", where);
+      m.expert = integer(j, "expert", where);
+      m.from = integer(j, "from_rank", where);
+      m.to = integer(j, "to_rank", where);
+      m.bytes = number(j, "bytes", where);
+      m.seconds = number(j, "seconds", where);
+      run.migrations.push_back(m);
+      continue;
+    }
+    MOE_CHECK(j.contains("step"), where, ": neither a step record (\"step\") nor an event (\"event\")");
+    Rec r;
+    r.step = integer(j, "step", where);
+    r.loss = number(j, "loss", where);
+    r.ce = number(j, "ce_loss", where);
+    r.aux = number(j, "aux_loss", where);
+    r.lr = number(j, "lr", where);
+    r.gnorm = number(j, "grad_norm", where);
+    r.tokens = number(j, "tokens", where);
+    r.tps = number(j, "tokens_per_s", where);
+    r.mfu = number(j, "mfu", where);
+    r.step_time = number(j, "step_time_s", where);
+    r.elapsed = number(j, "elapsed_s", where);
+    r.val = number(j, "val_loss", where);
+    r.bubble = number(j, "bubble_fraction", where);
+    if (auto t = j.find("time_s"); t != j.end()) {
+      r.t_compute = number(*t, "compute", where);
+      r.t_sync = number(*t, "grad_sync", where);
+      r.t_opt = number(*t, "optimizer", where);
+      r.t_a2a = number(*t, "all_to_all", where);
+      r.t_bubble = number(*t, "bubble", where);
+    }
+    if (auto b = j.find("a2a_bytes"); b != j.end())
+      for (int c = 0; c < 4; ++c) r.bytes[c] = number(*b, kLinkClasses[c], where);
+    if (auto st = j.find("stages"); st != j.end()) {
+      MOE_CHECK(st->is_array(), where, ": \"stages\" must be a list");
+      for (const json& s : *st) {
+        MOE_CHECK(s.is_object(), where, ": \"stages\" must be a list of objects");
+        StageRec x;
+        x.compute_s = number(s, "compute_s", where);
+        x.bubble_s = number(s, "bubble_s", where);
+        x.a2a_s = number(s, "all_to_all_s", where);
+        x.step_s = number(s, "step_s", where);
+        x.act_peak = number(s, "activation_peak_bytes", where);
+        x.total_peak = number(s, "total_peak_bytes", where);
+        x.in_flight = number(s, "max_in_flight", where);
+        x.layers = number(s, "layers", where);
+        r.stages.push_back(x);
+      }
+    }
+    read_loads(run, r, j, where);
+    // Wall time across processes: a resumed run's elapsed_s starts again from 0.
+    if (std::isfinite(r.elapsed)) {
+      if (r.elapsed < last_elapsed) wall_offset = last_wall;
+      r.wall = wall_offset + r.elapsed;
+      last_elapsed = r.elapsed;
+    } else {
+      r.wall = last_wall + (std::isfinite(r.step_time) ? r.step_time : 0.0);
+      wall_offset = r.wall;
+      last_elapsed = -1;
+    }
+    last_wall = r.wall;
+    loads_since_thin += r.loads.size();
+    if (run.recs.count(r.step)) ++run.replaced;
+    run.recs[r.step] = std::move(r);
+    if (loads_since_thin > kMaxLoadValues / 4) {
+      thin_loads(run);
+      loads_since_thin = 0;
+    }
+  }
+  thin_loads(run);
+  MOE_CHECK(!run.recs.empty(), path, ": no step records (", run.lines, " lines): not the metrics of a training run");
+  return run;
+}
+
+// Nearest-rank percentile of sorted values, p in [0, 1].
+double percentile(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return NAN;
+  const size_t i = static_cast<size_t>(std::ceil(p * static_cast<double>(sorted.size())));
+  return sorted[std::min(sorted.size() - 1, i == 0 ? 0 : i - 1)];
+}
+
+std::string fmt(double v, const char* f = "%.4g") {
+  if (!std::isfinite(v)) return "n/a";
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+std::string fmt_bytes(double b) {
+  if (!std::isfinite(b)) return "n/a";
+  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024 && i < 4) b /= 1024, ++i;
+  return fmt(b, i == 0 ? "%.0f" : "%.2f") + " " + u[i];
+}
+
+std::string fmt_seconds(double s) {
+  if (!std::isfinite(s)) return "n/a";
+  if (s < 1) return fmt(s * 1e3, "%.1f") + " ms";
+  if (s < 120) return fmt(s, "%.2f") + " s";
+  const long t = std::lround(s);
+  char b[64];
+  if (t >= 3600)
+    std::snprintf(b, sizeof b, "%ldh%02ldm%02lds", t / 3600, t / 60 % 60, t % 60);
+  else
+    std::snprintf(b, sizeof b, "%ldm%02lds", t / 60, t % 60);
+  return b;
+}
+
+// Mean of the finite values; NaN when there are none.
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  int n = 0;
+  for (double x : v)
+    if (std::isfinite(x)) s += x, ++n;
+  return n ? s / n : NAN;
+}
+
+bool any_finite(const std::vector<double>& v) {
+  return std::any_of(v.begin(), v.end(), [](double x) { return std::isfinite(x); });
+}
+
+// Mean over a trailing window of n finite values (the smoothed line beside a noisy one).
+std::vector<double> rolling_mean(const std::vector<double>& v, int n) {
+  std::vector<double> out(v.size(), NAN);
+  double s = 0;
+  int k = 0;
+  std::vector<double> win;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (std::isfinite(v[i])) {
+      win.push_back(v[i]);
+      s += v[i];
+      ++k;
+      if (k > n) s -= win[win.size() - 1 - n], --k;
+    }
+    if (k > 0) out[i] = s / k;
+  }
+  return out;
+}
+
+struct Page {
+  std::string body;
+  void h2(const std::string& id, const std::string& t) { body += str_cat("<h2 id=\"", id, "\">", svg::escape(t), "</h2>\n"); }
+  void p(const std::string& t) { body += str_cat("<p>", t, "</p>\n"); }
+  void none(const std::string& t) { body += str_cat("<p class=\"none\">", svg::escape(t), "</p>\n"); }
+  void plot(const std::string& svg) { body += str_cat("<div class=\"fig\">", svg, "</div>\n"); }
+  void table(const std::vector<std::string>& head, const std::vector<std::vector<std::string>>& rows) {
+    body += "<table><tr>";
+    for (const auto& h : head) body += str_cat("<th>", svg::escape(h), "</th>");
+    body += "</tr>\n";
+    for (const auto& r : rows) {
+      body += "<tr>";
+      for (const auto& c : r) body += str_cat("<td>", svg::escape(c), "</td>");
+      body += "</tr>\n";
+    }
+    body += "</table>\n";
+  }
+};
+
+void section_summary(Page& pg, const Run& run, const std::vector<const Rec*>& rs, const std::string& run_dir) {
+  const Rec& last = *rs.back();
+  std::vector<std::vector<std::string>> rows;
+  double tokens = 0, time = 0;
+  int skipped = 0;
+  std::vector<double> mfu;
+  for (const Rec* r : rs) {
+    if (std::isfinite(r->tokens) && std::isfinite(r->step_time)) tokens += r->tokens, time += r->step_time;
+    if (!std::isfinite(r->loss)) ++skipped;
+    mfu.push_back(r->mfu);
+  }
+  double final_val = NAN, best_val = NAN;
+  int best_val_step = 0;
+  for (const Rec* r : rs)
+    if (std::isfinite(r->val)) {
+      final_val = r->val;
+      if (!(r->val >= best_val)) best_val = r->val, best_val_step = r->step;
+    }
+  std::vector<double> mfu_sorted;
+  for (double m : mfu)
+    if (std::isfinite(m)) mfu_sorted.push_back(m);
+  std::sort(mfu_sorted.begin(), mfu_sorted.end());
+  rows.push_back({"steps", str_cat(rs.front()->step, " .. ", last.step, " (", rs.size(), " records)")});
+  rows.push_back({"wall time", fmt_seconds(last.wall)});
+  rows.push_back({"final training loss", fmt(last.loss)});
+  rows.push_back({"final validation loss", std::isfinite(final_val) ? str_cat(fmt(final_val), " (best ", fmt(best_val),
+                                                                               " at step ", best_val_step, ")")
+                                                                     : "none logged"});
+  rows.push_back({"tokens/s (all steps)", time > 0 ? fmt(tokens / time, "%.0f") : "n/a"});
+  rows.push_back({"MFU (median step)", fmt(100 * percentile(mfu_sorted, 0.5), "%.1f%%")});
+  rows.push_back({"skipped steps (non-finite loss)", std::to_string(skipped)});
+  if (!rs.front()->stages.empty()) rows.push_back({"pipeline stages", std::to_string(rs.front()->stages.size())});
+  pg.table({"", ""}, rows);
+  std::vector<std::string> notes;
+  if (run.replaced > 0)
+    notes.push_back(str_cat(run.replaced, " step(s) were logged twice (the run was resumed from a checkpoint): the later record is shown"));
+  if (run.dropped_torn_line)
+    notes.push_back("the last line of the file is incomplete (the run was stopped while writing it) and is left out");
+  if (run.other_events > 0) notes.push_back(str_cat(run.other_events, " event record(s) of unknown kind are not shown"));
+  if (!std::isfinite(rs.front()->elapsed))
+    notes.push_back("no elapsed_s in these metrics: wall time is the sum of the step times (evaluation time not included)");
+  std::error_code ec;
+  if (fs::exists(run_dir + "/metrics.jsonl.prev", ec))
+    notes.push_back("an earlier run's metrics are kept beside these as metrics.jsonl.prev (not shown)");
+  for (const auto& n : notes) pg.p(svg::escape("Note: " + n + "."));
+
+  const std::string cfg_path = run_dir + "/config.json";
+  if (fs::is_regular_file(cfg_path, ec)) {
+    const model::ModelConfig c = model::load_config(cfg_path);
+    const model::ParamCounts pc = model::count_params(c);
+    pg.p(svg::escape(str_cat("Model (", cfg_path, "): ", c.num_hidden_layers, " layers (", c.num_moe_layers(),
+                             " MoE), hidden ", c.hidden_size, ", ", c.num_attention_heads, " heads, ", c.n_routed_experts,
+                             " routed experts of width ", c.moe_intermediate_size, ", top-", c.num_experts_per_tok, ", ",
+                             c.n_shared_experts, " shared, vocab ", c.vocab_size, "; ", fmt(pc.total / 1e6, "%.2f"),
+                             "M parameters (", fmt(pc.active / 1e6, "%.2f"), "M active per token).")));
+  } else {
+    pg.p(svg::escape(str_cat("No config.json in ", run_dir, " (it is written when a run finishes).")));
+  }
+}
+
+void section_losses(Page& pg, const std::vector<const Rec*>& rs) {
+  std::vector<double> step, wall, loss, ce, val;
+  for (const Rec* r : rs) {
+    step.push_back(r->step);
+    wall.push_back(r->wall);
+    loss.push_back(r->loss);
+    ce.push_back(r->ce);
+    val.push_back(r->val);
+  }
+  pg.h2("loss", "Loss");
+  if (!any_finite(loss) && !any_finite(val)) return pg.none("No finite loss in these metrics (every step was skipped).");
+  auto series = [&](const std::vector<double>& x) {
+    std::vector<svg::Series> s = {{"training loss", x, loss}, {"cross-entropy", x, ce}};
+    if (any_finite(val)) s.push_back({"validation loss", x, val, /*markers=*/true, /*line=*/true});
+    return s;
+  };
+  pg.plot(svg::line_chart({"Loss against step (nats per token)", "step", "loss"}, series(step)));
+  pg.plot(svg::line_chart({"Loss against wall time", "wall time (s)", "loss"}, series(wall)));
+}
+
+void section_throughput(Page& pg, const std::vector<const Rec*>& rs) {
+  std::vector<double> step, tps, mfu;
+  for (const Rec* r : rs) {
+    step.push_back(r->step);
+    tps.push_back(r->tps);
+    mfu.push_back(100 * r->mfu);
+  }
+  pg.h2("throughput", "Throughput");
+  if (any_finite(tps)) {
+    svg::Axes a{"Tokens per second (global batch)", "step", "tokens/s"};
+    a.y_from_zero = true;
+    pg.plot(svg::line_chart(a, {{"per step", step, tps}, {"mean of 20 steps", step, rolling_mean(tps, 20)}}));
+  } else {
+    pg.none("No tokens_per_s in these metrics.");
+  }
+  if (any_finite(mfu)) {
+    svg::Axes a{"MFU (model FLOPs / the sgemm rate measured at start, per rank)", "step", "MFU (%)"};
+    a.y_from_zero = true;
+    pg.plot(svg::line_chart(a, {{"per step", step, mfu}, {"mean of 20 steps", step, rolling_mean(mfu, 20)}}));
+  } else {
+    pg.none("No mfu in these metrics.");
+  }
+}
+
+void section_step_time(Page& pg, const std::vector<const Rec*>& rs) {
+  pg.h2("step-time", "Step time");
+  std::vector<double> step, t, sorted;
+  for (const Rec* r : rs) {
+    step.push_back(r->step);
+    t.push_back(r->step_time);
+    if (std::isfinite(r->step_time)) sorted.push_back(r->step_time);
+  }
+  if (sorted.empty()) return pg.none("No step_time_s in these metrics.");
+  std::sort(sorted.begin(), sorted.end());
+  const double p50 = percentile(sorted, 0.5), p95 = percentile(sorted, 0.95);
+  const double q1 = percentile(sorted, 0.25), q3 = percentile(sorted, 0.75);
+  // Tukey's far-out fence: a step slower than Q3 + 3 IQR is an outlier.
+  const double fence = q3 + 3 * (q3 - q1);
+  std::vector<std::pair<double, int>> out;
+  for (const Rec* r : rs)
+    if (r->step_time > fence) out.push_back({r->step_time, r->step});
+  std::sort(out.rbegin(), out.rend());
+  svg::Axes h{"Step-time distribution", "step time (s)", "steps"};
+  pg.plot(svg::histogram(h, t, 40, {{"p50 " + fmt_seconds(p50), p50}, {"p95 " + fmt_seconds(p95), p95}}));
+  std::vector<double> ox, oy;
+  for (const auto& [v, s] : out) ox.push_back(s), oy.push_back(v);
+  std::vector<svg::Series> ss = {{"step time", step, t}};
+  if (!out.empty()) ss.push_back({"outliers", ox, oy, /*markers=*/true, /*line=*/false});
+  svg::Axes a{"Step time against step", "step", "seconds"};
+  a.y_from_zero = true;
+  pg.plot(svg::line_chart(a, ss));
+  std::string line = str_cat("p50 ", fmt_seconds(p50), ", p95 ", fmt_seconds(p95), ", max ", fmt_seconds(sorted.back()),
+                             ". Outliers (slower than Q3 + 3 IQR = ", fmt_seconds(fence), "): ");
+  if (out.empty()) {
+    line += "none.";
+  } else {
+    line += str_cat(out.size(), " step(s)");
+    for (size_t i = 0; i < out.size() && i < 12; ++i)
+      line += str_cat(i == 0 ? ": " : ", ", "step ", out[i].second, " (", fmt_seconds(out[i].first), ")");
+    line += out.size() > 12 ? ", ..." : ".";
+  }
+  pg.p(svg::escape(line));
+  // Where the time goes (means over the run).
+  std::vector<double> c, s, o, a2a, b;
+  for (const Rec* r : rs) c.push_back(r->t_compute), s.push_back(r->t_sync), o.push_back(r->t_opt),
+                          a2a.push_back(r->t_a2a), b.push_back(r->t_bubble);
+  if (any_finite(c))
+    pg.p(svg::escape(str_cat("Mean per step on rank 0: compute ", fmt_seconds(mean(c)), ", pipeline wait ",
+                             fmt_seconds(mean(b)), ", gradient sync ", fmt_seconds(mean(s)), ", optimizer ",
+                             fmt_seconds(mean(o)), "; all-to-all of the slowest stage ", fmt_seconds(mean(a2a)), ".")));
+}
+
+void section_a2a(Page& pg, const std::vector<const Rec*>& rs) {
+  pg.h2("all-to-all", "All-to-all");
+  std::vector<double> step, share;
+  std::array<std::vector<double>, 4> bytes;
+  std::array<double, 4> total{0, 0, 0, 0};
+  bool any = false;
+  for (const Rec* r : rs) {
+    step.push_back(r->step);
+    share.push_back(r->step_time > 0 ? 100 * r->t_a2a / r->step_time : NAN);
+    for (int c = 0; c < 4; ++c) {
+      bytes[c].push_back(r->bytes[c]);
+      if (std::isfinite(r->bytes[c])) total[c] += r->bytes[c];
+      any = any || r->bytes[c] > 0;
+    }
+    any = any || r->t_a2a > 0;
+  }
+  if (!any)
+    return pg.none("No all-to-all in this run: no bytes and no time logged for the token exchange (expert parallelism "
+                   "off, every expert on every rank).");
+  svg::Axes a{"All-to-all share of the step", "step", "% of step time"};
+  a.y_from_zero = true;
+  pg.plot(svg::line_chart(a, {{"all-to-all", step, share}, {"mean of 20 steps", step, rolling_mean(share, 20)}}));
+  std::vector<svg::Series> ss;
+  for (int c = 0; c < 4; ++c)
+    if (total[c] > 0) ss.push_back({kLinkClasses[c], step, bytes[c]});
+  if (!ss.empty()) {
+    svg::Axes b{"All-to-all bytes per step by link class (all ranks)", "step", "bytes"};
+    b.y_from_zero = true;
+    pg.plot(svg::line_chart(b, ss));
+  }
+  std::vector<std::vector<std::string>> rows;
+  const double n = static_cast<double>(rs.size());
+  double sum = 0;
+  for (int c = 0; c < 4; ++c) sum += total[c];
+  for (int c = 0; c < 4; ++c)
+    rows.push_back({kLinkClasses[c], fmt_bytes(total[c] / n), fmt_bytes(total[c]), sum > 0 ? fmt(100 * total[c] / sum, "%.1f%%") : "n/a"});
+  pg.table({"link class", "mean per step", "whole run", "share"}, rows);
+  pg.p(svg::escape(str_cat("Mean all-to-all share of the step: ", fmt(mean(share), "%.1f%%"), ".")));
+}
+
+void section_expert_load(Page& pg, const Run& run, const std::vector<const Rec*>& rs, const std::string& run_dir) {
+  pg.h2("expert-load", "Expert load");
+  std::vector<const Rec*> with;
+  for (const Rec* r : rs)
+    if (!r->loads.empty()) with.push_back(r);
+  if (with.empty()) return pg.none("No expert_loads in these metrics (a dense model, or older metrics).");
+  const int L = run.loads_layers, E = run.loads_experts;
+  std::vector<int> ids = run.loads_layer_ids;
+  if (ids.empty()) {  // older metrics: the MoE layers of config.json, when it is there
+    std::error_code ec;
+    if (fs::is_regular_file(run_dir + "/config.json", ec)) {
+      const model::ModelConfig c = model::load_config(run_dir + "/config.json");
+      for (int l = 0; l < c.num_hidden_layers; ++l)
+        if (c.is_moe_layer(l)) ids.push_back(l);
+    }
+    if (static_cast<int>(ids.size()) != L) ids.clear();
+  }
+  auto layer_name = [&](int i) { return ids.empty() ? str_cat("MoE layer ", i) : str_cat("layer ", ids[static_cast<size_t>(i)]); };
+  // Imbalance over time: max / mean load of each layer.
+  std::vector<svg::Series> imb;
+  for (int l = 0; l < L; ++l) {
+    svg::Series s{layer_name(l), {}, {}};
+    for (const Rec* r : with) {
+      const float* v = r->loads.data() + static_cast<size_t>(l) * E;
+      const double mx = *std::max_element(v, v + E), mn = std::accumulate(v, v + E, 0.0) / E;
+      s.x.push_back(r->step);
+      s.y.push_back(mn > 0 ? mx / mn : NAN);
+    }
+    imb.push_back(std::move(s));
+  }
+  svg::Axes ai{"Load imbalance: busiest expert / mean, per MoE layer", "step", "max / mean"};
+  ai.y_from_zero = true;
+  pg.plot(svg::line_chart(ai, imb));
+  // Heatmap: rows (layer, expert), columns time buckets, value = share of the layer's mean.
+  const int shown_layers = std::max(1, std::min(L, static_cast<int>(kMaxHeatmapCells / 10 / static_cast<size_t>(E))));
+  const int rows = shown_layers * E;
+  const int C = std::max(1, std::min({kMaxHeatmapColumns, static_cast<int>(with.size()),
+                                      static_cast<int>(kMaxHeatmapCells / static_cast<size_t>(rows))}));
+  svg::Heatmap h;
+  h.value_RC.assign(static_cast<size_t>(rows), std::vector<double>(static_cast<size_t>(C), NAN));
+  for (int c = 0; c < C; ++c) {
+    const size_t b = with.size() * c / C, e = with.size() * (c + 1) / C;
+    for (int l = 0; l < shown_layers; ++l) {
+      std::vector<double> sum(static_cast<size_t>(E), 0.0);
+      for (size_t i = b; i < e; ++i)
+        for (int x = 0; x < E; ++x) sum[static_cast<size_t>(x)] += with[i]->loads[static_cast<size_t>(l) * E + x];
+      const double m = std::accumulate(sum.begin(), sum.end(), 0.0) / E;
+      for (int x = 0; x < E; ++x)
+        h.value_RC[static_cast<size_t>(l * E + x)][static_cast<size_t>(c)] = m > 0 ? sum[static_cast<size_t>(x)] / m : NAN;
+    }
+  }
+  for (int l = 0; l < shown_layers; ++l) {
+    h.group_starts.push_back(l * E);
+    for (int x = 0; x < E; ++x)
+      h.row_labels.push_back(ids.empty() ? str_cat("M", l, " e", x) : str_cat("L", ids[static_cast<size_t>(l)], " e", x));
+  }
+  h.x0 = with.front()->step;
+  h.x1 = with.back()->step;
+  h.legend_high = ">= 2x mean";
+  h.legend_low = "<= 0.5x mean";
+  pg.plot(svg::heatmap({"Tokens per expert over time, relative to the layer's mean (rows: layer, expert)", "step", ""}, h));
+  std::string note = str_cat(L, " MoE layer(s) x ", E, " experts, ", C, " time bucket(s) of ~",
+                             std::max<size_t>(1, with.size() / static_cast<size_t>(C)), " logged step(s)");
+  if (run.loads_stride > 1) note += str_cat("; loads of every ", run.loads_stride, "th step kept (a large file)");
+  if (shown_layers < L) note += str_cat("; the first ", shown_layers, " layers are drawn");
+  pg.p(svg::escape(note + "."));
+}
+
+void section_pipeline(Page& pg, const std::vector<const Rec*>& rs) {
+  pg.h2("pipeline", "Pipeline bubble per stage");
+  size_t P = 0;
+  for (const Rec* r : rs) P = std::max(P, r->stages.size());
+  if (P == 0) return pg.none("No per-stage figures (\"stages\") in these metrics.");
+  if (P == 1) return pg.none("One pipeline stage (no pipeline parallelism): no bubble.");
+  std::vector<svg::Series> ss;
+  std::vector<svg::Bar> bars;
+  std::vector<std::vector<std::string>> rows;
+  for (size_t s = 0; s < P; ++s) {
+    svg::Series x{str_cat("stage ", s), {}, {}};
+    std::vector<double> comp, bub, a2a, frac, act, tot, fl, layers;
+    for (const Rec* r : rs) {
+      if (s >= r->stages.size()) continue;
+      const StageRec& st = r->stages[s];
+      x.x.push_back(r->step);
+      const double f = st.step_s > 0 ? 100 * st.bubble_s / st.step_s : NAN;
+      x.y.push_back(f);
+      frac.push_back(f);
+      comp.push_back(st.compute_s - (std::isfinite(st.a2a_s) ? st.a2a_s : 0.0));
+      a2a.push_back(st.a2a_s);
+      bub.push_back(st.bubble_s);
+      act.push_back(st.act_peak);
+      tot.push_back(st.total_peak);
+      fl.push_back(st.in_flight);
+      layers.push_back(st.layers);
+    }
+    ss.push_back(std::move(x));
+    bars.push_back({str_cat("stage ", s), {mean(comp), mean(a2a), mean(bub)}});
+    auto mx = [](const std::vector<double>& v) {
+      double m = NAN;
+      for (double d : v)
+        if (std::isfinite(d) && !(d <= m)) m = d;
+      return m;
+    };
+    rows.push_back({std::to_string(s), fmt(mean(layers), "%.0f"), fmt_seconds(mean(comp)), fmt_seconds(mean(a2a)),
+                    fmt_seconds(mean(bub)), fmt(mean(frac), "%.1f%%"), fmt_bytes(mx(act)), fmt_bytes(mx(tot)),
+                    fmt(mx(fl), "%.0f")});
+  }
+  svg::Axes a{"Bubble per stage (pipeline wait / stage step time)", "step", "bubble (%)"};
+  a.y_from_zero = true;
+  pg.plot(svg::line_chart(a, ss));
+  svg::Axes b{"Mean seconds per step and stage", "", "seconds"};
+  pg.plot(svg::stacked_bars(b, {"compute", "all-to-all", "bubble (waiting)"}, bars));
+  pg.table({"stage", "layers", "compute", "all-to-all", "bubble", "bubble %", "activation peak", "total peak",
+            "micro-batches held"},
+           rows);
+}
+
+void section_migrations(Page& pg, const Run& run) {
+  if (run.migrations.empty()) return;  // rendered only when the metrics hold migration records
+  pg.h2("migrations", "Expert migrations");
+  std::vector<std::vector<std::string>> rows;
+  double bytes = 0;
+  for (const Migration& m : run.migrations) {
+    if (std::isfinite(m.bytes)) bytes += m.bytes;
+    if (rows.size() < 200)
+      rows.push_back({std::to_string(m.step), std::to_string(m.layer), std::to_string(m.expert),
+                      str_cat(m.from, " -> ", m.to), fmt_bytes(m.bytes), fmt_seconds(m.seconds)});
+  }
+  pg.p(svg::escape(str_cat(run.migrations.size(), " migration(s), ", fmt_bytes(bytes), " moved",
+                           run.migrations.size() > 200 ? "; the first 200 are listed" : "", ".")));
+  pg.table({"before step", "layer", "expert", "rank", "bytes", "time"}, rows);
+}
+
+}  // namespace
+
+std::string render_report(const std::string& run_dir, const std::string& metrics_path) {
+  const Run run = read_metrics(metrics_path);
+  std::vector<const Rec*> rs;
+  for (const auto& [s, r] : run.recs) rs.push_back(&r);
+  Page pg;
+  section_summary(pg, run, rs, run_dir);
+  section_losses(pg, rs);
+  section_throughput(pg, rs);
+  section_step_time(pg, rs);
+  section_a2a(pg, rs);
+  section_expert_load(pg, run, rs, run_dir);
+  section_pipeline(pg, rs);
+  section_migrations(pg, run);
+  const std::string title = str_cat("moetrain report: ", run_dir);
+  return str_cat(
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>", svg::escape(title),
+      "</title>\n<style>\nbody{font-family:sans-serif;margin:16px 24px;color:#222;max-width:1000px}\n"
+      "h1{font-size:20px}h2{font-size:16px;border-bottom:1px solid #ccc;margin-top:28px}\n"
+      "table{border-collapse:collapse;margin:6px 0}td,th{border:1px solid #ccc;padding:2px 8px;font-size:13px;text-align:left}\n"
+      "p{font-size:13px}p.none{color:#777;font-style:italic}.fig{margin:6px 0}\n</style></head>\n<body>\n<h1>",
+      svg::escape(title), "</h1>\n<p>", svg::escape(str_cat(metrics_path, ", ", run.lines, " line(s)")), "</p>\n",
+      pg.body, "</body></html>\n");
+}
+
+void add_report_command(CLI::App& app, ReportCli& s) {
+  CLI::App* r = app.add_subcommand("report", "a training run's metrics -> one self-contained HTML page of plots");
+  r->add_option("run", s.run, "the --out folder of moetrain train (or its metrics.jsonl)")->required();
+  r->add_option("-o,--output", s.output, "HTML file to write (default RUN/report.html)");
+}
+
+int run_report_command(CLI::App& app, const ReportCli& s) {
+  if (!app.got_subcommand("report")) return -1;
+  std::error_code ec;
+  MOE_CHECK(fs::exists(s.run, ec), s.run, ": no such folder or file");
+  const bool dir = fs::is_directory(s.run, ec);
+  const std::string run_dir = dir ? s.run : fs::path(s.run).parent_path().string();
+  const std::string metrics = dir ? s.run + "/metrics.jsonl" : s.run;
+  if (dir)
+    MOE_CHECK(fs::exists(metrics, ec), s.run, ": no metrics.jsonl in this folder (not the --out folder of moetrain train?)");
+  const std::string out = s.output.empty() ? (run_dir.empty() ? "." : run_dir) + "/report.html" : s.output;
+  const std::string html = render_report(run_dir.empty() ? "." : run_dir, metrics);
+  // Written to a temporary name and renamed: no half-written page is left behind.
+  const std::string tmp = out + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    MOE_CHECK(f.good(), out, ": cannot write the report (", std::strerror(errno), ")");
+    f << html;
+    f.flush();
+    if (!f.good()) {
+      f.close();
+      fs::remove(tmp, ec);
+      throw Error(str_cat(out, ": cannot write the report (", std::strerror(errno), ")"));
+    }
+  }
+  fs::rename(tmp, out, ec);
+  if (ec) {
+    const std::string why = ec.message();
+    fs::remove(tmp, ec);
+    throw Error(str_cat(out, ": cannot write the report (", why, ")"));
+  }
+  std::printf("wrote %s (%zu KB) from %s\n", out.c_str(), html.size() / 1024, metrics.c_str());
+  return 0;
+}
+
+}  // namespace moe::apps
