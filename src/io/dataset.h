@@ -15,13 +15,11 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "io/corpus.h"
 
 namespace moe::io {
 
-enum class Split { kTrain, kVal };
-const char* split_name(Split s);  // "train" / "val"
-
-class ByteCorpus {
+class ByteCorpus : public Corpus {
  public:
   static constexpr size_t kBlockBytes = 64 * 1024;
   // A stream (not a regular file) is read to EOF but no further than this (16 GiB).
@@ -38,14 +36,16 @@ class ByteCorpus {
   // over every start position of the split whose window fits inside one segment: one rng.below()
   // call per row. inputs = row[0..T), targets = row[1..T]. Throws (naming the path, T+1 and the
   // longest segment) if the split has no such window.
-  void sample_batch(int32_t* tokens_B_T1, int B, int T, Rng& rng, Split split) const;
+  void sample_batch(int32_t* tokens_B_T1, int B, int T, Rng& rng, Split split) const override;
 
   // Fixed evaluation windows: num_batches * B windows of T+1 tokens, evenly spaced over the
   // validation split's start positions (window i starts at position floor(i * U / W) of U valid
   // starts, W windows), laid out [num_batches, B, T+1]. Same file and arguments -> same tokens.
-  std::vector<int32_t> val_batches(int B, int T, int num_batches) const;
+  std::vector<int32_t> val_batches(int B, int T, int num_batches) const override;
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const override { return path_; }
+  double val_bytes_per_token() const override { return 1.0; }  // a byte is a token
+  std::string tokenizer_kind() const override { return "bytes"; }
   size_t block_bytes() const { return block_bytes_; }
   size_t size_bytes() const { return bytes_.size(); }
   size_t num_tokens(Split s) const;  // bytes in the split

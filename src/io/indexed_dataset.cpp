@@ -1,0 +1,321 @@
+// Megatron MMIDIDX indexed dataset: checked reading through mmap, writing (layout in the header).
+#include "io/indexed_dataset.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+
+namespace moe::io {
+namespace {
+
+constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+
+template <class T>
+T load_le(const uint8_t* p) {  // the arrays after the 34-byte header are unaligned
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// The 34-byte header from its bytes (size: how many the file has).
+IndexHeader parse_header(const uint8_t* p, size_t size, const std::string& file) {
+  MOE_CHECK(size >= kIndexHeaderBytes, file, ": truncated at offset ", size, ": the MMIDIDX header needs ",
+            kIndexHeaderBytes, " bytes");
+  MOE_CHECK(std::memcmp(p, kMagic, sizeof kMagic) == 0, file,
+            ": bad magic at offset 0 (expected \"MMIDIDX\\0\\0\"): not a Megatron indexed dataset index");
+  const uint64_t version = load_le<uint64_t>(p + 9);
+  MOE_CHECK(version == 1, file, ": version ", version, " at offset 9, expected 1");
+  IndexHeader h;
+  h.dtype_code = p[17];
+  MOE_CHECK(dtype_item_size(h.dtype_code) != 0, file, ": unknown dtype code ", int{h.dtype_code},
+            " at offset 17 (known: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32, 8 uint16)");
+  MOE_CHECK(dtype_is_integer(h.dtype_code), file, ": dtype ", dtype_name(h.dtype_code), " (code ",
+            int{h.dtype_code}, ") at offset 17: token ids must be integers");
+  h.num_sequences = load_le<uint64_t>(p + 18);
+  h.num_document_entries = load_le<uint64_t>(p + 26);
+  MOE_CHECK(h.num_document_entries >= 1, file,
+            ": document count 0 at offset 26 (the document indices start with a 0 entry, so at least 1)");
+  return h;
+}
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) throw Error(str_cat(path, ": write failed: ", std::strerror(errno)));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+}  // namespace
+
+size_t dtype_item_size(uint8_t code) {
+  switch (code) {
+    case 1: case 2: return 1;
+    case 3: case 8: return 2;
+    case 4: case 7: return 4;
+    case 5: case 6: return 8;
+    default: return 0;
+  }
+}
+
+const char* dtype_name(uint8_t code) {
+  static const char* names[] = {"?", "uint8", "int8", "int16", "int32", "int64", "float64", "float32", "uint16"};
+  return code >= 1 && code <= 8 ? names[code] : "unknown";
+}
+
+bool dtype_is_integer(uint8_t code) { return dtype_item_size(code) != 0 && code != 6 && code != 7; }
+
+uint8_t dtype_for_vocab(int vocab_size) { return vocab_size <= 256 ? 1 : vocab_size < 65500 ? 8 : 4; }
+
+std::string idx_path(const std::string& prefix) { return prefix + ".idx"; }
+std::string bin_path(const std::string& prefix) { return prefix + ".bin"; }
+
+IndexHeader read_index_header(const std::string& idx_file) {
+  int fd = ::open(idx_file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(str_cat(idx_file, ": cannot open: ", std::strerror(errno)));
+  uint8_t buf[kIndexHeaderBytes];
+  size_t got = 0;
+  while (got < sizeof buf) {
+    ssize_t r = ::read(fd, buf + got, sizeof buf - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  return parse_header(buf, got, idx_file);
+}
+
+MappedFile MappedFile::open(const std::string& path, const std::string& what) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw Error(str_cat(what, " ", path, ": cannot open: ", std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(str_cat(what, " ", path, ": not a regular file"));
+  }
+  MappedFile m;
+  m.size_ = static_cast<size_t>(st.st_size);
+  if (m.size_ > 0) {
+    void* p = ::mmap(nullptr, m.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      throw Error(str_cat(what, " ", path, ": mmap of ", m.size_, " bytes failed: ", std::strerror(err)));
+    }
+    m.data_ = static_cast<const uint8_t*>(p);
+  }
+  ::close(fd);  // the mapping stays valid
+  return m;
+}
+
+MappedFile::MappedFile(MappedFile&& o) noexcept : data_(o.data_), size_(o.size_) {
+  o.data_ = nullptr;
+  o.size_ = 0;
+}
+
+MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
+  if (this != &o) {
+    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+    data_ = o.data_;
+    size_ = o.size_;
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+IndexedDataset IndexedDataset::open(const std::string& prefix) {
+  IndexedDataset d;
+  d.prefix_ = prefix;
+  const std::string ip = idx_path(prefix), bp = bin_path(prefix);
+  d.idx_ = MappedFile::open(ip, "dataset index");
+  const uint8_t* p = d.idx_.data();
+  const size_t size = d.idx_.size();
+  const IndexHeader h = parse_header(p, size, ip);
+  d.dtype_ = h.dtype_code;
+  d.item_size_ = dtype_item_size(h.dtype_code);
+  d.num_sequences_ = h.num_sequences;
+  d.num_doc_entries_ = h.num_document_entries;
+  const uint64_t S = h.num_sequences, D = h.num_document_entries;
+
+  // Where each array must end; a count too large for the file is caught before any multiply
+  // could overflow (12 bytes per sequence, 8 per document entry).
+  const uint64_t room = size - kIndexHeaderBytes;
+  const uint64_t kHuge = std::numeric_limits<uint64_t>::max() / 32;
+  const std::string need_total =
+      S < kHuge && D < kHuge ? std::to_string(kIndexHeaderBytes + 12 * S + 8 * D) : std::string("more than 2^59");
+  auto truncated = [&](const char* inside, const std::string& need) {
+    return Error(str_cat(ip, ": truncated: the file ends at offset ", size, " inside the ", inside, " (", S,
+                         " sequences and ", D, " document entries need ", need, " bytes)"));
+  };
+  if (S > room / 4 || S >= kHuge) throw truncated("sequence lengths", need_total);
+  d.lengths_at_ = kIndexHeaderBytes;
+  d.pointers_at_ = d.lengths_at_ + 4 * S;
+  if (S > (size - d.pointers_at_) / 8) throw truncated("sequence pointers", need_total);
+  d.docs_at_ = d.pointers_at_ + 8 * S;
+  if (D > (size - d.docs_at_) / 8 || D >= kHuge) throw truncated("document indices", need_total);
+  const uint64_t end = d.docs_at_ + 8 * D, extra = size - end;
+  MOE_CHECK(extra == 0 || extra == S, ip, ": ", extra, " unexpected bytes after the document indices at offset ",
+            end, " (expected none, or ", S, " sequence modes of a multimodal dataset)");
+
+  d.bin_ = MappedFile::open(bp, "dataset tokens");
+  const uint64_t bin_size = d.bin_.size();
+  for (uint64_t i = 0; i < S; ++i) {
+    const int32_t len = load_le<int32_t>(p + d.lengths_at_ + 4 * i);
+    const int64_t ptr = load_le<int64_t>(p + d.pointers_at_ + 8 * i);
+    MOE_CHECK(len >= 0, ip, ": sequence ", i, " has length ", len, " at offset ", d.lengths_at_ + 4 * i);
+    MOE_CHECK(ptr >= 0 && static_cast<uint64_t>(ptr) % d.item_size_ == 0, ip, ": sequence ", i, " pointer ", ptr,
+              " at offset ", d.pointers_at_ + 8 * i, " is not a non-negative multiple of the ", d.item_size_,
+              "-byte ", dtype_name(d.dtype_), " items");
+    const uint64_t stop = static_cast<uint64_t>(ptr) + static_cast<uint64_t>(len) * d.item_size_;
+    if (static_cast<uint64_t>(ptr) > bin_size || stop > bin_size)
+      throw Error(str_cat(bp, ": shorter than the index says: sequence ", i, " (", len, " tokens at byte offset ",
+                          ptr, ", ", ip, " offset ", d.pointers_at_ + 8 * i, ") ends at byte ", stop,
+                          ", the file has ", bin_size, " bytes"));
+  }
+  uint64_t prev = 0;
+  for (uint64_t j = 0; j < D; ++j) {
+    const int64_t v = load_le<int64_t>(p + d.docs_at_ + 8 * j);
+    const uint64_t at = d.docs_at_ + 8 * j;
+    MOE_CHECK(j > 0 || v == 0, ip, ": document index 0 is ", v, " at offset ", at, ", expected 0");
+    MOE_CHECK(v >= 0 && static_cast<uint64_t>(v) >= prev && static_cast<uint64_t>(v) <= S, ip, ": document index ",
+              j, " is ", v, " at offset ", at, " (expected non-decreasing values in [", prev, ", ", S, "])");
+    prev = static_cast<uint64_t>(v);
+  }
+  MOE_CHECK(prev == S, ip, ": the last document index is ", prev, " at offset ", d.docs_at_ + 8 * (D - 1),
+            ", expected the sequence count ", S);
+  return d;
+}
+
+uint64_t IndexedDataset::sequence_length(uint64_t i) const {
+  return static_cast<uint64_t>(load_le<int32_t>(idx_.data() + lengths_at_ + 4 * i));
+}
+uint64_t IndexedDataset::sequence_pointer(uint64_t i) const {
+  return static_cast<uint64_t>(load_le<int64_t>(idx_.data() + pointers_at_ + 8 * i));
+}
+uint64_t IndexedDataset::document_index(uint64_t j) const {
+  return static_cast<uint64_t>(load_le<int64_t>(idx_.data() + docs_at_ + 8 * j));
+}
+
+int64_t IndexedDataset::token_at(uint64_t k) const {
+  const uint8_t* p = bin_.data() + k * item_size_;
+  switch (dtype_) {
+    case 1: return *p;
+    case 2: return load_le<int8_t>(p);
+    case 3: return load_le<int16_t>(p);
+    case 4: return load_le<int32_t>(p);
+    case 5: return load_le<int64_t>(p);
+    case 8: return load_le<uint16_t>(p);
+    default: return -1;  // float dtypes are refused at open
+  }
+}
+
+void IndexedDataset::copy_tokens(uint64_t k, uint64_t count, int32_t* out) const {
+  const uint8_t* p = bin_.data() + k * item_size_;
+  switch (dtype_) {  // one loop per dtype: this runs for every token of every batch
+    case 1: for (uint64_t i = 0; i < count; ++i) out[i] = p[i]; break;
+    case 8: for (uint64_t i = 0; i < count; ++i) out[i] = load_le<uint16_t>(p + 2 * i); break;
+    case 4: std::memcpy(out, p, count * 4); break;
+    default: for (uint64_t i = 0; i < count; ++i) out[i] = static_cast<int32_t>(token_at(k + i));
+  }
+}
+
+IndexedDatasetWriter::IndexedDatasetWriter(const std::string& prefix, uint8_t dtype_code)
+    : prefix_(prefix), dtype_(dtype_code) {
+  MOE_CHECK(dtype_code == 1 || dtype_code == 8 || dtype_code == 4, "indexed dataset writer: dtype ",
+            dtype_name(dtype_code), " is not one moetrain writes (uint8, uint16, int32)");
+  const std::string tmp = bin_path(prefix) + ".tmp";
+  fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(str_cat(tmp, ": cannot create: ", std::strerror(errno)));
+}
+
+IndexedDatasetWriter::~IndexedDatasetWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!finished_) {
+    std::remove((bin_path(prefix_) + ".tmp").c_str());
+    std::remove((idx_path(prefix_) + ".tmp").c_str());
+  }
+}
+
+void IndexedDatasetWriter::add_document(const int32_t* ids, size_t n) {
+  MOE_CHECK(!finished_, prefix_, ": add_document after finish");
+  MOE_CHECK(n <= static_cast<size_t>(std::numeric_limits<int32_t>::max()), prefix_, ": a document of ", n,
+            " tokens does not fit Megatron's int32 sequence length");
+  const int64_t hi = dtype_ == 1 ? 255 : dtype_ == 8 ? 65535 : std::numeric_limits<int32_t>::max();
+  const size_t item = dtype_item_size(dtype_);
+  for (size_t i = 0; i < n; ++i) {
+    MOE_CHECK(ids[i] >= 0 && ids[i] <= hi, prefix_, ": token id ", ids[i], " does not fit dtype ", dtype_name(dtype_));
+    uint8_t b[4];
+    const uint32_t v = static_cast<uint32_t>(ids[i]);
+    std::memcpy(b, &v, 4);  // little-endian host (x86-64, aarch64)
+    buf_.insert(buf_.end(), b, b + item);
+  }
+  lengths_.push_back(static_cast<int32_t>(n));
+  num_tokens_ += n;
+  if (buf_.size() >= (1u << 20)) {
+    write_all(fd_, buf_.data(), buf_.size(), bin_path(prefix_) + ".tmp");
+    buf_.clear();
+  }
+}
+
+void IndexedDatasetWriter::finish() {
+  MOE_CHECK(!finished_, prefix_, ": finish called twice");
+  const std::string bin_tmp = bin_path(prefix_) + ".tmp", idx_tmp = idx_path(prefix_) + ".tmp";
+  write_all(fd_, buf_.data(), buf_.size(), bin_tmp);
+  buf_.clear();
+  if (::fsync(fd_) != 0 || ::close(fd_) != 0) {
+    fd_ = -1;
+    throw Error(str_cat(bin_tmp, ": write failed: ", std::strerror(errno)));
+  }
+  fd_ = -1;
+  // The index: header, lengths, pointers (byte offsets), document indices 0..S.
+  const uint64_t S = lengths_.size(), D = S + 1;
+  std::vector<uint8_t> idx(kIndexHeaderBytes + 12 * S + 8 * D);
+  uint8_t* p = idx.data();
+  std::memcpy(p, kMagic, 9);
+  const uint64_t version = 1;
+  std::memcpy(p + 9, &version, 8);
+  p[17] = dtype_;
+  std::memcpy(p + 18, &S, 8);
+  std::memcpy(p + 26, &D, 8);
+  std::memcpy(p + kIndexHeaderBytes, lengths_.data(), 4 * S);
+  int64_t ptr = 0;
+  for (uint64_t i = 0; i < S; ++i) {
+    std::memcpy(p + kIndexHeaderBytes + 4 * S + 8 * i, &ptr, 8);
+    ptr += static_cast<int64_t>(lengths_[i]) * static_cast<int64_t>(dtype_item_size(dtype_));
+  }
+  for (uint64_t j = 0; j < D; ++j) {
+    const int64_t v = static_cast<int64_t>(j);
+    std::memcpy(p + kIndexHeaderBytes + 12 * S + 8 * j, &v, 8);
+  }
+  int fd = ::open(idx_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(str_cat(idx_tmp, ": cannot create: ", std::strerror(errno)));
+  try {
+    write_all(fd, idx.data(), idx.size(), idx_tmp);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) throw Error(str_cat(idx_tmp, ": write failed: ", std::strerror(errno)));
+  for (const auto& [from, to] : {std::pair{bin_tmp, bin_path(prefix_)}, std::pair{idx_tmp, idx_path(prefix_)}})
+    if (std::rename(from.c_str(), to.c_str()) != 0)
+      throw Error(str_cat(to, ": cannot rename ", from, " into place: ", std::strerror(errno)));
+  finished_ = true;
+}
+
+}  // namespace moe::io

@@ -1,0 +1,35 @@
+// Tokenizers of moetrain tokenize: bytes (ids 0..255, today's byte-level data) and SentencePiece
+// models (a BPE trained here by train_bpe, or any existing .model). SentencePiece is linked into
+// this module only (moetrain_text); the trainer reads datasets and their sidecar, never a model.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace moe::text {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::string kind() const = 0;  // "bytes" or "spm"
+  virtual int vocab_size() const = 0;
+  virtual void encode(std::string_view text, std::vector<int32_t>& ids) const = 0;  // replaces ids
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+};
+
+std::unique_ptr<Tokenizer> make_byte_tokenizer();
+// Loads a SentencePiece model file; errors name the path.
+std::unique_ptr<Tokenizer> load_spm(const std::string& model_path);
+
+// Trains a lossless SentencePiece BPE of vocab_size pieces on the lines of `texts` and writes the
+// model to model_path (a .tmp name, then renamed). Lossless: identity normalisation, no dummy
+// prefix, whitespace kept as it is, byte fallback for every character not in the vocabulary
+// (newlines among them: training sees lines), so decode(encode(x)) == x and nats per token
+// convert exactly to nats per byte of the text. No BOS/EOS/PAD pieces; id 0 is <unk> (never
+// produced with byte fallback). vocab_size must leave room for the 256 byte pieces and the
+// characters of the text (SentencePiece's own error names the minimum).
+void train_bpe(const std::vector<std::string_view>& texts, int vocab_size, const std::string& model_path);
+
+}  // namespace moe::text

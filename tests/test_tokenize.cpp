@@ -1,0 +1,158 @@
+// moetrain tokenize's pieces: the byte tokenizer, a SentencePiece BPE trained here that is
+// lossless (newlines, runs of spaces, characters it never saw in training come back exactly),
+// documents by paragraph / line / file, the sidecar's per-split bytes and tokens, and errors.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "io/indexed_dataset.h"
+#include "io/token_corpus.h"
+#include "text/tokenize.h"
+#include "text/tokenizer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fresh_dir(const std::string& name) {
+  fs::path p = fs::path(::testing::TempDir()) / ("moe_tokz_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::string chapter(int c) {
+  std::string s = "Chapter " + std::to_string(c) + "\n";
+  for (int v = 1; v <= 4; ++v)
+    s += std::to_string(v) + " And the word of chapter " + std::to_string(c) + " came, saying, verse " +
+         std::to_string(v) + ".\n";
+  return s + "\n";
+}
+
+TEST(Tokenizer, BytesRoundTrip) {
+  auto t = moe::text::make_byte_tokenizer();
+  std::vector<int32_t> ids;
+  const std::string s = std::string("a\n\xff\x00z", 5);
+  t->encode(s, ids);
+  EXPECT_EQ(ids, (std::vector<int32_t>{'a', '\n', 255, 0, 'z'}));
+  EXPECT_EQ(t->decode(ids), s);
+  EXPECT_EQ(t->vocab_size(), 256);
+}
+
+TEST(Tokenizer, TrainedBpeIsLossless) {
+  const std::string dir = fresh_dir("bpe");
+  std::string text;
+  for (int c = 1; c <= 40; ++c) text += chapter(c);
+  moe::text::train_bpe({text}, 320, dir + "/m.model");
+  auto t = moe::text::load_spm(dir + "/m.model");
+  EXPECT_EQ(t->vocab_size(), 320);
+  std::vector<int32_t> ids;
+  for (const std::string& s : {text, std::string("  two  spaces\n\n\nthree newlines"), std::string("\xc3\xa9t\xc3\xa9 ~|")}) {
+    t->encode(s, ids);
+    EXPECT_EQ(t->decode(ids), s);
+  }
+  t->encode(text, ids);
+  EXPECT_LT(ids.size(), text.size() / 2) << "merges should compress repetitive text";
+  EXPECT_FALSE(fs::exists(dir + "/m.model.tmp"));
+}
+
+TEST(Tokenizer, Errors) {
+  const std::string dir = fresh_dir("err");
+  auto what = [](auto f) {
+    try {
+      f();
+    } catch (const moe::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(what([&] { moe::text::train_bpe({"abc"}, 100, dir + "/x.model"); })
+                .find("--tokenizer bpe:100: the vocabulary must be in [260, 1000000]"),
+            std::string::npos);
+  std::ofstream(dir + "/junk.model") << "not a model";
+  EXPECT_NE(what([&] { moe::text::load_spm(dir + "/junk.model"); }).find("junk.model: not a SentencePiece model"),
+            std::string::npos);
+  moe::text::TokenizeOptions o;
+  o.inputs = {dir + "/none.txt"};
+  o.output = dir + "/out";
+  o.progress = false;
+  EXPECT_NE(what([&] { moe::text::run_tokenize(o); }).find("--input " + dir + "/none.txt: cannot open"),
+            std::string::npos);
+  std::ofstream(dir + "/a.txt") << "x\n";
+  o.inputs = {dir + "/a.txt"};
+  o.tokenizer = "bpe:lots";
+  EXPECT_NE(what([&] { moe::text::run_tokenize(o); }).find("--tokenizer bpe:lots: the vocabulary size must be"),
+            std::string::npos);
+  o.tokenizer = "wordpiece";
+  EXPECT_NE(what([&] { moe::text::run_tokenize(o); }).find("expected bytes, bpe:VOCAB or spm:MODEL_PATH, got 'wordpiece'"),
+            std::string::npos);
+  o.tokenizer = "bytes";
+  o.docs = "chapter";
+  EXPECT_NE(what([&] { moe::text::run_tokenize(o); }).find("--docs: expected paragraph, line or file"), std::string::npos);
+}
+
+// Documents: paragraph (blank lines end one and belong to it), line, file; the sidecar's bytes
+// per split add up to the input, and the dataset's tokens are the input's bytes.
+TEST(Tokenize, DocumentsAndSplitBytes) {
+  const std::string dir = fresh_dir("docs");
+  std::string a, b = "last file, no final newline";
+  for (int c = 1; c <= 30; ++c) a += chapter(c);
+  std::ofstream(dir + "/a.txt") << a;
+  std::ofstream(dir + "/b.txt") << b;
+  struct Case {
+    const char* docs;
+    uint64_t expected;
+  };
+  for (const Case& c : {Case{"paragraph", 31}, Case{"line", 30 * 6 + 1}, Case{"file", 2}}) {
+    moe::text::TokenizeOptions o;
+    o.inputs = {dir + "/a.txt", dir + "/b.txt"};
+    o.output = dir + "/" + c.docs;
+    o.docs = c.docs;
+    o.progress = false;
+    const moe::text::TokenizeResult r = moe::text::run_tokenize(o);
+    EXPECT_EQ(r.documents, c.expected) << c.docs;
+    EXPECT_EQ(r.bytes, a.size() + b.size());
+    EXPECT_EQ(r.tokens, r.bytes);
+    const moe::io::TokenizerInfo info = moe::io::read_tokenizer_info(o.output + ".tokenizer.json");
+    EXPECT_EQ(info.kind, "bytes");
+    EXPECT_EQ(info.train_bytes + info.val_bytes, r.bytes);
+    moe::io::IndexedDataset d = moe::io::IndexedDataset::open(o.output);
+    std::string back;
+    for (uint64_t s = 0; s < d.num_sequences(); ++s)
+      for (uint64_t k = 0; k < d.sequence_length(s); ++k)
+        back += static_cast<char>(d.token_at(d.sequence_pointer(s) + k));
+    EXPECT_EQ(back, a + b) << c.docs;
+    if (std::string(c.docs) == "paragraph") {
+      // Document 19 is chapter 20, blank line included.
+      EXPECT_EQ(d.sequence_length(19), chapter(20).size());
+      EXPECT_EQ(info.val_bytes, chapter(20).size());
+    }
+  }
+}
+
+TEST(Tokenize, BpeDatasetTrainsOnTrainingDocumentsOnly) {
+  const std::string dir = fresh_dir("bpeds");
+  std::string a;
+  for (int c = 1; c <= 40; ++c) a += chapter(c);
+  std::ofstream(dir + "/a.txt") << a;
+  moe::text::TokenizeOptions o;
+  o.inputs = {dir + "/a.txt"};
+  o.output = dir + "/ds";
+  o.tokenizer = "bpe:300";
+  o.progress = false;
+  const moe::text::TokenizeResult r = moe::text::run_tokenize(o);
+  EXPECT_EQ(r.vocab_size, 300);
+  EXPECT_EQ(r.model_path, dir + "/ds.model");
+  EXPECT_LT(r.tokens, r.bytes);
+  moe::io::TokenCorpus c = moe::io::TokenCorpus::load(o.output, 300);
+  EXPECT_EQ(c.tokenizer_kind(), "spm");
+  EXPECT_GT(c.val_bytes_per_token(), 1.0);
+  EXPECT_EQ(c.num_tokens(moe::io::Split::kVal) + c.num_tokens(moe::io::Split::kTrain), r.tokens);
+}
+
+}  // namespace
