@@ -7,7 +7,9 @@ set -euo pipefail
 PKGS=(build-essential cmake pkg-config
       libopenblas-dev libopenblas0 openmpi-bin libopenmpi-dev
       nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
-      python3-torch python3-numpy bible-kjv "$@")
+      libsentencepiece-dev python3-torch python3-numpy bible-kjv "$@")
+# tests/report.sh renders moetrain report's pages in headless Chromium (skipped without it).
+PKGS+=(chromium)
 
 missing=()
 for p in "${PKGS[@]}"; do

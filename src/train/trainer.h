@@ -20,7 +20,9 @@ namespace moe::train {
 struct TrainOptions {
   std::string preset = "tiny";
   std::string config_path;      // a Hugging Face config.json; overrides preset when set
-  std::string data_path;        // text file, bytes are tokens; default: the built-in KJV corpus
+  std::string data_path;        // text file, bytes are tokens; default: the built-in KJV corpus;
+                                // or an indexed dataset PREFIX[.idx|.bin] (io/corpus.h)
+  int vocab_size = 0;           // --vocab-size: overrides the preset's / config's (0 = keep it)
   std::string out_dir = "out";
   int steps = 600;
   int batch = 16;               // sequences per step per data rank (global = batch · ep · dp)
