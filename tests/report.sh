@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# moetrain report: the pages of a short single-rank run and a 4-rank EP 2 x PP 2 run, rendered in
+# headless Chromium: a screenshot that is not blank, no JavaScript error in the browser's log, the
+# browser's DOM holding every plot, every plot drawing data, the page self-contained; the sections
+# a run lacks say so in a line. Expert loads of the PP 2 run cover both stages' layers (equal to
+# one process's at step 1). Bad inputs: one line each, no page written.
+# Usage: report.sh MOETRAIN CORPUS WORK [MPIRUN]. Exits 77 (ctest: SKIPPED) without chromium.
+set -euo pipefail
+bin="$1"; corpus="$2"; work="$3"; mpirun="${4:-}"
+here="$(cd "$(dirname "$0")" && pwd)"
+py=/usr/bin/python3
+chromium="$(command -v chromium || true)"
+if [ -z "$chromium" ] || [ ! -x "$py" ]; then
+  echo "report: SKIPPED (needs Debian's chromium and /usr/bin/python3; scripts/setup.sh installs them)"
+  exit 77
+fi
+rm -rf "$work"; mkdir -p "$work"
+export OPENBLAS_NUM_THREADS=1
+pass=0
+ok() { pass=$((pass + 1)); echo "ok: $*"; }
+die() { echo "FAIL: $*"; exit 1; }
+
+# Renders PAGE: screenshot + DOM + the browser's log; fails on a JavaScript error or a blank shot.
+render() {
+  local page="$1" name="$2"
+  "$chromium" --headless --no-sandbox --disable-gpu --hide-scrollbars --force-device-scale-factor=0.5 \
+    --window-size=1000,2600 --enable-logging=stderr --v=0 --screenshot="$work/$name.png" \
+    "file://$page" >"$work/$name.shot.log" 2>&1 || die "chromium screenshot of $page failed"
+  "$chromium" --headless --no-sandbox --disable-gpu --enable-logging=stderr --v=0 --dump-dom "file://$page" \
+    >"$work/$name.dom.html" 2>"$work/$name.dom.log" || die "chromium --dump-dom of $page failed"
+  if grep -E -h "Uncaught|SyntaxError|ReferenceError|TypeError|CONSOLE" "$work/$name.shot.log" "$work/$name.dom.log"; then
+    die "$page: JavaScript error or console output in the browser"
+  fi
+  "$py" "$here/report_check.py" png "$work/$name.png" || die "$name: screenshot"
+  "$py" "$here/report_check.py" dom "$page" "$work/$name.dom.html" || die "$name: DOM"
+}
+
+common=(--preset test-moe --data "$corpus" --steps 24 --eval-every 8 --seq-len 64 --micro-batches 2 --quiet)
+"$bin" train "${common[@]}" --batch 8 --out "$work/one"
+"$bin" report "$work/one" >/dev/null
+"$py" "$here/report_check.py" html "$work/one/report.html" 8 loss throughput step-time all-to-all expert-load pipeline
+grep -q 'No all-to-all in this run' "$work/one/report.html" || die "single rank: no line saying there is no all-to-all"
+grep -q 'One pipeline stage' "$work/one/report.html" || die "single rank: no line saying there is no pipeline"
+render "$work/one/report.html" one
+ok "single-rank report renders"
+
+# A blank page must fail the screenshot check (the check can fail).
+echo '<!DOCTYPE html><html><body></body></html>' > "$work/blank.html"
+"$chromium" --headless --no-sandbox --disable-gpu --force-device-scale-factor=0.5 --window-size=1000,800 \
+  --screenshot="$work/blank.png" "file://$work/blank.html" >/dev/null 2>&1
+if "$py" "$here/report_check.py" png "$work/blank.png" >/dev/null; then die "a blank screenshot passed the check"; fi
+ok "a blank screenshot fails the check"
+
+if [ -n "$mpirun" ]; then
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$mpirun" --oversubscribe --bind-to none -np 4 \
+    "$bin" train "${common[@]}" --batch 4 --ep 2 --pp 2 --topo.ranks-per-node 1 --out "$work/grid"
+  "$bin" report "$work/grid" -o "$work/grid.html" >/dev/null
+  "$py" "$here/report_check.py" html "$work/grid.html" 12 loss throughput step-time all-to-all expert-load pipeline
+  grep -q 'inter_node' "$work/grid.html" || die "EP 2 over 2 nodes: no inter-node bytes in the page"
+  grep -q 'Bubble per stage' "$work/grid.html" || die "PP 2: no bubble plot"
+  render "$work/grid.html" grid
+  # Both stages' MoE layers (1 on stage 0, 2 on stage 1) are in the record, equal to one process's.
+  "$py" - "$work/one/metrics.jsonl" "$work/grid/metrics.jsonl" <<'EOF' || die "PP 2 expert loads"
+import json, sys
+one, grid = (json.loads(open(p).readline()) for p in sys.argv[1:3])
+assert grid["expert_loads_layers"] == [1, 2], grid["expert_loads_layers"]
+assert grid["expert_loads"] == one["expert_loads"], (grid["expert_loads"], one["expert_loads"])
+EOF
+  ok "EP 2 x PP 2 report renders; expert loads of both stages equal one process's"
+fi
+
+# Bad inputs: one line naming the thing, non-zero exit, no page.
+expect_error() {  # expect_error "WHAT" "MESSAGE PART" ARGS...
+  local what="$1" msg="$2"; shift 2
+  local rc=0
+  "$bin" "$@" >"$work/out.txt" 2>"$work/err.txt" || rc=$?
+  [ "$rc" -ne 0 ] || die "$what: exit 0"
+  [ "$(wc -l <"$work/err.txt")" -eq 1 ] || { cat "$work/err.txt"; die "$what: not one line"; }
+  grep -qF -- "$msg" "$work/err.txt" || { cat "$work/err.txt"; die "$what: message lacks '$msg'"; }
+  ok "$what: $(cat "$work/err.txt")"
+}
+mkdir -p "$work/empty"
+expect_error "folder without metrics" "$work/empty: no metrics.jsonl" report "$work/empty"
+[ ! -e "$work/empty/report.html" ] || die "a page was written for a folder without metrics"
+expect_error "no such folder" "$work/nope: no such folder" report "$work/nope"
+mkdir -p "$work/bad"
+{ head -n 2 "$work/one/metrics.jsonl"; echo '{"step": 3, "loss": "high"}'; } > "$work/bad/metrics.jsonl"
+expect_error "a field of the wrong type" 'line 3: "loss" must be a number' report "$work/bad"
+{ head -n 2 "$work/one/metrics.jsonl"; echo '{"step": 3, "loss": 1.0'; tail -n 1 "$work/one/metrics.jsonl"; } > "$work/bad/metrics.jsonl"
+expect_error "a broken line in the middle" "metrics.jsonl: line 3: not valid JSON" report "$work/bad"
+: > "$work/bad/metrics.jsonl"
+expect_error "an empty metrics file" "no step records" report "$work/bad"
+expect_error "an output folder that does not exist" "$work/no/dir/r.html: cannot write the report" \
+  report "$work/one" -o "$work/no/dir/r.html"
+[ ! -e "$work/no" ] || die "the report created a folder"
+[ -z "$(find "$work" -name '*.tmp')" ] || die "a temporary file was left behind"
+
+# A run killed mid-line, then resumed (steps logged twice), with a migration record and an event
+# of another kind: the torn line is left out, later records win, the migration section appears.
+mkdir -p "$work/resumed"
+{ head -n 12 "$work/one/metrics.jsonl"; sed -n 9,24p "$work/one/metrics.jsonl"
+  echo '{"event":"migration","step":20,"layer":1,"expert":5,"from_rank":0,"to_rank":1,"bytes":12345,"seconds":0.01}'
+  echo '{"event":"rebalance-plan","step":20}'
+  head -c 100 "$work/one/metrics.jsonl"; } > "$work/resumed/metrics.jsonl"
+"$bin" report "$work/resumed" >/dev/null
+"$py" "$here/report_check.py" html "$work/resumed/report.html" 8 migrations
+for s in "4 step(s) were logged twice" "last line of the file is incomplete" "1 migration(s)" \
+         "1 event record(s) of unknown kind" "steps</td><td>1 .. 24 (24 records)"; do
+  grep -qF "$s" "$work/resumed/report.html" || die "resumed run: the page lacks '$s'"
+done
+grep -q 'id="migrations"' "$work/one/report.html" && die "a migration section without migration records"
+ok "resumed run with a torn line, a migration and an unknown event"
+
+echo "$pass passed, 0 failed"
