@@ -1,0 +1,34 @@
+# `moetrain generate` and the golden loss curves. Included from the top-level CMakeLists.txt;
+# SYSTEM_PYTHON3, MPIRUN_EXECUTABLE and the moetrain target are defined there.
+
+# Greedy decoding with the KV cache equals the PyTorch reference's greedy decoding of an exported
+# model token for token; checkpoint == export; seeds reproducible; bad input one line (5 s).
+if(SYSTEM_PYTHON3)
+  add_test(NAME generate_greedy_reference
+           COMMAND ${CMAKE_SOURCE_DIR}/tests/generate.sh $<TARGET_FILE:moetrain> ${SYSTEM_PYTHON3}
+                   ${CMAKE_SOURCE_DIR}/data/kjv.txt ${CMAKE_BINARY_DIR}/generate_greedy_reference)
+  set_tests_properties(generate_greedy_reference PROPERTIES LABELS "reference" TIMEOUT 300)
+endif()
+
+# Golden loss curves (scripts/golden.sh, tests/golden/): bit for bit on a Release build. The
+# sanitizer build is another build (RelWithDebInfo -O2, instrumented): compared with the
+# documented tolerance there, and only the short multi-rank case (the 50 default steps would take
+# minutes under ASan).
+if(MOETRAIN_SANITIZE)
+  set(golden_env MOETRAIN_GOLDEN_RTOL=1e-3)
+  set(golden_cases pp2-ep2-30)
+else()
+  set(golden_env MOETRAIN_GOLDEN_RTOL=0)
+  set(golden_cases tiny-50 pp2-ep2-30)
+endif()
+foreach(c ${golden_cases})
+  add_test(NAME golden_${c}
+           COMMAND ${CMAKE_COMMAND} -E env ${golden_env}
+                   ${CMAKE_SOURCE_DIR}/scripts/golden.sh --bin $<TARGET_FILE:moetrain>
+                   --work ${CMAKE_BINARY_DIR}/golden ${c})
+  if(c MATCHES "^pp")
+    set_tests_properties(golden_${c} PROPERTIES LABELS "golden;mpi" TIMEOUT 300 RUN_SERIAL TRUE)
+  else()
+    set_tests_properties(golden_${c} PROPERTIES LABELS "golden" TIMEOUT 300)
+  endif()
+endforeach()
