@@ -151,6 +151,32 @@ mkdir -p "$dir/corpus_dir"
 expect data-directory 'data: `--data` is a directory' \
   'corpus_dir: is a directory' "${common[@]}" --data "$dir/corpus_dir" --out "$dir/o27"
 
+# --- tokenized datasets (moetrain tokenize; Megatron .bin/.idx) -----------------------------------
+# ds: text.txt as bytes, one document per line. Each damaged copy keeps the other file intact.
+"$bin" tokenize --input "$dir/text.txt" --tokenizer bytes --docs line --output "$dir/ds" --quiet
+damaged_copy() { cp "$dir/ds.idx" "$dir/$1.idx"; cp "$dir/ds.bin" "$dir/$1.bin"; }
+damaged_copy trunc && head -c 100 "$dir/ds.idx" > "$dir/trunc.idx"
+expect idx-truncated 'tokenized data: `.idx` truncated' \
+  'trunc.idx: truncated: the file ends at offset 100 inside the sequence lengths' "${common[@]}" --data "$dir/trunc" --out "$dir/o-tok1"
+damaged_copy shortbin && head -c 1000 "$dir/ds.bin" > "$dir/shortbin.bin"
+expect bin-short 'tokenized data: `.bin` shorter than the index says' \
+  'shortbin.bin: shorter than the index says: sequence 18 (55 tokens at byte offset 990, ' "${common[@]}" --data "$dir/shortbin" --out "$dir/o-tok2"
+damaged_copy badmagic && printf 'XMIDIDX' | dd of="$dir/badmagic.idx" conv=notrunc status=none
+expect idx-magic 'tokenized data: not an MMIDIDX index' \
+  'badmagic.idx: bad magic at offset 0' "${common[@]}" --data "$dir/badmagic.idx" --out "$dir/o-tok3"
+damaged_copy noside
+expect token-id-vocab 'tokenized data: a token id >= vocab_size' \
+  'noside.bin: token id 110 at token 1 (byte offset 1) is >= the model'"'"'s vocab_size 100' "${common[@]}" --data "$dir/noside" --vocab-size 100 --out "$dir/o-tok4"
+cp "$dir/ds.tokenizer.json" "$dir/withside.tokenizer.json" && damaged_copy withside
+expect tokenizer-vocab 'tokenized data: the tokenizer'"'"'s vocabulary is larger than the model'"'"'s' \
+  'withside.tokenizer.json: the tokenizer has vocab_size 256, the model only 100' "${common[@]}" --data "$dir/withside" --vocab-size 100 --out "$dir/o-tok5"
+expect tokenize-unknown '`tokenize --tokenizer` unknown' \
+  "--tokenizer: expected bytes, bpe:VOCAB or spm:MODEL_PATH, got 'gpt2'" tokenize --input "$dir/text.txt" --tokenizer gpt2 --output "$dir/o-tok6"
+expect tokenize-bpe-small '`tokenize --tokenizer bpe:100` (no room for the 256 byte pieces)' \
+  '--tokenizer bpe:100: the vocabulary must be in [260, 1000000]' tokenize --input "$dir/text.txt" --tokenizer bpe:100 --output "$dir/o-tok7"
+expect tokenize-missing-input '`tokenize --input` missing file' \
+  '--input missing.txt: cannot open' tokenize --input missing.txt --output "$dir/o-tok8"
+
 # --- flag values ----------------------------------------------------------------------------------
 expect bad-steps '`--steps 0`' \
   '--steps must be positive, got 0' "${common[@]}" --steps 0 --out "$dir/o11"
