@@ -49,7 +49,8 @@ std::vector<RankMemory> estimate_run_memory(const model::ModelConfig& cfg, const
   if (opts.moe.capacity_factor > 0) mo.capacity_factor = opts.moe.capacity_factor;
   const plan::MemoryEstimate est = plan::estimate_memory(pm, lay, shape, mo);
 
-  // Outside the trackers: the corpus (one byte per token), the global batch drawn every step
+  // Outside the trackers: the corpus as loaded (text: one byte per token; an indexed dataset:
+  // its tables, the mmapped tokens are page cache), the global batch drawn every step
   // (int32, B_global · (T + 1)), the held-out batches (eval_batches of them) and the GEMM probe.
   const double rows = static_cast<double>(shape.global_batch) * (opts.seq_len + 1.0) * 4.0;
   const double data = corpus_bytes + rows * (1.0 + opts.eval_batches) + 3.0 * 1024 * 1024 * 4;

@@ -24,7 +24,8 @@ struct RankMemory {
 };
 
 // One entry per world rank (`world_size` of them; each rank's pipeline stage decides its share).
-// `corpus_bytes`: size of the --data file. Throws moe::Error when the layout and shape disagree.
+// `corpus_bytes`: what the data loader keeps resident (io::corpus_resident_bytes: a text file
+// whole; an mmapped indexed dataset only its per-sequence tables). Throws moe::Error when the layout and shape disagree.
 std::vector<RankMemory> estimate_run_memory(const model::ModelConfig& cfg, const TrainOptions& opts,
                                             int world_size, double corpus_bytes);
 
