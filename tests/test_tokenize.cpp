@@ -34,7 +34,7 @@ std::string chapter(int c) {
   return s + "\n";
 }
 
-TEST(Tokenizer, BytesRoundTrip) {
+TEST(TextTokenizer, BytesRoundTrip) {
   auto t = moe::text::make_byte_tokenizer();
   std::vector<int32_t> ids;
   const std::string s = std::string("a\n\xff\x00z", 5);
@@ -44,7 +44,7 @@ TEST(Tokenizer, BytesRoundTrip) {
   EXPECT_EQ(t->vocab_size(), 256);
 }
 
-TEST(Tokenizer, TrainedBpeIsLossless) {
+TEST(TextTokenizer, TrainedBpeIsLossless) {
   const std::string dir = fresh_dir("bpe");
   std::string text;
   for (int c = 1; c <= 40; ++c) text += chapter(c);
@@ -61,7 +61,7 @@ TEST(Tokenizer, TrainedBpeIsLossless) {
   EXPECT_FALSE(fs::exists(dir + "/m.model.tmp"));
 }
 
-TEST(Tokenizer, Errors) {
+TEST(TextTokenizer, Errors) {
   const std::string dir = fresh_dir("err");
   auto what = [](auto f) {
     try {
