@@ -338,6 +338,24 @@ expect bench-pipeline-forward-inf '`bench pipeline --forward-ms inf` (a stage wo
 expect bench-pipeline-activation-negative '`bench pipeline --activation-floats -1`' \
   '--activation-floats must be at most 2^30' bench pipeline --activation-floats -1
 
+# generate's flags and lengths (a 2-step tiny model whose config.json then allows 8 positions)
+"$bin" "${common[@]}" --out "$dir/genmodel" 2>/dev/null
+sed -i 's/"max_position_embeddings": 1024/"max_position_embeddings": 8/' "$dir/genmodel/config.json"
+expect generate-prompt-too-long '`generate` with a prompt longer than max_position_embeddings (8)' \
+  '--prompt is 16 tokens, longer than max_position_embeddings 8' generate "$dir/genmodel" --prompt "In the beginning"
+expect generate-too-many-tokens '`generate` asking for more tokens than the positions left' \
+  '--prompt (5 tokens) + --tokens 4 = 9 exceeds max_position_embeddings 8' \
+  generate "$dir/genmodel" --prompt "Jesus" --tokens 4
+expect generate-top-k-negative '`generate --top-k -1`' '--top-k must be >= 0' generate "$dir/genmodel" --prompt x --top-k -1
+expect generate-temperature-negative '`generate --temperature -0.5`' \
+  '--temperature must be a finite number >= 0 (0 = greedy), got -0.5' generate "$dir/genmodel" --prompt x --temperature -0.5
+expect generate-temperature-nan '`generate --temperature nan`' \
+  '--temperature must be a finite number >= 0 (0 = greedy), got nan' generate "$dir/genmodel" --prompt x --temperature nan
+expect generate-tokens-negative '`generate --tokens -3`' '--tokens must be >= 0, got -3' generate "$dir/genmodel" --prompt x --tokens -3
+expect generate-prompt-empty '`generate --prompt ""`' '--prompt is empty' generate "$dir/genmodel" --prompt ""
+expect generate-no-model '`generate` from a folder that does not exist' \
+  'nomodel: no such folder' generate "$dir/nomodel" --prompt x
+
 for o in "$dir"/o*; do
   [ -e "$o/model.safetensors" ] && { echo "FAIL: $o has weights after an error" >&2; fail=$((fail + 1)); }
 done
