@@ -38,7 +38,8 @@ test "$(head -c "$plen" "$work/s1.txt")" = "$prompt"
 test "$(wc -c < "$work/s1.txt")" -eq $((plen + 64 + 1))  # prompt + 64 bytes + newline
 "$bin" generate "$ckpt" --prompt "$prompt" --tokens 64 --seed 6 --top-k 20 > "$work/s3.txt"
 if cmp -s "$work/s1.txt" "$work/s3.txt"; then echo "FAIL: seeds 5 and 6 gave the same text"; exit 1; fi
-# 3. Bad input: one line naming the problem, exit 1, nothing on stdout.
+# 3. Bad input: one line naming the problem, exit 1, nothing on stdout (a model larger than the
+#    memory available: the run guards' test hook).
 fails=0
 expect_error() {  # expect_error "MESSAGE PART" ARGS...
   local want="$1"; shift
@@ -68,5 +69,6 @@ printf 'garbage' > "$work/bad/step-30/shard-00000.safetensors"
 expect_error "shard-00000.safetensors" "$work/bad/step-30" --prompt "$prompt"
 cp -r "$work/hf" "$work/hf-bad"; truncate -s 1000 "$work/hf-bad/model.safetensors"
 expect_error "model.safetensors" "$work/hf-bad" --prompt "$prompt"
+MOETRAIN_MEMORY_AVAILABLE=100000 expect_error "of host memory to generate" "$ckpt" --prompt "$prompt"
 if [[ $fails -ne 0 ]]; then echo "$fails bad-input case(s) failed"; exit 1; fi
-echo "generate: greedy == PyTorch (2 models), checkpoint == export, seeds reproducible, 12 bad inputs refused"
+echo "generate: greedy == PyTorch (2 models), checkpoint == export, seeds reproducible, 13 bad inputs refused"

@@ -14,6 +14,7 @@
 #include "model/config.h"
 #include "model/decoder.h"
 #include "train/checkpoint.h"
+#include "train/run_memory.h"
 
 namespace moe::train {
 namespace fs = std::filesystem;
@@ -64,6 +65,20 @@ void load_export_weights(const std::string& dir, const model::ParamLayout& layou
                 "\" (not a parameter of this config)");
 }
 
+// Refuses a config whose weights this host cannot hold before anything is allocated: the
+// model's parameters and gradient block (Model allocates both) plus the host copy read from the
+// files. (On a GPU the first two are device memory; the allocator names the bytes if they do not fit.)
+void check_fits(const model::ModelConfig& cfg, const std::string& source) {
+  cfg.validate(source);
+  const double floats = static_cast<double>(model::ParamLayout(cfg).total());
+  const bool on_host = kernels::active_device() == Device::kCpu;
+  const double need = floats * sizeof(float) * (on_host ? 3.0 : 1.0);
+  const AvailableMemory avail = available_memory();
+  MOE_CHECK(avail.source.empty() || need <= avail.bytes, source, ": this model needs ", format_bytes(need), " of host memory to ",
+            "generate (", static_cast<long long>(floats), " parameters", on_host ? ", their gradient block and the copy read from the files" : " read from the files",
+            "), ", format_bytes(avail.bytes), " available (", avail.source, ")");
+}
+
 }  // namespace
 
 LoadedModel load_model_for_inference(const std::string& path_in) {
@@ -84,12 +99,14 @@ LoadedModel load_model_for_inference(const std::string& path_in) {
     const CheckpointMeta meta = read_checkpoint_meta(path, /*verify=*/true);
     out.source = path + "/manifest.json";
     const model::ModelConfig cfg = model::config_from_json(meta.config, out.source);
+    check_fits(cfg, out.source);
     out.model = std::make_unique<model::Model>(cfg);
     host.resize(out.model->num_params());
     load_checkpoint_tensors(path, out.model->layout(), host.data(), nullptr, nullptr);
   } else {
     out.source = path + "/config.json";
     const model::ModelConfig cfg = model::load_config(out.source);
+    check_fits(cfg, out.source);
     out.model = std::make_unique<model::Model>(cfg);
     host.resize(out.model->num_params());
     load_export_weights(path, out.model->layout(), host.data());
