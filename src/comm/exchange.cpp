@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "comm/host_stage.h"
 #include "core/buffer.h"
 #include "core/error.h"
 #include "core/timer.h"
@@ -798,8 +799,8 @@ ExchangePlan TokenExchange::plan(int num_src_rows, int num_pairs, const int32_t*
   return out;
 }
 
-void TokenExchange::multicast(const ExchangePlan& plan, const float* src, float* recv,
-                              int H) const {
+void TokenExchange::multicast_host(const ExchangePlan& plan, const float* src, float* recv,
+                                   int H) const {
   double unused_seconds = 0;
   ScopedTimer timer(stats_ ? stats_->seconds : unused_seconds);
   const Impl& im = checked_impl(plan, algo_, group_, "multicast");
@@ -846,7 +847,8 @@ void TokenExchange::multicast(const ExchangePlan& plan, const float* src, float*
   s3.finish();
 }
 
-void TokenExchange::reduce(const ExchangePlan& plan, const float* rows, float* dst, int H) const {
+void TokenExchange::reduce_host(const ExchangePlan& plan, const float* rows, float* dst,
+                                int H) const {
   double unused_seconds = 0;
   ScopedTimer timer(stats_ ? stats_->seconds : unused_seconds);
   const Impl& im = checked_impl(plan, algo_, group_, "reduce");
@@ -900,8 +902,8 @@ void TokenExchange::reduce(const ExchangePlan& plan, const float* rows, float* d
   source_fold(im, ret.data(), dst, H);
 }
 
-void TokenExchange::return_values(const ExchangePlan& plan, const float* recv_vals,
-                                  float* src_vals) const {
+void TokenExchange::return_values_host(const ExchangePlan& plan, const float* recv_vals,
+                                       float* src_vals) const {
   double unused_seconds = 0;
   ScopedTimer timer(stats_ ? stats_->seconds : unused_seconds);
   const Impl& im = checked_impl(plan, algo_, group_, "return_values");
@@ -909,6 +911,32 @@ void TokenExchange::return_values(const ExchangePlan& plan, const float* recv_va
   if (stats_)
     for (int s = 0; s < im.n; ++s)
       if (im.recv_count[s]) stats_->add(im.link_to[s], uint64_t(im.recv_count[s]) * sizeof(float), true);
+}
+
+// ---- device buffers: staged through the host around the algorithms ----
+
+void TokenExchange::multicast(const ExchangePlan& plan, const float* src, float* recv, int H) const {
+  const size_t row = static_cast<size_t>(H > 0 ? H : 0) * sizeof(float);
+  HostStage s(src, static_cast<size_t>(plan.num_src_rows) * row, /*fill=*/true);
+  HostStage r(recv, static_cast<size_t>(plan.num_recv) * row, /*fill=*/false);
+  multicast_host(plan, s.as<const float>(), r.as<float>(), H);
+  r.store();
+}
+
+void TokenExchange::reduce(const ExchangePlan& plan, const float* rows, float* dst, int H) const {
+  const size_t row = static_cast<size_t>(H > 0 ? H : 0) * sizeof(float);
+  HostStage r(rows, static_cast<size_t>(plan.num_recv) * row, /*fill=*/true);
+  HostStage d(dst, static_cast<size_t>(plan.num_src_rows) * row, /*fill=*/true);  // dst +=
+  reduce_host(plan, r.as<const float>(), d.as<float>(), H);
+  d.store();
+}
+
+void TokenExchange::return_values(const ExchangePlan& plan, const float* recv_vals,
+                                  float* src_vals) const {
+  HostStage r(recv_vals, static_cast<size_t>(plan.num_recv) * sizeof(float), /*fill=*/true);
+  HostStage s(src_vals, static_cast<size_t>(plan.num_send_pairs) * sizeof(float), /*fill=*/false);
+  return_values_host(plan, r.as<const float>(), s.as<float>());
+  s.store();
 }
 
 }  // namespace moe::comm

@@ -25,6 +25,10 @@ enum class A2aAlgorithm { kFlat, kRbd, kHalo };
 A2aAlgorithm parse_a2a_algorithm(const std::string& name);  // "flat" | "rbd" | "halo"; error names it
 const char* a2a_algorithm_name(A2aAlgorithm a);
 
+// Device buffers: src/recv/rows/dst/values may be GPU memory (device_of decides); they are staged
+// through host copies around the host algorithms (v1: MPI is not CUDA-aware here). The host copies
+// are host memory, so they are not charged to the staging tracker, which counts the device's.
+//
 // Who sends what to whom in one exchange; built collectively by TokenExchange::plan and reused,
 // unchanged, for every exchange of that layer's forward and backward (a dispatch handle).
 // Pair p of a source: (src_row[p], dst_rank[p], tag[p], value[p]); pairs are listed grouped by
@@ -70,6 +74,11 @@ class TokenExchange {
   void return_values(const ExchangePlan& plan, const float* recv_vals, float* src_vals) const;
 
  private:
+  // The algorithms on host memory (the public calls stage device buffers around them).
+  void multicast_host(const ExchangePlan& plan, const float* src, float* recv, int H) const;
+  void reduce_host(const ExchangePlan& plan, const float* rows, float* dst, int H) const;
+  void return_values_host(const ExchangePlan& plan, const float* recv_vals, float* src_vals) const;
+
   const Group& group_;
   const Topology& topo_;
   A2aAlgorithm algo_;

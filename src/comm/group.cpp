@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -16,6 +17,7 @@
 #include <thread>
 #include <utility>
 
+#include "comm/host_stage.h"
 #include "core/error.h"
 
 namespace moe::comm {
@@ -45,6 +47,16 @@ MPI_Datatype mpi_type(int dtype) {
     case kDouble: return MPI_DOUBLE;
     default: return MPI_INT64_T;
   }
+}
+
+size_t dtype_bytes(int dtype) { return dtype == kFloat || dtype == kInt32 ? 4 : 8; }
+
+// Bytes spanned by a (counts, displacements) pair of an alltoallv side.
+size_t extent_bytes(const std::vector<int>& counts, const std::vector<int>& displs, int dtype) {
+  int64_t end = 0;
+  for (size_t i = 0; i < counts.size() && i < displs.size(); ++i)
+    if (counts[i] > 0) end = std::max<int64_t>(end, int64_t{displs[i]} + counts[i]);
+  return static_cast<size_t>(end) * dtype_bytes(dtype);
 }
 
 std::string mpi_error_string(int rc) {
@@ -227,6 +239,7 @@ Request& Request::operator=(Request&& o) noexcept {
     tag_ = o.tag_;
     rank_ = o.rank_;
     size_ = o.size_;
+    stage_ = std::move(o.stage_);
   }
   return *this;
 }
@@ -243,7 +256,14 @@ void Request::release() noexcept {
     MPI_Wait(&r, MPI_STATUS_IGNORE);
   } else {
     MPI_Request_free(&r);
+    // MPI may still read a freed send's buffer: a staged host copy is kept for the process's life
+    // (error paths only).
+    if (stage_) {
+      static std::vector<std::shared_ptr<HostStage>>* kept = new std::vector<std::shared_ptr<HostStage>>;
+      kept->push_back(std::move(stage_));
+    }
   }
+  stage_.reset();
 }
 
 namespace {
@@ -269,6 +289,8 @@ void Request::wait() {
   active_ = false;
   if (rc != MPI_SUCCESS) fail(is_recv_ ? "MPI_Wait(irecv)" : "MPI_Wait(isend)", rc, rank_, size_, peer_, tag_);
   if (is_recv_) check_received(st, dtype_, count_, peer_, tag_, rank_, size_);
+  if (stage_ && is_recv_) stage_->store();
+  stage_.reset();
 }
 
 void wait_all(std::vector<Request>& reqs) {
@@ -303,8 +325,10 @@ void wait_all(std::vector<Request>& reqs) {
     fail("MPI_Waitall", rc, live[0]->rank_, live[0]->size_);
   }
   for (size_t i = 0; i < live.size(); ++i) {
-    const Request& q = *live[i];
+    Request& q = *live[i];
     if (q.is_recv_) check_received(st[i], q.dtype_, q.count_, q.peer_, q.tag_, q.rank_, q.size_);
+    if (q.stage_ && q.is_recv_) q.stage_->store();
+    q.stage_.reset();
   }
 }
 
@@ -440,10 +464,17 @@ void Group::alltoallv_impl(int dtype, const void* send, const std::vector<int>& 
             ": counts/displacements must have one entry per rank (got ", send_counts.size(), ", ",
             send_displs.size(), ", ", recv_counts.size(), ", ", recv_displs.size(), ")");
   MPI_Datatype t = mpi_type(dtype);
-  OpScope scope("MPI_Alltoallv", rank_, size_, members_);
-  int rc = MPI_Alltoallv(send, send_counts.data(), send_displs.data(), t, recv, recv_counts.data(),
-                         recv_displs.data(), t, unpack<MPI_Comm>(comm_));
+  HostStage s(send, extent_bytes(send_counts, send_displs, dtype), /*fill=*/true);
+  // Filled too: store() writes the whole extent back, gaps between segments included.
+  HostStage r(recv, extent_bytes(recv_counts, recv_displs, dtype), /*fill=*/true);
+  int rc;
+  {
+    OpScope scope("MPI_Alltoallv", rank_, size_, members_);
+    rc = MPI_Alltoallv(s.get(), send_counts.data(), send_displs.data(), t, r.get(),
+                       recv_counts.data(), recv_displs.data(), t, unpack<MPI_Comm>(comm_));
+  }
   if (rc != MPI_SUCCESS) fail("MPI_Alltoallv", rc, rank_, size_);
+  r.store();
 }
 
 void Group::alltoallv(const float* send, const std::vector<int>& sc, const std::vector<int>& sd,
@@ -458,10 +489,15 @@ void Group::alltoallv(const int32_t* send, const std::vector<int>& sc, const std
 void Group::allreduce_impl(int dtype, int op, void* data, int64_t count, const char* name) const {
   MOE_CHECK(valid_, name, " on an invalid group");
   int n = to_int(count, name);
-  OpScope scope(name, rank_, size_, members_);
-  int rc = MPI_Allreduce(MPI_IN_PLACE, data, n, mpi_type(dtype), op == 0 ? MPI_SUM : MPI_MAX,
-                         unpack<MPI_Comm>(comm_));
+  HostStage d(data, static_cast<size_t>(n) * dtype_bytes(dtype), /*fill=*/true);
+  int rc;
+  {
+    OpScope scope(name, rank_, size_, members_);
+    rc = MPI_Allreduce(MPI_IN_PLACE, d.get(), n, mpi_type(dtype), op == 0 ? MPI_SUM : MPI_MAX,
+                       unpack<MPI_Comm>(comm_));
+  }
   if (rc != MPI_SUCCESS) fail(name, rc, rank_, size_);
+  d.store();
 }
 
 void Group::allreduce_sum(float* d, int64_t n) const { allreduce_impl(kFloat, 0, d, n, "MPI_Allreduce(sum)"); }
@@ -491,30 +527,43 @@ void Group::blocking(bool is_recv, int dtype, void* data, int64_t count, int pee
   check_peer(peer, op);
   int n = to_int(count, op);
   MPI_Comm c = unpack<MPI_Comm>(comm_);
-  OpScope scope(op, rank_, size_, members_, peer, world_ranks_[peer], tag);
+  HostStage h(data, static_cast<size_t>(n) * dtype_bytes(dtype), /*fill=*/!is_recv);
   if (!is_recv) {
-    int rc = MPI_Send(data, n, mpi_type(dtype), peer, tag, c);
+    int rc;
+    {
+      OpScope scope(op, rank_, size_, members_, peer, world_ranks_[peer], tag);
+      rc = MPI_Send(h.get(), n, mpi_type(dtype), peer, tag, c);
+    }
     if (rc != MPI_SUCCESS) fail(op, rc, rank_, size_, peer, tag);
     return;
   }
   MPI_Status st;
-  int rc = MPI_Recv(data, n, mpi_type(dtype), peer, tag, c, &st);
+  int rc;
+  {
+    OpScope scope(op, rank_, size_, members_, peer, world_ranks_[peer], tag);
+    rc = MPI_Recv(h.get(), n, mpi_type(dtype), peer, tag, c, &st);
+  }
   if (rc != MPI_SUCCESS) fail(op, rc, rank_, size_, peer, tag);
   int got = 0;
   MPI_Get_count(&st, mpi_type(dtype), &got);
   MOE_CHECK(got == n, "MPI_Recv on group rank ", rank_, " of ", size_, " (peer ", peer, ", tag ",
             tag, "): expected ", n, " elements, received ", got);
+  h.store();
 }
 
 Request Group::post(bool is_recv, int dtype, void* data, int64_t count, int peer, int tag) const {
   const char* op = is_recv ? "MPI_Irecv" : "MPI_Isend";
   check_peer(peer, op);
   int n = to_int(count, op);
+  auto stage = std::make_shared<HostStage>(data, static_cast<size_t>(n) * dtype_bytes(dtype),
+                                           /*fill=*/!is_recv);
+  void* buf = stage->get();
   MPI_Request r;
-  int rc = is_recv ? MPI_Irecv(data, n, mpi_type(dtype), peer, tag, unpack<MPI_Comm>(comm_), &r)
-                   : MPI_Isend(data, n, mpi_type(dtype), peer, tag, unpack<MPI_Comm>(comm_), &r);
+  int rc = is_recv ? MPI_Irecv(buf, n, mpi_type(dtype), peer, tag, unpack<MPI_Comm>(comm_), &r)
+                   : MPI_Isend(buf, n, mpi_type(dtype), peer, tag, unpack<MPI_Comm>(comm_), &r);
   if (rc != MPI_SUCCESS) fail(op, rc, rank_, size_, peer, tag);
   Request q;
+  if (stage->staged()) q.stage_ = std::move(stage);
   q.handle_ = pack(r);
   q.active_ = true;
   q.is_recv_ = is_recv;

@@ -2,15 +2,20 @@
 // pipeline pair). Owns a duplicated MPI communicator, so its traffic never mixes with other
 // groups'. Every call checks MPI's return code and throws moe::Error naming the operation, this
 // rank's place in the group, the peer where there is one, and MPI's own message.
-// Counts and displacements are in elements. mpi.h stays out of this header: MPI handles are
+// Counts and displacements are in elements. Buffers may be GPU memory (device_of decides): MPI
+// here is not CUDA-aware, so they are staged through host copies (a receive is stored to the
+// device when it completes). mpi.h stays out of this header: MPI handles are
 // kept as opaque 64-bit words (checked by static_assert in group.cpp).
 #pragma once
 #include <csignal>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace moe::comm {
+
+class HostStage;  // comm/host_stage.h: the host copy of a device buffer in flight
 
 // A pending non-blocking send or receive. Movable, not copyable. A receive checks on completion
 // that exactly the posted number of elements arrived. Destroying a pending request cancels a
@@ -38,6 +43,9 @@ class Request {
   int64_t count_ = 0;         // elements posted
   int peer_ = -1, tag_ = 0, rank_ = -1, size_ = 0;
   int peer_world_ = -1;       // the peer's world rank (for the timeout message)
+  // A device buffer's host copy: what MPI reads (send) or fills (receive; stored to the device
+  // when the request completes).
+  std::shared_ptr<HostStage> stage_;
 };
 
 // Waits for all (MPI_Waitall); pending requests only, done ones are skipped.

@@ -2,6 +2,7 @@
 // (cuda_runtime_api.h compiles with the host compiler), so core/ needs no nvcc.
 #include "core/device.h"
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,11 @@
 #endif
 
 namespace moe {
+
+namespace {
+// Set by the first device allocation: before it, no pointer can be device memory.
+std::atomic<bool> g_device_allocated{false};
+}  // namespace
 
 #ifdef MOETRAIN_EMULATED_CUDA
 // The emulated GPU's memory: one mmap per buffer, PROT_NONE except while access is open.
@@ -172,8 +178,10 @@ void* device_alloc_zeroed(Device d, size_t bytes) {
   }
   e = cudaMemset(p, 0, padded);
   MOE_CHECK(e == cudaSuccess, "cudaMemset of ", padded, " bytes: ", cudaGetErrorString(e));
+  g_device_allocated.store(true, std::memory_order_relaxed);
   return p;
 #elif defined(MOETRAIN_EMULATED_CUDA)
+  g_device_allocated.store(true, std::memory_order_relaxed);
   return emulated_alloc(padded);
 #else
   require_device(d, "allocation on");
@@ -224,6 +232,28 @@ void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, siz
   std::memcpy(dst, src, bytes);
 #else
   require_device(Device::kCuda, "copy to/from");
+#endif
+}
+
+Device device_of(const void* p) {
+  if (!p || !g_device_allocated.load(std::memory_order_relaxed)) return Device::kCpu;
+#ifdef MOE_REAL_CUDA
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // an unregistered host pointer is not an error worth keeping
+    return Device::kCpu;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? Device::kCuda
+                                                                           : Device::kCpu;
+#elif defined(MOETRAIN_EMULATED_CUDA)
+  const auto& regions = emulated_regions();
+  auto it = regions.upper_bound(const_cast<void*>(p));
+  if (it == regions.begin()) return Device::kCpu;
+  --it;
+  const char* base = static_cast<const char*>(it->first);
+  return static_cast<const char*>(p) < base + it->second ? Device::kCuda : Device::kCpu;
+#else
+  return Device::kCpu;
 #endif
 }
 

@@ -36,6 +36,11 @@ void device_free(Device d, void* p);
 void device_memset_zero(Device d, void* p, size_t bytes);
 // Copies between any two of host and device memory (synchronous with respect to the host).
 void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, size_t bytes);
+// Where the memory at `p` lives: kCuda for an address inside a device allocation of this process
+// (what CUDA-aware MPI asks of a pointer), kCpu for anything else, null included. Costs nothing
+// until the process has allocated device memory; then one runtime query (cudaPointerGetAttributes).
+// The communication layer uses it to stage device buffers through the host.
+Device device_of(const void* p);
 
 #ifdef MOETRAIN_EMULATED_CUDA
 // The emulated GPU of a CI build without one (kernels/emulated/): device buffers are host pages

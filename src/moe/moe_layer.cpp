@@ -81,9 +81,6 @@ void validate(const MoeConfig& cfg, int T, int num_seqs) {
               "E=", cfg.num_experts, " divisible by it");
     MOE_CHECK(!cfg.padded || !cfg.ep->exchange, "moe layer: the capacity-padded baseline is single-rank only; "
               "expert parallelism uses the padding-free layout");
-    MOE_CHECK(!cfg.ep->exchange || !kernels::cuda_active(),
-              "moe layer: expert parallelism on CUDA devices is not implemented yet "
-              "(run EP on --device cpu, or one GPU rank without EP)");
   }
   MOE_CHECK(!cfg.padded || !kernels::cuda_active(),
             "moe layer: the capacity-padded baseline runs on the CPU only");

@@ -68,10 +68,14 @@ struct MoeActivations {
   Buffer<float> shared_g, shared_u, shared_h;  // [T,Fs]
   double aux_loss = 0.0;           // alpha-scaled auxiliary loss of this layer
   // Expert parallelism only: the dispatch handle (reused by backward), where each received pair
-  // sits in the local-expert-contiguous buffers, and the local experts' segment offsets.
+  // sits in the local-expert-contiguous buffers (on the active device, for the kernels), the
+  // pairs' combine weights there, the local experts' segment offsets, and a host copy of the
+  // layout's pair order (the exchange's metadata is built on the host).
   comm::ExchangePlan plan;
-  std::vector<int32_t> local_row_of_recv;  // [num_recv]
-  std::vector<int32_t> local_offsets;      // [El+1]
+  Buffer<int32_t> local_row_of_recv;  // [num_recv] active device
+  Buffer<float> recv_value;           // [num_recv] active device: plan.recv_value
+  std::vector<int32_t> local_offsets; // [El+1] host
+  std::vector<int32_t> slot_of_row;   // [num_rows] host copy of layout.slot_of_row_R
 };
 
 // y[T,H] = sum_k w_tk · expert_k(x_t) + shared(x_t). num_seqs splits the T tokens into equal

@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "kernels/device_select.h"
 #include "kernels/elementwise.h"
@@ -79,12 +80,20 @@ class ExchangeDispatcher final : public TokenDispatcher {
   void plan(MoeActivations& act, int T) const override {  // communicates (counts + metadata)
     const int E = cfg_.num_experts, k = cfg_.top_k;
     const DispatchLayout& L = act.layout;
+    const Device dev = kernels::active_device();
+    // On a GPU the layout's pair order and the combine weights live there: one explicit copy of
+    // each to the host per layer (a synchronisation), since the exchange's metadata is host data.
+    act.slot_of_row.resize(L.num_rows);
+    std::vector<float> wt(static_cast<size_t>(T) * k);
+    device_copy(Device::kCpu, act.slot_of_row.data(), L.slot_of_row_R.device(),
+                L.slot_of_row_R.data(), act.slot_of_row.size() * sizeof(int32_t));
+    device_copy(Device::kCpu, wt.data(), act.routing.topk_weight_TK.device(),
+                act.routing.topk_weight_TK.data(), wt.size() * sizeof(float));
     std::vector<int32_t> src_row(L.num_rows), dst_rank(L.num_rows), tag(L.num_rows);
     std::vector<float> value(L.num_rows);
-    const float* wt = act.routing.topk_weight_TK.data();
     for (int e = 0; e < E; ++e) {
       for (int r = L.offsets_E1[e]; r < L.offsets_E1[e + 1]; ++r) {
-        const int32_t slot = L.slot_of_row_R[r];
+        const int32_t slot = act.slot_of_row[r];
         src_row[r] = slot / k;
         dst_rank[r] = e / El_;
         tag[r] = e - (e / El_) * El_;  // local expert id on the destination
@@ -99,8 +108,15 @@ class ExchangeDispatcher final : public TokenDispatcher {
     for (int i = 0; i < R; ++i) act.local_offsets[act.plan.recv_tag[i] + 1]++;
     for (int e = 0; e < El_; ++e) act.local_offsets[e + 1] += act.local_offsets[e];
     std::vector<int32_t> next(act.local_offsets.begin(), act.local_offsets.end() - 1);
-    act.local_row_of_recv.resize(R);
-    for (int i = 0; i < R; ++i) act.local_row_of_recv[i] = next[act.plan.recv_tag[i]]++;
+    std::vector<int32_t> row_of_recv(R);
+    for (int i = 0; i < R; ++i) row_of_recv[i] = next[act.plan.recv_tag[i]]++;
+    // Where the kernels read them (small metadata, not charged, like the host vectors it was).
+    act.local_row_of_recv.resize(R, nullptr, dev);
+    act.recv_value.resize(R, nullptr, dev);
+    device_copy(dev, act.local_row_of_recv.data(), Device::kCpu, row_of_recv.data(),
+                R * sizeof(int32_t));
+    device_copy(dev, act.recv_value.data(), Device::kCpu, act.plan.recv_value.data(),
+                R * sizeof(float));
   }
   size_t num_rows(const MoeActivations& act) const override {
     return static_cast<size_t>(act.plan.num_recv);
@@ -109,6 +125,7 @@ class ExchangeDispatcher final : public TokenDispatcher {
   const int32_t* expert_offsets(const MoeActivations& act) const override {
     return act.local_offsets.data();
   }
+  // Rows cross the network through the exchange, which stages device buffers through the host.
   void dispatch(float* x_rows, const float* x, const MoeActivations& act) const override {
     const int R = act.plan.num_recv, H = cfg_.hidden;
     Buffer<float> recv(static_cast<size_t>(R) * H, cfg_.scratch_tracker, kernels::active_device());
@@ -119,25 +136,29 @@ class ExchangeDispatcher final : public TokenDispatcher {
     const int R = act.plan.num_recv, H = cfg_.hidden;
     Buffer<float> rows(static_cast<size_t>(R) * H, cfg_.scratch_tracker, kernels::active_device());
     kernels::gather_scaled_rows(rows.data(), y_rows, act.local_row_of_recv.data(),
-                                act.plan.recv_value.data(), R, H);
+                                act.recv_value.data(), R, H);
     kernels::fill_zero(y, static_cast<size_t>(act.plan.num_src_rows) * H);
     ep_.exchange->reduce(act.plan, rows.data(), y, H);
   }
   void combine_backward(float* dy_rows, float* dweight_TK, const float* dy,
                         const MoeActivations& act) const override {
     const int R = act.plan.num_recv, H = cfg_.hidden;
-    std::vector<float> dweight_recv(R);
+    const Device dev = kernels::active_device();
+    Buffer<float> dweight_recv(R, nullptr, dev);
     {
-      Buffer<float> recv(static_cast<size_t>(R) * H, cfg_.scratch_tracker, kernels::active_device());
+      Buffer<float> recv(static_cast<size_t>(R) * H, cfg_.scratch_tracker, dev);
       ep_.exchange->multicast(act.plan, dy, recv.data(), H);
       kernels::gather_scaled_rows_backward(dy_rows, dweight_recv.data(), recv.data(),
                                            act.y_rows.data(), act.local_row_of_recv.data(),
-                                           act.plan.recv_value.data(), R, H);
+                                           act.recv_value.data(), R, H);
     }
     const DispatchLayout& L = act.layout;
     std::vector<float> dweight_src(L.num_rows);
     ep_.exchange->return_values(act.plan, dweight_recv.data(), dweight_src.data());
-    for (int r = 0; r < L.num_rows; ++r) dweight_TK[L.slot_of_row_R[r]] = dweight_src[r];
+    // Back into [T,k] slots on the host (dropped pairs keep 0), then one copy to the device.
+    std::vector<float> dw(static_cast<size_t>(L.T) * L.k, 0.0f);
+    for (int r = 0; r < L.num_rows; ++r) dw[act.slot_of_row[r]] = dweight_src[r];
+    device_copy(dev, dweight_TK, Device::kCpu, dw.data(), dw.size() * sizeof(float));
   }
   void dispatch_backward(float* dx, const float* dx_rows,
                          const MoeActivations& act) const override {

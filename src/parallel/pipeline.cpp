@@ -40,7 +40,7 @@ class SlotPool {
 
 PipelineTimes run_pipeline(const comm::Group& pp, Schedule schedule, int M,
                            size_t activation_floats, const StageCallbacks& callbacks,
-                           MemTracker* comm_mem) {
+                           MemTracker* comm_mem, Device device) {
   const double t_start = now_seconds();
   MOE_CHECK(M >= 1, "run_pipeline: micro-batches M = ", M, " (must be >= 1)");
   MOE_CHECK(M <= 16383, "run_pipeline: micro-batches M = ", M,
@@ -158,7 +158,7 @@ PipelineTimes run_pipeline(const comm::Group& pp, Schedule schedule, int M,
 
   const int slots = execute(/*dry=*/true);
   t.max_in_flight = 0;
-  storage.resize(static_cast<size_t>(slots) * activation_floats, comm_mem);
+  storage.resize(static_cast<size_t>(slots) * activation_floats, comm_mem, device);
   execute(/*dry=*/false);
 
   t.comm_bytes = storage.bytes();

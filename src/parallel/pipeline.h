@@ -37,8 +37,10 @@ struct PipelineTimes {
 // posted before they are needed: the forward input of micro-batch m as soon as the previous
 // forward starts, the backward input as soon as the matching forward has run. Send buffers stay
 // alive until their sends complete; all sends complete before return. Buffers are charged to
-// comm_mem (may be null).
+// comm_mem (may be null), and live on `device` (the model's: the callbacks read and write them;
+// a GPU's are staged through the host by comm::Group).
 PipelineTimes run_pipeline(const comm::Group& pp, Schedule schedule, int M, size_t activation_floats,
-                           const StageCallbacks& callbacks, MemTracker* comm_mem);
+                           const StageCallbacks& callbacks, MemTracker* comm_mem,
+                           Device device = Device::kCpu);
 
 }  // namespace moe::parallel

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Ranks on GPUs, on the emulated CUDA device (a -DMOETRAIN_EMULATE_CUDA=ON build: device memory
+# faults if host code touches it outside a kernel or a device copy). Every rank's model lives on
+# its device; the token exchange, the gradient sync, the pipeline's activations and the
+# validation p2p move device buffers, staged through the host by comm/ (MPI here is not
+# CUDA-aware). In fp32 the emulated device runs the CPU kernels, so each layout with --device cuda
+# must equal the same layout with --device cpu bit for bit: every logged quantity and the final
+# weights. Then a multi-rank device checkpoint resumes exactly.
+# Usage: emulated_multirank.sh MOETRAIN CORPUS WORKDIR MPIRUN
+set -euo pipefail
+bin="$1"
+corpus="$2"
+work="$3"
+mpirun="$4"
+rm -rf "$work"
+mkdir -p "$work"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+common=(train --steps 4 --batch 4 --seq-len 32 --eval-every 2 --eval-batches 1 --quiet
+        --data "$corpus" --lr 3e-3 --warmup 2)
+fail=0
+check() {  # check NAME CONDITION-COMMAND...
+  local name="$1"
+  shift
+  if "$@"; then echo "PASS $name"; else echo "FAIL $name"; fail=1; fi
+}
+same_metrics() {  # same_metrics DIR_A DIR_B: every logged number of every step, bit for bit
+  /usr/bin/python3 - "$1" "$2" <<'PY'
+import json, sys
+def rows(d):
+    out = {}
+    for line in open(f"{d}/metrics.jsonl"):
+        r = json.loads(line)
+        if "step" in r and "loss" in r:
+            out[r["step"]] = {k: r[k] for k in ("loss", "ce_loss", "aux_loss", "grad_norm", "val_loss") if k in r}
+    return out
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+ok = a == b and len(a) > 0
+print(f"  {sys.argv[1]} vs {sys.argv[2]}: {len(a)} steps, {'identical' if ok else 'DIFFERENT'}")
+sys.exit(0 if ok else 1)
+PY
+}
+run() {  # run NAME NP ARGS...
+  local name="$1" np="$2"
+  shift 2
+  "$mpirun" --oversubscribe -np "$np" "$bin" "${common[@]}" "$@" --out "$work/$name" >"$work/$name.log" 2>&1 ||
+    { echo "FAIL $name: exit $?"; tail -5 "$work/$name.log"; fail=1; }
+}
+pair() {  # pair NAME NP ARGS...: the layout on the device against the same layout on the CPU
+  local name="$1" np="$2"
+  shift 2
+  run "$name.cpu" "$np" "$@" --device cpu
+  run "$name.cuda" "$np" "$@" --device cuda
+  check "$name: cuda == cpu, logged quantities" same_metrics "$work/$name.cpu" "$work/$name.cuda"
+  check "$name: cuda == cpu, final weights" cmp -s "$work/$name.cpu/model.safetensors" "$work/$name.cuda/model.safetensors"
+}
+
+pair ep2 2 --ep 2
+pair dp2 2 --dp 2
+pair pp2ep2 4 --pp 2 --ep 2 --micro-batches 2
+pair ep4.halo 4 --ep 4 --a2a halo --topo.ranks-per-node 2
+pair ep4.rbd 4 --ep 4 --a2a rbd --topo.ranks-per-node 2
+
+# A device checkpoint of PP2 x EP2 at step 2, resumed on the devices to step 4.
+run ckpt 4 --pp 2 --ep 2 --micro-batches 2 --device cuda --checkpoint.every 2
+mkdir -p "$work/resumed"
+cp -r "$work/ckpt/checkpoints" "$work/resumed/checkpoints"
+rm -rf "$work/resumed/checkpoints/step-4"
+run resumed 4 --pp 2 --ep 2 --micro-batches 2 --device cuda --resume latest
+check "pp2ep2 device checkpoint resumed on the devices: final weights bit for bit" \
+  cmp -s "$work/ckpt/model.safetensors" "$work/resumed/model.safetensors"
+exit "$fail"
