@@ -69,6 +69,10 @@ printf 'garbage' > "$work/bad/step-30/shard-00000.safetensors"
 expect_error "shard-00000.safetensors" "$work/bad/step-30" --prompt "$prompt"
 cp -r "$work/hf" "$work/hf-bad"; truncate -s 1000 "$work/hf-bad/model.safetensors"
 expect_error "model.safetensors" "$work/hf-bad" --prompt "$prompt"
+# A model whose vocabulary is not the bytes' (a tokenized dataset's): refused, not printed as bytes.
+sed 's/"vocab_size": 256/"vocab_size": 300/' "$work/hf/config.json" > "$work/v300.json"
+"$bin" train --config "$work/v300.json" --steps 1 --seq-len 16 --batch 2 --quiet --data "$corpus" --out "$work/v300"
+expect_error "vocab_size 300 is not the byte-level vocabulary (256)" "$work/v300" --prompt "$prompt"
 MOETRAIN_MEMORY_AVAILABLE=100000 expect_error "of host memory to generate" "$ckpt" --prompt "$prompt"
 if [[ $fails -ne 0 ]]; then echo "$fails bad-input case(s) failed"; exit 1; fi
-echo "generate: greedy == PyTorch (2 models), checkpoint == export, seeds reproducible, 13 bad inputs refused"
+echo "generate: greedy == PyTorch (2 models), checkpoint == export, seeds reproducible, 14 bad inputs refused"

@@ -179,6 +179,10 @@ GenerateResult generate(const GenerateOptions& o,
   const model::ModelConfig& c = m.model->config();
   GenerateResult r;
   r.max_position_embeddings = c.max_position_embeddings;
+  // A model trained on another tokenizer's ids (a BPE dataset's vocab) would print bytes that
+  // mean nothing: refused, not guessed.
+  MOE_CHECK(o.tokenizer != "bytes" || c.vocab_size == 256, m.source, ": vocab_size ", c.vocab_size,
+            " is not the byte-level vocabulary (256); generate knows only the byte tokenizer so far");
   r.prompt_ids = tok->encode(o.prompt);
   const long long P = static_cast<long long>(r.prompt_ids.size());
   MOE_CHECK(P <= c.max_position_embeddings, "--prompt is ", P, " tokens, longer than "
