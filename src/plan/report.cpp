@@ -60,6 +60,7 @@ std::string train_command(const ReportContext& ctx, const Layout& l) {
   cmd += str_cat(" --micro-batches ", l.micro_batches, " --recompute ", l.recompute, " --a2a ", l.a2a,
                  " --batch ", rs.batch_per_rank, " --seq-len ", ctx.shape.seq_len);
   if (l.schedule != "1f1b") cmd += " --pp.schedule " + l.schedule;
+  if (l.zero1) cmd += " --zero1";
   return cmd;
 }
 

@@ -4,6 +4,7 @@
 // checks the first 10 losses against PyTorch).
 #pragma once
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "core/buffer.h"
@@ -30,6 +31,11 @@ double learning_rate(const OptimConfig& o, int step);
 class AdamW {
  public:
   AdamW(const model::ParamLayout& layout, OptimConfig cfg, MemTracker* mem = nullptr);
+  // ZeRO-1 (parallel/zero1.h): only the flat ranges [first, second) of `owned` (in layout order)
+  // are updated, and m, v hold just those, back to back. The norm reducer then gets this rank's
+  // partial sums over those ranges (the caller's reducer completes them over the groups).
+  AdamW(const model::ParamLayout& layout, OptimConfig cfg, std::vector<std::pair<size_t, size_t>> owned,
+        MemTracker* mem = nullptr);
   // One update of params from grads (grads are read, not zeroed). Returns the global gradient
   // norm before clipping; when it is not finite, nothing is updated. `step` is 0-based.
   double step(float* params, const float* grads, int step);
@@ -48,6 +54,7 @@ class AdamW {
   OptimConfig cfg_;
   Buffer<float> m_, v_;
   std::function<double(double, double)> reduce_sq_;
+  std::vector<std::pair<size_t, size_t>> owned_;  // flat ranges this rank updates (all: [0, total))
 };
 
 }  // namespace moe::train
