@@ -1,6 +1,9 @@
 // Writes everything the independent PyTorch reference (tests/reference/deepseek_ref.py) checks:
 // config.json, initial weights, a batch, the C++ logits / losses / every parameter gradient, the
-// total losses of 10 AdamW steps and the weights after them (final.safetensors).
+// total losses of 10 AdamW steps and the weights after them (final.safetensors). With topk_method
+// noaux_tc, also bias.safetensors: each MoE layer's selection bias before the forward (random,
+// so that it changes the routing from the first step) and after the steps, which move it by
+// mixture::update_score_bias over each step's loads.
 // Usage: tool_ref_dump OUT_DIR [preset]
 #include <cstdio>
 #include <filesystem>
@@ -13,6 +16,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "model/weights_io.h"
+#include "moe/router.h"
 #include "train/optimizer.h"
 
 using namespace moe;
@@ -32,6 +36,23 @@ int main(int argc, char** argv) {
     m.init_weights(42);
     model::save_config(cfg, dir + "/config.json");
     model::save_weights(m, dir + "/model.safetensors");
+    // noaux_tc: a random initial bias per MoE layer, uniform in [-0.02, 0.02) (the sigmoid scores
+    // of these weights spread over a few hundredths: the bias matters).
+    std::vector<int> moe_layers;
+    for (int l = 0; l < cfg.num_hidden_layers; ++l)
+      if (cfg.aux_free_balancing() && cfg.is_moe_layer(l)) moe_layers.push_back(l);
+    const int E = cfg.n_routed_experts;
+    std::vector<std::vector<float>> bias(moe_layers.size(), std::vector<float>(E));
+    Rng bias_rng(11);
+    for (size_t i = 0; i < moe_layers.size(); ++i) {
+      for (float& b : bias[i]) b = static_cast<float>((bias_rng.uniform() - 0.5) * 0.04);
+      m.set_score_bias(moe_layers[i], bias[i].data());
+    }
+    auto bias_name = [](int l) { return "model.layers." + std::to_string(l) + ".mlp.gate.e_score_correction_bias"; };
+    // The writer keeps pointers until write(): the initial values get their own copy.
+    const std::vector<std::vector<float>> bias_init = bias;
+    io::SafetensorsWriter biasw;
+    for (size_t i = 0; i < moe_layers.size(); ++i) biasw.add_f32("init." + bias_name(moe_layers[i]), {E}, bias_init[i].data());
 
     // lr 1e-3 and eps 1e-5, so that the final weights can be compared at 5e-6: Adam divides each
     // gradient element by its own size, so an element whose gradient is near zero turns fp32
@@ -83,6 +104,7 @@ int main(int argc, char** argv) {
     // 10 AdamW steps from the same initial weights.
     model::Model tm(cfg);
     tm.init_weights(42);
+    for (size_t i = 0; i < moe_layers.size(); ++i) tm.set_score_bias(moe_layers[i], bias[i].data());
     train::AdamW opt(tm.layout(), oc);
     std::vector<float> train_losses;
     for (int s = 0; s < steps; ++s) {
@@ -90,12 +112,26 @@ int main(int argc, char** argv) {
       train_losses.push_back(static_cast<float>(tm.forward(train_tokens.data() + s * per, B, T).total));
       tm.backward();
       opt.step(tm.params(), tm.grads(), s);
+      // The trainer's order: the step's loads move the bias after its update.
+      const std::vector<std::vector<int>> loads = tm.expert_loads();
+      for (size_t i = 0; i < moe_layers.size(); ++i) {
+        std::vector<int64_t> c(loads[i].begin(), loads[i].end());
+        mixture::update_score_bias(bias[i].data(), c.data(), E, cfg.bias_update_speed);
+        tm.set_score_bias(moe_layers[i], bias[i].data());
+      }
     }
     ew.add_f32("train_losses", {steps}, train_losses.data());
     ew.write(dir + "/expected.safetensors");
     // The weights after the 10 steps: the reference compares every tensor, so a drift in the update
     // (decay on the wrong tensors, a wrong bias correction or clip) shows even where the losses agree.
     model::save_weights(tm, dir + "/final.safetensors");
+    if (!moe_layers.empty()) {
+      std::vector<std::vector<float>> bias_final;
+      for (size_t i = 0; i < moe_layers.size(); ++i) bias_final.push_back(tm.score_bias(moe_layers[i]));
+      for (size_t i = 0; i < moe_layers.size(); ++i)
+        biasw.add_f32("final." + bias_name(moe_layers[i]), {E}, bias_final[i].data());
+      biasw.write(dir + "/bias.safetensors");
+    }
     std::printf("tool_ref_dump: wrote %s (loss %.6f, ce %.6f, aux %.6f)\n", dir.c_str(), lp.total,
                 lp.ce, lp.aux);
   } catch (const std::exception& e) {

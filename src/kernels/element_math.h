@@ -91,10 +91,13 @@ MOE_HD float cross_entropy_grad(float d, float p, bool is_target, float scale) {
 
 // ---- Top-k of a row: the k largest of s[0..E) in descending order; ties go to the lower index
 // (an entry only displaces strictly smaller ones, and lower indices are seen first). O(E·k). ----
-MOE_HD void topk_row(int32_t* idx, float* val, const float* s, int E, int k) {
+// bias (nullable, [E]): select on s[e] + bias[e] instead (DeepSeek-V3's e_score_correction_bias);
+// val then holds the biased values. This is the selection step: a group mask would go here too.
+MOE_HD void topk_row(int32_t* idx, float* val, const float* s, int E, int k,
+                     const float* bias = nullptr) {
   int n = 0;
   for (int e = 0; e < E; ++e) {
-    const float v = s[e];
+    const float v = bias ? s[e] + bias[e] : s[e];
     if (n == k && !(v > val[k - 1])) continue;
     int pos = n < k ? n : k - 1;  // the slot freed for v (the last one is dropped when full)
     while (pos > 0 && v > val[pos - 1]) {
@@ -108,32 +111,72 @@ MOE_HD void topk_row(int32_t* idx, float* val, const float* s, int E, int k) {
   }
 }
 
-// ---- The router of one token (HF MoEGate): softmax over the E logits in place (scores), top-k,
-// and the optional renormalisation of the k weights by their sum + 1e-20 ----
+// ---- The router of one token (HF MoEGate) ----
+// softmax (DeepSeek V1/V2): s = softmax(logits), top-k of s, w = the k scores.
+// sigmoid (DeepSeek-V3, topk_method noaux_tc): s = sigmoid(logits), top-k of s + bias (the bias
+// picks the experts and nothing else), w = the k unbiased scores.
+// Then, both: w_j /= (sum_i w_i + 1e-20) if renorm, and w_j *= scale (routed_scaling_factor;
+// 1 for softmax, where the router leaves it out).
 constexpr float kRouterNormEps = 1e-20f;
-MOE_HD void router_row_forward(float* s, int32_t* idx, float* w, int E, int k, bool renorm) {
-  softmax_row(s, s, E);
-  topk_row(idx, w, s, E, k);
+struct RouterScoring {
+  bool sigmoid = false;
+  const float* bias_E = nullptr;  // [E] on the kernel's device; sigmoid only; null = no bias
+  float scale = 1.0f;
+};
+MOE_HD void router_row_forward(float* s, int32_t* idx, float* w, int E, int k, bool renorm,
+                               const RouterScoring& sc = RouterScoring{}) {
+  if (sc.sigmoid) {
+    for (int e = 0; e < E; ++e) s[e] = sigmoid(s[e]);
+    topk_row(idx, w, s, E, k, sc.bias_E);
+    for (int j = 0; j < k; ++j) w[j] = s[idx[j]];
+  } else {
+    softmax_row(s, s, E);
+    topk_row(idx, w, s, E, k);
+  }
   if (renorm) {
     float denom = kRouterNormEps;
     for (int j = 0; j < k; ++j) denom += w[j];
     for (int j = 0; j < k; ++j) w[j] /= denom;
   }
+  if (sc.scale != 1.0f)
+    for (int j = 0; j < k; ++j) w[j] *= sc.scale;
+}
+// The score the aux loss averages: s_e itself (softmax), or s_e / sum_i s_i (sigmoid: DeepSeek-V3's
+// s'_e, the scores normalised over all E experts). row_sum is that sum, in float, e ascending.
+MOE_HD float row_sum(const float* s, int E) {
+  float z = 0.0f;
+  for (int e = 0; e < E; ++e) z += s[e];
+  return z;
 }
 // Its backward: ds [E] zero on entry, d logits on exit. dw: dLoss/d(top-k weights) [k];
 // aux_c [E] (nullable): the aux loss's constant factors for this token's sequence, scaled by
-// aux_scale = aux_grad·alpha/T.
+// aux_scale = aux_grad·alpha/T. The bias has no gradient (it only chose idx).
 MOE_HD void router_row_backward(float* ds, const float* s, const int32_t* idx, const float* dw,
-                                int E, int k, bool renorm, const float* aux_c, float aux_scale) {
+                                int E, int k, bool renorm, const float* aux_c, float aux_scale,
+                                const RouterScoring& sc = RouterScoring{}) {
+  const float scale = sc.scale;  // w = scale · w0: d w0 = scale · dw
   if (renorm) {
     // w_j = s_j / D, D = sum_i s_i + eps:  ds_j = (dw_j - sum_i dw_i · w_i) / D
     float denom = kRouterNormEps;
     for (int j = 0; j < k; ++j) denom += s[idx[j]];
     float dot = 0.0f;
-    for (int j = 0; j < k; ++j) dot += dw[j] * (s[idx[j]] / denom);
-    for (int j = 0; j < k; ++j) ds[idx[j]] += (dw[j] - dot) / denom;
+    for (int j = 0; j < k; ++j) dot += (scale * dw[j]) * (s[idx[j]] / denom);
+    for (int j = 0; j < k; ++j) ds[idx[j]] += (scale * dw[j] - dot) / denom;
   } else {
-    for (int j = 0; j < k; ++j) ds[idx[j]] += dw[j];  // top-k: gradient to selected scores only
+    // top-k: gradient to selected scores only
+    for (int j = 0; j < k; ++j) ds[idx[j]] += scale * dw[j];
+  }
+  if (sc.sigmoid) {
+    if (aux_c) {
+      // s'_e = s_e / Z:  ds_e += a · (c_e - sum_i c_i · s'_i) / Z
+      const float z = row_sum(s, E);
+      float dot = 0.0f;
+      for (int e = 0; e < E; ++e) dot += aux_c[e] * (s[e] / z);
+      for (int e = 0; e < E; ++e) ds[e] += aux_scale * ((aux_c[e] - dot) / z);
+    }
+    // sigmoid: dlogit_e = ds_e · s_e · (1 - s_e)
+    for (int e = 0; e < E; ++e) ds[e] = ds[e] * (s[e] * (1.0f - s[e]));
+    return;
   }
   if (aux_c)
     for (int e = 0; e < E; ++e) ds[e] += aux_scale * aux_c[e];

@@ -146,8 +146,17 @@ void ModelConfig::validate(const std::string& src) const {
               num_experts_per_tok, ") exceeds n_routed_experts (", n_routed_experts, ")");
     MOE_CHECK(n_shared_experts >= 0, src, ": \"n_shared_experts\" must be >= 0, got ",
               n_shared_experts);
-    MOE_CHECK(scoring_func == "softmax", src, ": scoring_func \"", scoring_func,
-              "\" is not supported (supported: softmax)");
+    MOE_CHECK(scoring_func == "softmax" || scoring_func == "sigmoid", src, ": scoring_func \"",
+              scoring_func, "\" is not supported (supported: softmax, sigmoid)");
+    MOE_CHECK(topk_method == "greedy" || topk_method == "noaux_tc", src, ": topk_method \"",
+              topk_method, "\" is not supported (supported: greedy, noaux_tc)");
+    MOE_CHECK((scoring_func == "sigmoid") == (topk_method == "noaux_tc"), src,
+              ": scoring_func \"", scoring_func, "\" is not supported with topk_method \"",
+              topk_method, "\" (sigmoid goes with noaux_tc, softmax with greedy)");
+    MOE_CHECK(routed_scaling_factor > 0.0f, src, ": \"routed_scaling_factor\" must be positive, got ",
+              routed_scaling_factor);
+    MOE_CHECK(bias_update_speed >= 0.0f, src, ": \"bias_update_speed\" must be >= 0, got ",
+              bias_update_speed);
     MOE_CHECK(aux_loss_alpha >= 0.0f, src, ": \"aux_loss_alpha\" must be >= 0, got ", aux_loss_alpha);
   }
   MOE_CHECK(rms_norm_eps > 0.0f, src, ": \"rms_norm_eps\" must be positive, got ", rms_norm_eps);
@@ -172,6 +181,9 @@ ModelConfig config_from_json(const json& j, const std::string& src) {
   read_field(j, "moe_layer_freq", c.moe_layer_freq, false, src);
   read_field(j, "norm_topk_prob", c.norm_topk_prob, false, src);
   read_field(j, "scoring_func", c.scoring_func, false, src);
+  read_field(j, "topk_method", c.topk_method, false, src);
+  read_field(j, "routed_scaling_factor", c.routed_scaling_factor, false, src);
+  read_field(j, "bias_update_speed", c.bias_update_speed, false, src);
   read_field(j, "aux_loss_alpha", c.aux_loss_alpha, false, src);
   read_field(j, "seq_aux", c.seq_aux, false, src);
   read_field(j, "rope_theta", c.rope_theta, false, src);
@@ -237,6 +249,9 @@ json config_to_json(const ModelConfig& c) {
               {"moe_layer_freq", c.moe_layer_freq},
               {"norm_topk_prob", c.norm_topk_prob},
               {"scoring_func", c.scoring_func},
+              {"topk_method", c.topk_method},
+              {"routed_scaling_factor", float_json(c.routed_scaling_factor)},
+              {"bias_update_speed", float_json(c.bias_update_speed)},
               {"aux_loss_alpha", float_json(c.aux_loss_alpha)},
               {"seq_aux", c.seq_aux},
               {"rope_theta", float_json(c.rope_theta)},
@@ -298,6 +313,27 @@ ModelConfig preset(const std::string& name) {
     c.norm_topk_prob = true;
     c.seq_aux = true;
     return c;
+  } else if (name == "test-moe-noaux") {
+    // test-moe with DeepSeek-V3's router: sigmoid scores, selection bias (noaux_tc), renormalised
+    // weights times routed_scaling_factor 2.5, and the optional sequence-wise balance loss kept.
+    // gamma 0.01 so that 10 reference steps move the bias enough to change routing.
+    c = preset("test-moe");
+    c.scoring_func = "sigmoid";
+    c.topk_method = "noaux_tc";
+    c.norm_topk_prob = true;
+    c.routed_scaling_factor = 2.5f;
+    c.bias_update_speed = 0.01f;
+    c.seq_aux = true;
+    c.aux_loss_alpha = 0.01f;
+    return c;
+  } else if (name == "tiny-noaux") {
+    // tiny with aux-loss-free balancing instead of the aux loss (DeepSeek-V3): sigmoid, noaux_tc,
+    // gamma 1e-3, no balance loss.
+    c = preset("tiny");
+    c.scoring_func = "sigmoid";
+    c.topk_method = "noaux_tc";
+    c.aux_loss_alpha = 0.0f;
+    return c;
   } else if (name == "test-moe4") {
     // test-moe with 4 layers (1 dense + 3 MoE): a layer per stage at pp = 4.
     c = preset("test-moe");
@@ -319,7 +355,8 @@ ModelConfig preset(const std::string& name) {
 }
 
 std::vector<std::string> preset_names() {
-  return {"tiny", "test-moe", "test-moe-seqaux", "test-moe4", "test-dense"};
+  return {"tiny", "tiny-noaux", "test-moe", "test-moe-seqaux", "test-moe-noaux", "test-moe4",
+          "test-dense"};
 }
 
 ParamCounts count_params(const ModelConfig& c) {

@@ -22,7 +22,13 @@ struct ModelConfig {
   int first_k_dense_replace = 0;     // layers [0, this) are dense
   int moe_layer_freq = 1;            // layer i >= first_k_dense is MoE when i % freq == 0
   bool norm_topk_prob = false;
-  std::string scoring_func = "softmax";
+  std::string scoring_func = "softmax";  // "softmax" | "sigmoid" (DeepSeek-V3, with noaux_tc)
+  // "greedy": top-k of the scores. "noaux_tc" (DeepSeek-V3, aux-loss-free balancing): top-k of
+  // scores + e_score_correction_bias, a per-expert fp32 state (not a parameter) that the trainer
+  // moves by bias_update_speed · sign(mean load - load) after each step. noaux_tc <=> sigmoid.
+  std::string topk_method = "greedy";
+  float routed_scaling_factor = 1.0f;  // noaux_tc: multiplies the k gate values
+  float bias_update_speed = 1e-3f;     // noaux_tc: gamma (moetrain's field; --balance.bias-rate)
   float aux_loss_alpha = 0.0f;
   bool seq_aux = false;
   float rope_theta = 10000.0f;
@@ -35,6 +41,7 @@ struct ModelConfig {
     return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
   }
   int num_moe_layers() const;
+  bool aux_free_balancing() const { return topk_method == "noaux_tc"; }
   // Throws moe::Error naming the field (and `source`, e.g. the config.json path) on a bad value.
   void validate(const std::string& source = "config") const;
 };

@@ -68,7 +68,7 @@ const char* recompute_name(Recompute r) {
 namespace {
 
 mx::MoeConfig moe_config(const ModelConfig& c, const MoeOptions& o, const mx::ExpertParallel* ep,
-                         MemTracker* scratch) {
+                         MemTracker* scratch, const float* score_bias_E) {
   mx::MoeConfig m;
   m.hidden = c.hidden_size;
   m.ffn = c.moe_intermediate_size;
@@ -78,6 +78,9 @@ mx::MoeConfig moe_config(const ModelConfig& c, const MoeOptions& o, const mx::Ex
   m.norm_topk_prob = c.norm_topk_prob;
   m.aux_loss_alpha = c.aux_loss_alpha;
   m.seq_aux = c.seq_aux;
+  m.sigmoid = c.scoring_func == "sigmoid";
+  m.score_bias_E = score_bias_E;
+  m.routed_scaling_factor = c.routed_scaling_factor;
   m.capacity_factor = o.capacity_factor;
   m.padded = o.padded;
   m.ep = ep;
@@ -129,6 +132,31 @@ Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::Expert
   w_ = bind_tensors(layout_, config_, params_.data());
   g_ = bind_tensors(layout_, config_, grads_.data());
   rope_ = k::make_rope_table(config_.max_position_embeddings, config_.head_dim(), config_.rope_theta);
+  if (config_.aux_free_balancing()) {
+    score_bias_.resize(static_cast<size_t>(config_.num_hidden_layers) * config_.n_routed_experts,
+                       &total_mem_, dev_);
+    score_bias_.zero();
+  }
+}
+
+const float* Model::layer_score_bias(int layer) const {
+  if (score_bias_.size() == 0 || !config_.is_moe_layer(layer)) return nullptr;
+  return score_bias_.data() + static_cast<size_t>(layer) * config_.n_routed_experts;
+}
+
+void Model::set_score_bias(int layer, const float* bias_E) {
+  MOE_CHECK(layer_score_bias(layer), "set_score_bias: layer ", layer,
+            " is not an MoE layer with a selection bias (topk_method noaux_tc)");
+  const size_t E = config_.n_routed_experts;
+  device_copy(dev_, score_bias_.data() + layer * E, Device::kCpu, bias_E, E * sizeof(float));
+}
+
+std::vector<float> Model::score_bias(int layer) const {
+  MOE_CHECK(layer_score_bias(layer), "score_bias: layer ", layer,
+            " is not an MoE layer with a selection bias (topk_method noaux_tc)");
+  std::vector<float> out(config_.n_routed_experts);
+  device_copy(Device::kCpu, out.data(), dev_, layer_score_bias(layer), out.size() * sizeof(float));
+  return out;
 }
 
 Model::~Model() = default;
@@ -209,7 +237,7 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
   k::rmsnorm_forward(a.ln2.data(), a.rstd2.data(), a.h.data(), W.post_norm, N, H, c.rms_norm_eps);
   if (c.is_moe_layer(l)) {
     kernels::fill_zero(out, NH);
-    mx::moe_forward(out, a.moe, a.ln2.data(), moe_weights(W), moe_config(c, moe_options_, ep_, &work_mem_), N, B,
+    mx::moe_forward(out, a.moe, a.ln2.data(), moe_weights(W), moe_config(c, moe_options_, ep_, &work_mem_, layer_score_bias(l)), N, B,
                     mem);
     k::add_inplace(out, a.h.data(), NH);
   } else {
@@ -256,7 +284,7 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
     } else {
       MOE_CHECK(moe, "internal: layer ", l, " lost activations it cannot recompute");
       mx::moe_forward(out.data(), a.moe, a.ln2.data(), moe_weights(W),
-                      moe_config(c, moe_options_, ep_, &work_mem_), N, B, work);
+                      moe_config(c, moe_options_, ep_, &work_mem_, layer_score_bias(l)), N, B, work);
       a.complete = true;
     }
     if (moe) {
@@ -271,7 +299,7 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
   // FFN branch: out = h + ffn(ln2(h)); dx holds d(out).
   if (moe) {
     mx::moe_backward(dln.data(), moe_grads(G), dx, /*aux_grad=*/loss_scale, a.moe, a.ln2.data(),
-                     moe_weights(W), moe_config(c, moe_options_, ep_, &work_mem_), N, B);
+                     moe_weights(W), moe_config(c, moe_options_, ep_, &work_mem_, layer_score_bias(l)), N, B);
   } else {
     Buffer<float> scratch(2 * static_cast<size_t>(N) * I, work, dev_);
     k::swiglu_mlp_backward(dln.data(), {G.mlp_gate, G.mlp_up, G.mlp_down}, dx, a.ln2.data(),

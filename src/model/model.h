@@ -105,6 +105,12 @@ class Model {
   std::vector<std::vector<int>> expert_loads() const;  // of the last whole-model forward
   int dropped_pairs() const;
 
+  // Aux-loss-free balancing (topk_method noaux_tc): each MoE layer's e_score_correction_bias [E],
+  // fp32 state that is not a parameter (no gradient, no optimizer, not in params()). Zero at
+  // construction; the trainer sets it (train/score_bias.h) between steps.
+  void set_score_bias(int layer, const float* bias_E);  // host values for MoE layer `layer`
+  std::vector<float> score_bias(int layer) const;       // host copy [E]
+
   MemTracker& activation_memory() { return act_mem_; }
   MemTracker& work_memory() { return work_mem_; }
   // Everything this rank holds that is tracked: parameters, gradients, activations, workspace,
@@ -118,6 +124,7 @@ class Model {
   struct LayerActs;
   enum class Keep { kAll, kNoMoe, kInput };
   Keep keep_mode(int layer) const;
+  const float* layer_score_bias(int layer) const;  // null: no bias for this layer
   // Layer l on a.x (already set): writes out [N,H]; `a` then holds every activation.
   void layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTracker* mem);
   // Releases what the keep mode does not keep (recomputed in backward).
@@ -136,6 +143,7 @@ class Model {
   kernels::RopeTable rope_;
   MemTracker total_mem_, act_mem_, work_mem_;
   MicroBatchPtr whole_;  // state of the whole-model API
+  Buffer<float> score_bias_;  // [num_hidden_layers, E] on dev_ (noaux_tc only; rows of MoE layers)
 };
 
 }  // namespace moe::model

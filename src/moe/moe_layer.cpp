@@ -51,8 +51,15 @@ struct Scratch : Buffer<float> {
 using kernels::ensure_buffer;
 
 RouterConfig router_config(const MoeConfig& cfg) {
-  RouterConfig r{cfg.num_experts, cfg.top_k, cfg.norm_topk_prob, cfg.aux_loss_alpha, cfg.seq_aux,
-                 {}};
+  RouterConfig r;
+  r.num_experts = cfg.num_experts;
+  r.top_k = cfg.top_k;
+  r.norm_topk_prob = cfg.norm_topk_prob;
+  r.aux_loss_alpha = cfg.aux_loss_alpha;
+  r.seq_aux = cfg.seq_aux;
+  r.sigmoid = cfg.sigmoid;
+  r.score_bias_E = cfg.score_bias_E;
+  r.routed_scaling_factor = cfg.routed_scaling_factor;
   if (cfg.ep) r.reduce_stats = cfg.ep->reduce_aux_stats;
   return r;
 }

@@ -40,6 +40,9 @@ struct MoeConfig {
   bool norm_topk_prob = false;
   float aux_loss_alpha = 0.0f;
   bool seq_aux = false;     // aux loss per sequence (DeepSeek's seq_aux) instead of per batch
+  bool sigmoid = false;     // DeepSeek-V3 router (noaux_tc): see router.h
+  const float* score_bias_E = nullptr;  // sigmoid: [E] selection bias on the active device, or null
+  float routed_scaling_factor = 1.0f;   // sigmoid only
   float capacity_factor = 0.0f;  // 0 = dropless
   bool padded = false;      // capacity-padded baseline instead of padding-free
   const ExpertParallel* ep = nullptr;  // null: all experts local, nothing communicates

@@ -17,6 +17,16 @@ namespace {
 
 bool renormalises(const RouterConfig& cfg) { return cfg.top_k > 1 && cfg.norm_topk_prob; }
 
+// The row kernels' scoring options. Softmax leaves routed_scaling_factor out (as HF DeepSeek V1/V2
+// with norm_topk_prob; their configs have 1.0).
+kernels::math::RouterScoring scoring(const RouterConfig& cfg) {
+  kernels::math::RouterScoring s;
+  s.sigmoid = cfg.sigmoid;
+  s.bias_E = cfg.sigmoid ? cfg.score_bias_E : nullptr;
+  s.scale = cfg.sigmoid ? cfg.routed_scaling_factor : 1.0f;
+  return s;
+}
+
 void check_config(const RouterConfig& cfg, int T, int H) {
   MOE_CHECK(cfg.num_experts > 0, "router: num_experts must be > 0, got ", cfg.num_experts);
   MOE_CHECK(cfg.top_k >= 1 && cfg.top_k <= cfg.num_experts, "router: top_k=", cfg.top_k,
@@ -24,6 +34,8 @@ void check_config(const RouterConfig& cfg, int T, int H) {
   MOE_CHECK(T >= 0 && H > 0, "router: bad sizes T=", T, " H=", H);
   MOE_CHECK(cfg.aux_loss_alpha >= 0.0f, "router: aux_loss_alpha must be >= 0, got ",
             cfg.aux_loss_alpha);
+  MOE_CHECK(!cfg.score_bias_E || cfg.sigmoid,
+            "router: a selection bias (e_score_correction_bias) needs sigmoid scoring");
 }
 
 
@@ -52,11 +64,11 @@ void router_forward(Routing& r, const float* x_TH, const float* gate_EH, int T, 
   ensure_buffer(r.aux_coef_BE, static_cast<size_t>(B) * E, tracker);
   if (T == 0) return;
 
-  // logits[T,E] = x · W_gate^T, then softmax in place: scores.
+  // logits[T,E] = x · W_gate^T, then softmax (or sigmoid) in place: scores.
   float* scores = r.scores_TE.data();
   kernels::linear_forward(scores, x_TH, gate_EH, T, H, E);
   kernels::router_topk(scores, r.topk_idx_TK.data(), r.topk_weight_TK.data(), T, E, k,
-                       renormalises(cfg));
+                       renormalises(cfg), scoring(cfg));
 
   if (!aux) return;
   // c[b,e] = count(b,e) · E / (S·k); aux = alpha / B · sum_b sum_e c[b,e] · mean_{t in b} s[t,e].
@@ -65,7 +77,7 @@ void router_forward(Routing& r, const float* x_TH, const float* gate_EH, int T, 
   const int S = T / B;
   std::vector<double> count(static_cast<size_t>(B) * E), score_sum(static_cast<size_t>(B) * E);
   kernels::router_aux_stats(count.data(), score_sum.data(), r.topk_idx_TK.data(), scores, T, E, k,
-                            B);
+                            B, /*normalise=*/cfg.sigmoid);
   std::vector<float> coef(static_cast<size_t>(B) * E);
   double total = 0.0;
   if (!cfg.seq_aux && cfg.reduce_stats) {
@@ -115,9 +127,22 @@ void router_backward(float* dx_TH, float* dgate_EH, const float* dtopk_weight_TK
   const float aux_scale = aux ? aux_grad * cfg.aux_loss_alpha / static_cast<float>(T) : 0.0f;
   kernels::router_topk_backward(dlogits.data(), r.scores_TE.data(), r.topk_idx_TK.data(),
                                 dtopk_weight_TK, T, E, k, renormalises(cfg),
-                                aux ? r.aux_coef_BE.data() : nullptr, S, aux_scale);
+                                aux ? r.aux_coef_BE.data() : nullptr, S, aux_scale, scoring(cfg));
   // gate linear: dx += dlogits · W_gate ; dW_gate += dlogits^T · x
   kernels::linear_backward(dx_TH, dgate_EH, dlogits.data(), x_TH, gate_EH, T, H, E);
+}
+
+void update_score_bias(float* bias_E, const int64_t* loads_E, int E, float rate) {
+  int64_t total = 0;
+  for (int e = 0; e < E; ++e) {
+    MOE_CHECK(loads_E[e] >= 0, "update_score_bias: negative load ", loads_E[e], " for expert ", e);
+    total += loads_E[e];
+  }
+  for (int e = 0; e < E; ++e) {
+    const int64_t scaled = static_cast<int64_t>(E) * loads_E[e];  // E·c_e vs sum(c) = E·mean(c)
+    if (scaled < total) bias_E[e] += rate;
+    if (scaled > total) bias_E[e] -= rate;
+  }
 }
 
 }  // namespace moe::mixture

@@ -1,7 +1,9 @@
 // The MoE router (gate) of a DeepSeek-MoE layer, exactly as Hugging Face modeling_deepseek.py MoEGate:
 // softmax scores over experts, top-k selection, optional renormalisation of the k weights, and the
-// optional auxiliary load-balancing loss (per batch or per sequence). Local math only: no step here
-// ever communicates.
+// optional auxiliary load-balancing loss (per batch or per sequence). DeepSeek-V3's variant
+// (scoring_func sigmoid, topk_method noaux_tc): sigmoid scores, top-k of scores + a per-expert
+// bias (e_score_correction_bias, selection only), weights = the chosen unbiased scores, renormalised
+// if asked, times routed_scaling_factor. Local math only: no step here ever communicates.
 // Legend: T tokens, H hidden, E routed experts, k experts per token, B sequences (for seq_aux).
 #pragma once
 #include <cstdint>
@@ -18,6 +20,11 @@ struct RouterConfig {
   bool norm_topk_prob = false;   // divide the k weights by their sum (+1e-20) when k > 1
   float aux_loss_alpha = 0.0f;   // 0 = no aux loss
   bool seq_aux = false;          // aux loss per sequence, averaged over sequences
+  bool sigmoid = false;          // DeepSeek-V3 scoring (noaux_tc); false = softmax
+  // Sigmoid only: [E] on the active device, added to the scores for the top-k choice and nowhere
+  // else (no gradient). Null = no bias. Owned by the caller (the model's balancing state).
+  const float* score_bias_E = nullptr;
+  float routed_scaling_factor = 1.0f;  // sigmoid only: multiplies the k weights
   // Data parallelism: sums the batch-level aux statistics [count_e (E), score_sum_e (E), tokens]
   // over every rank that holds part of the global batch, so the aux loss is the global batch's
   // (as on one process). The one communicating hook of the router; empty = local batch only.
@@ -29,7 +36,7 @@ struct RouterConfig {
 struct Routing {
   int T = 0, E = 0, k = 0;
   int num_aux_seqs = 0;            // B of aux_coef_BE: num_seqs with seq_aux, 1 without, 0 = no aux
-  Buffer<float> scores_TE;         // [T,E] softmax(x · W_gate^T)
+  Buffer<float> scores_TE;         // [T,E] softmax (or sigmoid) of x · W_gate^T, unbiased
   Buffer<int32_t> topk_idx_TK;     // [T,k] chosen experts, descending score, ties -> lower index
   Buffer<float> topk_weight_TK;    // [T,k] final combine weights (renormalised if norm_topk_prob)
   // [B,E] the constant factor of the aux loss, c[b,e] = count(b,e) · E / (S·k), where count(b,e) is
@@ -40,7 +47,8 @@ struct Routing {
 };
 
 // aux = alpha · (1/B) · sum_b sum_e c[b,e] · mean_{t in b} scores[t,e]
-//   (B = 1: HF's alpha · sum_e Pi · fi;  B = num_seqs: HF's seq_aux form).
+//   (B = 1: HF's alpha · sum_e Pi · fi;  B = num_seqs: HF's seq_aux form). With sigmoid scoring
+//   scores[t,e] is DeepSeek-V3's s'[t,e] = s[t,e] / sum_i s[t,i] (its sequence-wise balance loss).
 // c is a constant (no gradient); the gradient flows through scores only:
 //   d aux / d scores[t,e] = alpha · c[b(t),e] / T.
 // With reduce_stats (B = 1), c and the mean scores are over the global batch of T_g tokens and the
@@ -57,5 +65,12 @@ void router_forward(Routing& r, const float* x_TH, const float* gate_EH, int T, 
 void router_backward(float* dx_TH, float* dgate_EH, const float* dtopk_weight_TK, float aux_grad,
                      const Routing& r, const float* x_TH, const float* gate_EH, int H,
                      const RouterConfig& cfg);
+
+// Aux-loss-free balancing (DeepSeek-V3 §2.1.2), after each step: b_e += rate · sign(mean(c) - c_e)
+// over the step's global per-expert loads c [E] (pairs routed to e, all micro-batches and data
+// ranks): an underloaded expert's bias rises, an overloaded one's falls, one at the mean stays.
+// The sign is taken exactly (sum(c) vs E·c_e, integers); the add is one fp32 add, the same on
+// every rank.
+void update_score_bias(float* bias_E, const int64_t* loads_E, int E, float rate);
 
 }  // namespace moe::mixture

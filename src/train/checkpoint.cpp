@@ -175,6 +175,7 @@ std::string save_checkpoint(const comm::Group& world, const std::string& dir, in
                 {"config", meta.config},
                 {"parallel", meta.parallel},
                 {"expert_placement", meta.expert_placement},
+                {"router_bias", meta.router_bias},
                 {"tensors", index},
                 {"shards", shards}};
       write_file_atomic(tmp_dir + "/manifest.json", m.dump(1) + "\n");

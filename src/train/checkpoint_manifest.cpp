@@ -120,6 +120,9 @@ Manifest parse_manifest(const std::string& text, const std::string& mpath) {
   meta.expert_placement = m.contains("expert_placement") ? m["expert_placement"] : json::object();
   MOE_CHECK(meta.parallel.is_object() && meta.expert_placement.is_object(), mpath,
             ": fields \"parallel\" and \"expert_placement\" must be JSON objects");
+  meta.router_bias = m.contains("router_bias") ? m["router_bias"] : json();
+  MOE_CHECK(meta.router_bias.is_null() || meta.router_bias.is_object(), mpath,
+            ": field \"router_bias\" must be a JSON object {\"layer\": [E numbers]} or null");
 
   MOE_CHECK(m.contains("shards") && m["shards"].is_object(), mpath,
             ": field \"shards\" must be a JSON object {file: {\"bytes\": n, \"fnv1a64\": hex}}");

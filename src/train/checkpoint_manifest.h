@@ -30,6 +30,9 @@ struct CheckpointMeta {
   nlohmann::json config;          // the model's config.json
   nlohmann::json parallel;        // layout that wrote it (information; any layout can load it)
   nlohmann::json expert_placement;  // {"layer": [ep rank of logical expert e, ...]}
+  // noaux_tc routers' e_score_correction_bias, {"layer": [E floats]} (train/score_bias.h); null
+  // when the model has none. Checked against the model on resume (ScoreBias::load_json).
+  nlohmann::json router_bias;
 };
 
 struct ShardInfo {

@@ -70,6 +70,9 @@ void load_export_weights(const std::string& dir, const model::ParamLayout& layou
 // files. (On a GPU the first two are device memory; the allocator names the bytes if they do not fit.)
 void check_fits(const model::ModelConfig& cfg, const std::string& source) {
   cfg.validate(source);
+  // The decoder routes with softmax and no selection bias: a noaux_tc model would be routed wrongly.
+  MOE_CHECK(!cfg.aux_free_balancing(), source, ": topk_method \"noaux_tc\" (aux-loss-free "
+            "balancing) is not supported by generate yet: the decoder has no selection bias");
   const double floats = static_cast<double>(model::ParamLayout(cfg).total());
   const bool on_host = kernels::active_device() == Device::kCpu;
   const double need = floats * sizeof(float) * (on_host ? 3.0 : 1.0);

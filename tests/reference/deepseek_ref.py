@@ -12,6 +12,10 @@ DUMP_DIR is written by the C++ program tool_ref_dump:
   expected.safetensors  what the C++ code computed: "logits" [B,T,V], "loss", "ce_loss",
                         "aux_loss" [1], "grad.<param>" for every parameter, "train_losses" [steps]
   final.safetensors     the weights after the `steps` AdamW steps, F32, Hugging Face names
+  bias.safetensors      topk_method noaux_tc only: each MoE layer's e_score_correction_bias [E]
+                        before the forward ("init.<layer gate>.e_score_correction_bias") and after
+                        the training steps ("final.<...>"), each step moving it by
+                        bias_update_speed * sign(mean(load) - load) over that step's loads
 
 This file rebuilds the model from the description of the math (plain torch functions, autograd for
 gradients), recomputes all of it and compares. Error of a tensor:
@@ -123,6 +127,9 @@ class Config:
         self.moe_layer_freq = int(d.get("moe_layer_freq", 1))
         self.norm_topk_prob = bool(d.get("norm_topk_prob", False))
         self.scoring_func = d.get("scoring_func", "softmax")
+        self.topk_method = d.get("topk_method", "greedy")
+        self.routed_scaling_factor = float(d.get("routed_scaling_factor", 1.0))
+        self.bias_update_speed = float(d.get("bias_update_speed", 1e-3))
         self.aux_loss_alpha = float(d.get("aux_loss_alpha", 0.001))
         self.seq_aux = bool(d.get("seq_aux", True))
         self.rope_theta = float(d.get("rope_theta", 10000.0))
@@ -134,8 +141,9 @@ class Config:
                             f"num_attention_heads {self.num_heads}")
         if self.num_kv_heads != self.num_heads:
             problems.append("num_key_value_heads != num_attention_heads is not supported")
-        if self.scoring_func != "softmax":
-            problems.append(f"scoring_func {self.scoring_func!r} is not supported (softmax only)")
+        if (self.scoring_func, self.topk_method) not in (("softmax", "greedy"), ("sigmoid", "noaux_tc")):
+            problems.append(f"scoring_func {self.scoring_func!r} with topk_method {self.topk_method!r} "
+                            "is not supported (softmax + greedy, or sigmoid + noaux_tc)")
         if self.tie_word_embeddings:
             problems.append("tie_word_embeddings = true is not supported")
         if d.get("rope_scaling"):
@@ -225,19 +233,38 @@ def swiglu_mlp(x, P, p):
                     P[p + "down_proj.weight"])
 
 
-def moe(x, P, p, cfg, diag):
-    """Returns (y [B,T,H], aux loss scalar). diag collects the top-k routing margin per layer."""
+def bias_name(p):
+    return p + "gate.e_score_correction_bias"
+
+
+def moe(x, P, p, cfg, diag, biases=None, loads=None):
+    """Returns (y [B,T,H], aux loss scalar). diag collects the top-k routing margin per layer.
+    noaux_tc (DeepSeek-V3 MoEGate): scores = sigmoid(logits); the experts are the top-k of
+    scores + e_score_correction_bias (biases[bias_name(p)], no gradient); the gate values are the
+    chosen unbiased scores, renormalised if norm_topk_prob, times routed_scaling_factor. loads, if
+    given, collects this layer's per-expert pair counts [E]."""
     B, T, H = x.shape
     E, k = int(cfg.n_routed_experts), cfg.top_k
     xf = x.reshape(B * T, H)
     logits = F.linear(xf, P[p + "gate.weight"])  # [N, E]
-    scores = logits.softmax(dim=-1)
-    topk_w, topk_idx = torch.topk(scores, k, dim=-1, sorted=True)  # [N, k]
+    if cfg.topk_method == "noaux_tc":
+        scores = logits.sigmoid()
+        choice = scores.detach() + biases[bias_name(p)].to(scores.dtype).unsqueeze(0)
+        _, topk_idx = torch.topk(choice, k, dim=-1, sorted=True)
+        topk_w = scores.gather(1, topk_idx)
+    else:
+        scores = logits.softmax(dim=-1)
+        choice = scores.detach()
+        topk_w, topk_idx = torch.topk(scores, k, dim=-1, sorted=True)  # [N, k]
     if k < E:  # how close the k-th choice came to losing its place (a near-tie can flip routing)
-        top = torch.topk(scores.detach(), k + 1, dim=-1).values
+        top = torch.topk(choice, k + 1, dim=-1).values
         diag.append((p + "gate", float((top[:, k - 1] - top[:, k]).min())))
     if k > 1 and cfg.norm_topk_prob:
         topk_w = topk_w / (topk_w.sum(dim=-1, keepdim=True) + 1e-20)
+    if cfg.topk_method == "noaux_tc":
+        topk_w = topk_w * cfg.routed_scaling_factor
+    if loads is not None:
+        loads[bias_name(p)] = torch.bincount(topk_idx.reshape(-1), minlength=E)
     y = torch.zeros_like(xf)
     for e in range(E):
         tok, slot = (topk_idx == e).nonzero(as_tuple=True)
@@ -249,6 +276,9 @@ def moe(x, P, p, cfg, diag):
         y = y + swiglu_mlp(xf, P, p + "shared_experts.")
 
     aux = torch.zeros((), dtype=x.dtype)
+    if cfg.topk_method == "noaux_tc":
+        # DeepSeek-V3's sequence-wise balance loss averages the normalised scores s / sum(s).
+        scores = scores / scores.sum(dim=-1, keepdim=True)
     if cfg.aux_loss_alpha > 0:
         with torch.no_grad():  # ce comes from indices: no gradient
             if cfg.seq_aux:
@@ -266,8 +296,9 @@ def moe(x, P, p, cfg, diag):
     return y.view(B, T, H), aux
 
 
-def forward(P, cfg, tokens):
-    """tokens [B, T+1] int -> (logits [B,T,V], total loss, ce loss, aux loss, routing margins)."""
+def forward(P, cfg, tokens, biases=None, loads=None):
+    """tokens [B, T+1] int -> (logits [B,T,V], total loss, ce loss, aux loss, routing margins).
+    biases: the noaux_tc selection biases by name; loads (a dict) collects each layer's loads."""
     inputs, targets = tokens[:, :-1].long(), tokens[:, 1:].long()
     eps = cfg.rms_norm_eps
     x = F.embedding(inputs, P["model.embed_tokens.weight"])
@@ -278,7 +309,7 @@ def forward(P, cfg, tokens):
         h = x + attention(rmsnorm(x, P[p + "input_layernorm.weight"], eps), P, p + "self_attn.", cfg)
         hn = rmsnorm(h, P[p + "post_attention_layernorm.weight"], eps)
         if cfg.is_moe_layer(i):
-            m, aux = moe(hn, P, p + "mlp.", cfg, diag)
+            m, aux = moe(hn, P, p + "mlp.", cfg, diag, biases, loads)
             aux_total = aux_total + aux
         else:
             m = swiglu_mlp(hn, P, p + "mlp.")
@@ -302,9 +333,16 @@ def make_params(weights, names, dtype):
     return {n: weights[n].to(dtype).clone().requires_grad_(True) for n in names}
 
 
-def train(weights, names, cfg, t, train_tokens, dtype):
-    """AdamW steps on train_tokens[s]; returns the loss of each step, before its update, and the
-    parameters after the last update."""
+def update_bias(bias, load, rate):
+    """Aux-loss-free balancing after a step: b += rate * sign(mean(load) - load), in float32."""
+    sign = torch.sign(load.to(torch.float64).mean() - load.to(torch.float64)).to(torch.float32)
+    return bias + torch.tensor(rate, dtype=torch.float32) * sign
+
+
+def train(weights, names, cfg, t, train_tokens, dtype, biases=None):
+    """AdamW steps on train_tokens[s]; returns the loss of each step, before its update, the
+    parameters after the last update and (noaux_tc) the selection biases after the last update."""
+    biases = {n: b.clone() for n, b in (biases or {}).items()}
     P = make_params(weights, names, dtype)
     decay = [P[n] for n in names if P[n].dim() >= 2]
     no_decay = [P[n] for n in names if P[n].dim() < 2]
@@ -315,7 +353,8 @@ def train(weights, names, cfg, t, train_tokens, dtype):
     losses = []
     for s in range(train_tokens.shape[0]):
         opt.zero_grad(set_to_none=True)
-        _, loss, _, _, _ = forward(P, cfg, train_tokens[s])
+        loads = {}
+        _, loss, _, _, _ = forward(P, cfg, train_tokens[s], biases, loads)
         loss.backward()
         # An expert that got no token has no autograd gradient; it is a zero gradient (AdamW still
         # decays its weights and moments and counts the step, as a dense optimizer does).
@@ -328,7 +367,9 @@ def train(weights, names, cfg, t, train_tokens, dtype):
             g["lr"] = lr_at(s, t)
         opt.step()
         losses.append(float(loss))
-    return losses, P
+        for n in biases:
+            biases[n] = update_bias(biases[n], loads[n], float(cfg.bias_update_speed))
+    return losses, P, biases
 
 
 # ------------------------------------------------------------------------------------------------
@@ -400,6 +441,9 @@ def main(argv=None):
         batch, _ = load_safetensors(os.path.join(D, "batch.safetensors"))
         expected, _ = load_safetensors(os.path.join(D, "expected.safetensors"))
         tokens = batch["tokens"]
+        bias_file = None
+        if cfg.topk_method == "noaux_tc":
+            bias_file, _ = load_safetensors(os.path.join(D, "bias.safetensors"))
     except (OSError, ValueError, KeyError) as e:  # JSONDecodeError is a ValueError
         print(f"cannot read the dump in {D}: {type(e).__name__}: {e}")
         print("torch reference: 0 checks passed, 1 failed")
@@ -434,9 +478,25 @@ def main(argv=None):
         rep.fail("tokens", f"batch.safetensors tokens {list(tokens.shape)} disagree with train.json "
                  f"batch {tcfg.get('batch')} seq_len {tcfg.get('seq_len')}")
 
+    # noaux_tc: the selection biases the C++ side started from, one per MoE layer.
+    biases = {}
+    if bias_file is not None:
+        for i in range(cfg.num_layers):
+            if cfg.is_moe_layer(i):
+                n = bias_name(f"model.layers.{i}.mlp.")
+                b = bias_file.get("init." + n)
+                if b is None or list(b.shape) != [int(cfg.n_routed_experts)]:
+                    rep.fail("init." + n, "missing or of the wrong shape in bias.safetensors")
+                else:
+                    biases[n] = b.to(torch.float32)
+        if any(not r[4] for r in rep.rows):
+            rep.print_table()
+            print(f"torch reference: {rep.counts()[0]} checks passed, {rep.counts()[1]} failed")
+            return 1
+
     # One forward/backward on "tokens".
     P = make_params(weights, names, dtype)
-    logits, loss, ce, aux, margins = forward(P, cfg, tokens)
+    logits, loss, ce, aux, margins = forward(P, cfg, tokens, biases)
     grads = torch.autograd.grad(loss, [P[n] for n in names], allow_unused=True)
     rep.compare("logits", expected.get("logits"), logits)
     rep.compare("loss", expected.get("loss"), loss.reshape(1))
@@ -454,7 +514,11 @@ def main(argv=None):
                  f"expected [{steps}, B, T+1]")
         ref_losses = None
     else:
-        ref_losses, ref_final = train(weights, names, cfg, tcfg, train_tokens, dtype)
+        ref_losses, ref_final, ref_biases = train(weights, names, cfg, tcfg, train_tokens, dtype, biases)
+        # The selection biases after the steps: sums of +-gamma, exact in fp32 unless a load
+        # count differs (then by 2 gamma at least).
+        for n, b in ref_biases.items():
+            rep.compare("final." + n, bias_file.get("final." + n), b, tol=1e-6)
         cpp_losses = expected.get("train_losses")
         if cpp_losses is None or cpp_losses.numel() != steps:
             rep.fail("train_losses", "missing or wrong length in expected.safetensors")

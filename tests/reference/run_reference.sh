@@ -16,6 +16,7 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 mkdir -p "$outdir"
 # Stale files from an earlier run must not be compared (only the known names are removed).
 rm -f "$outdir"/config.json "$outdir"/train.json "$outdir"/model.safetensors \
-  "$outdir"/batch.safetensors "$outdir"/expected.safetensors "$outdir"/final.safetensors
+  "$outdir"/batch.safetensors "$outdir"/expected.safetensors "$outdir"/final.safetensors \
+  "$outdir"/bias.safetensors
 "$dump_tool" "$outdir" ${4:+"$4"}
 "$python" "$here/deepseek_ref.py" "$outdir"

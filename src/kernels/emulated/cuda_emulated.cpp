@@ -263,22 +263,23 @@ void rope_backward(float* dx, const RopeTable& table, int B, int T, int n_head, 
 }
 
 void router_topk(float* scores_TE, int32_t* topk_idx_TK, float* topk_weight_TK, int T, int E, int k,
-                 bool renorm) {
+                 bool renorm, const math::RouterScoring& scoring) {
   KernelScope scope;
-  moe::kernels::router_topk(scores_TE, topk_idx_TK, topk_weight_TK, T, E, k, renorm);
+  moe::kernels::router_topk(scores_TE, topk_idx_TK, topk_weight_TK, T, E, k, renorm, scoring);
 }
 
 void router_topk_backward(float* dlogits_TE, const float* scores_TE, const int32_t* topk_idx_TK,
                           const float* dtopk_weight_TK, int T, int E, int k, bool renorm,
-                          const float* aux_coef_BE, int S, float aux_scale) {
+                          const float* aux_coef_BE, int S, float aux_scale,
+                          const math::RouterScoring& scoring) {
   KernelScope scope;
-  moe::kernels::router_topk_backward(dlogits_TE, scores_TE, topk_idx_TK, dtopk_weight_TK, T, E, k, renorm, aux_coef_BE, S, aux_scale);
+  moe::kernels::router_topk_backward(dlogits_TE, scores_TE, topk_idx_TK, dtopk_weight_TK, T, E, k, renorm, aux_coef_BE, S, aux_scale, scoring);
 }
 
 void router_aux_stats(double* count_BE, double* score_sum_BE, const int32_t* topk_idx_TK,
-                      const float* scores_TE, int T, int E, int k, int B) {
+                      const float* scores_TE, int T, int E, int k, int B, bool normalise) {
   KernelScope scope;
-  moe::kernels::router_aux_stats(count_BE, score_sum_BE, topk_idx_TK, scores_TE, T, E, k, B);
+  moe::kernels::router_aux_stats(count_BE, score_sum_BE, topk_idx_TK, scores_TE, T, E, k, B, normalise);
 }
 
 }  // namespace cuda
