@@ -43,8 +43,7 @@ mx::MoeWeights moe_weights(const LayerTensors& L) {
 }
 
 // The rotation of position p alone: a one-row table holding row p of `t` (rope_forward rotates
-// token t of a sequence by row t). A fresh table each time: the CUDA rotation uploads a table's
-// rows on its first use and keeps them.
+// token t of a sequence by row t).
 k::RopeTable rope_row(const k::RopeTable& t, int p) {
   k::RopeTable r;
   r.max_pos = 1;
@@ -102,6 +101,9 @@ const std::vector<float>& Decoder::feed(const int32_t* tokens, int n) {
   k::ensure_buffer(rstd_, n, &mem_);
   device_copy(dev_, tokens_.data(), Device::kCpu, tokens, n * sizeof(int32_t));
 
+  // The rotation of this step's position, shared by every layer. Assigned anew each step: the
+  // CUDA rotation uploads a table on its first use, and the new table has no device copy yet.
+  if (pos_ > 0) step_rope_ = rope_row(rope_, pos_);
   k::embedding_forward(x_.data(), tokens_.data(), model_.weights().embed, n, H);
   for (int l = 0; l < c_.num_hidden_layers; ++l) layer(l, n);
   // Final norm and head on the last token only.
@@ -130,9 +132,8 @@ void Decoder::layer(int l, int n) {
     k::rope_forward(q_.data(), rope_, 1, n, nh, hd);
     k::rope_forward(kc, rope_, 1, n, nh, hd);
   } else {          // one token at position pos_
-    const k::RopeTable row = rope_row(rope_, pos_);
-    k::rope_forward(q_.data(), row, 1, 1, nh, hd);
-    k::rope_forward(kc, row, 1, 1, nh, hd);
+    k::rope_forward(q_.data(), step_rope_, 1, 1, nh, hd);
+    k::rope_forward(kc, step_rope_, 1, 1, nh, hd);
   }
   attention(l, n);
   k::copy(h_.data(), x_.data(), NH);

@@ -45,6 +45,7 @@ class Decoder {
   int pos_ = 0;
   Device dev_;
   kernels::RopeTable rope_;                 // [max_position_embeddings, hd/2], as the model's
+  kernels::RopeTable step_rope_;            // [1, hd/2]: row pos_ of rope_ (one-token steps)
   MemTracker mem_;
   std::vector<Buffer<float>> k_cache_, v_cache_;  // per layer [S, H] (= [S, nh, hd]), after RoPE
   // Workspace for n tokens (resized when a call feeds more tokens than before).
