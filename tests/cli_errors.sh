@@ -118,6 +118,11 @@ expect gqa 'config: grouped-query attention (`num_key_value_heads` 2 of 4)' \
 cfg "$dir/sigmoid.json" 'c["scoring_func"] = "sigmoid"'
 expect sigmoid-router 'config: unsupported router (`scoring_func` sigmoid)' \
   'scoring_func "sigmoid" is not supported' "${common[@]}" --config "$dir/sigmoid.json" --out "$dir/o19"
+cfg "$dir/topk.json" 'c["topk_method"] = "sparse_magic"'
+expect unknown-topk-method 'config: unknown router selection (`topk_method` sparse_magic)' \
+  'topk_method "sparse_magic" is not supported (supported: greedy, noaux_tc)' "${common[@]}" --config "$dir/topk.json" --out "$dir/o19b"
+expect bias-rate-without-noaux '`--balance.bias-rate` for a model without aux-loss-free balancing' \
+  '--balance.bias-rate 0.001: the model'"'"'s router uses topk_method "greedy"' "${common[@]}" --preset test-moe --balance.bias-rate 1e-3 --out "$dir/o19c"
 cfg "$dir/vocab.json" 'c["vocab_size"] = 100'
 expect small-vocab 'config: vocabulary smaller than the 256 byte tokens' \
   'byte-level data needs vocab_size >= 256, the config has 100' "${common[@]}" --config "$dir/vocab.json" --out "$dir/o20"

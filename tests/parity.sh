@@ -10,7 +10,10 @@
 # of the same BASE: the three token exchanges (flat/rbd/halo), the two pipeline schedules
 # (1f1b/gpipe), the three recompute modes (none/moe/full). A run named X.NAME is compared with the
 # one-process run single.X (another global batch); others with single.
-# Usage: parity.sh SUITE MOETRAIN CORPUS WORKDIR      SUITE: ep | pp
+# Suite noaux: DeepSeek-V3's aux-loss-free balancing (test-moe-noaux): the selection bias moves after
+# every step by the global loads, so its final value (the checkpoint manifest's router_bias) must be
+# the same, bit for bit, on every layout.
+# Usage: parity.sh SUITE MOETRAIN CORPUS WORKDIR      SUITE: ep | pp | noaux
 set -euo pipefail
 suite="$1"
 bin="$2"
@@ -61,6 +64,22 @@ case "$suite" in
     run "b16.pp2ep2dp2@flat" 8 "${m[@]}" --batch 4 --pp 2 --ep 2 --dp 2 --topo.ranks-per-node 4
     run "b16.pp2ep2dp2@rbd" 8 "${m[@]}" --batch 4 --pp 2 --ep 2 --dp 2 --topo.ranks-per-node 4 --a2a rbd
     run "pp2-uneven@1f1b" 2 "${m[@]}" --batch 8 --pp 2 --pp.layers 1,3
+    ;;
+  noaux)  # global batch 8; EP, DP, PP (and EP x PP) move the selection bias as one process does
+    m=(--preset test-moe-noaux --micro-batches 2)
+    run single 1 "${m[@]}" --batch 8
+    run "ep2@flat" 2 "${m[@]}" --batch 4 --ep 2 --topo.ranks-per-node 2
+    run "ep2@rbd" 2 "${m[@]}" --batch 4 --ep 2 --topo.ranks-per-node 2 --a2a rbd
+    run "dp2@flat" 2 "${m[@]}" --batch 4 --dp 2
+    run "pp2@1f1b" 2 "${m[@]}" --batch 8 --pp 2
+    run "pp2ep2@1f1b" 4 "${m[@]}" --batch 4 --pp 2 --ep 2
+    # Stop after step 10 (its checkpoint), resume: bit for bit the uninterrupted run (the bias is
+    # restored from the manifest, not rebuilt).
+    run "one@resume" 1 "${m[@]}" --batch 8 --checkpoint.every 10
+    rm -rf "$work/one@resume/checkpoints/step-20"
+    /usr/bin/env python3 -c "
+import sys; p='$work/one@resume/metrics.jsonl'; l=open(p).readlines()[:10]; open(p,'w').writelines(l)"
+    run "one@resume" 1 "${m[@]}" --batch 8 --checkpoint.every 10 --resume latest
     ;;
   *) echo "unknown suite $suite" >&2; exit 2 ;;
 esac
@@ -115,6 +134,14 @@ for name in runs:
         check(d <= bound, f"{name}: step 1 {q} relative difference {d:.3e} > {bound:g}")
         w1 = max(w1, d)
     worst["step1"] = w1
+    # The noaux_tc selection bias after the last step: exact, whatever the layout.
+    def router_bias(n):
+        with open(os.path.join(work, n, "checkpoints", "step-20", "manifest.json")) as f:
+            return json.load(f).get("router_bias")
+    rb = router_bias(ref_name)
+    if rb is not None:
+        check(router_bias(name) == rb, f"{name}: router_bias after step 20 differs from {ref_name}")
+        check(any(v != 0 for row in rb.values() for v in row), f"{ref_name}: router_bias never moved")
     print(f"{name:22s} " + " ".join(f"{worst[c]:10.2e}" for c in cols))
 print("bounds                 " + " ".join(f"{BOUNDS.get(c, max(STEP1.values())):10.0e}" for c in cols))
 groups = {}
@@ -129,6 +156,14 @@ for base, names in sorted(groups.items()):
                                     os.path.join(work, first, "model.safetensors"), shallow=False)
         check(same, f"{other}: metrics/weights not bit-identical to {first}")
         print(f"{other:22s} bit-identical to {first}: {same}")
+for name in runs:
+    if name.endswith("@resume"):  # stopped and resumed: bit for bit the one-process run
+        a, b = metrics(name), metrics("single")
+        same = len(a) == len(b) and all(x.get(q) == y.get(q) for x, y in zip(a, b) for q in SAME)
+        same = same and filecmp.cmp(os.path.join(work, name, "model.safetensors"),
+                                    os.path.join(work, "single", "model.safetensors"), shallow=False)
+        check(same, f"{name}: metrics/weights not bit-identical to single")
+        print(f"{name:22s} bit-identical to single: {same}")
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
 PY

@@ -709,6 +709,42 @@ void add_router(std::vector<OpCase>& ops) {
                      c.same("count", d_cnt, cnt);
                      c.same("score_sum", d_sum, sum);
                    }});
+    // DeepSeek-V3 (noaux_tc): sigmoid scores, a selection bias on the device, a scale; its
+    // backward with the normalised-score aux term; the aux statistics of s / sum(s).
+    ops.push_back({"router_topk sigmoid+bias", shape, 1e-10, [=](Checker& c) {
+                     Rng rng(140 + s.E);
+                     Vec scores = randn(rng, static_cast<size_t>(s.T) * s.E, 2.0),
+                         w(static_cast<size_t>(s.T) * s.k), bias = randn(rng, s.E, 0.5);
+                     IVec idx(w.size(), -1);
+                     auto d_scores = dev(scores), d_w = dev(w), d_bias = dev(bias);
+                     auto d_idx = dev(idx);
+                     math::RouterScoring hs{true, bias.data(), 2.5f}, ds{true, d_bias.data(), 2.5f};
+                     router_topk(scores.data(), idx.data(), w.data(), s.T, s.E, s.k, s.renorm, hs);
+                     cuda::router_topk(d_scores.data(), d_idx.data(), d_w.data(), s.T, s.E, s.k,
+                                       s.renorm, ds);
+                     c.same("topk_idx", host(d_idx), idx);
+                     c.close("scores", host(d_scores), scores);
+                     c.close("weights", host(d_w), w);
+                     const int B = s.T % 2 == 0 ? 2 : 1;
+                     const size_t be = static_cast<size_t>(B) * s.E;
+                     std::vector<double> cnt(be), sum(be), d_cnt(be), d_sum(be);
+                     router_aux_stats(cnt.data(), sum.data(), idx.data(), scores.data(), s.T, s.E,
+                                      s.k, B, /*normalise=*/true);
+                     cuda::router_aux_stats(d_cnt.data(), d_sum.data(), d_idx.data(),
+                                            d_scores.data(), s.T, s.E, s.k, B, /*normalise=*/true);
+                     c.same("count", d_cnt, cnt);
+                     // expf differs between the devices in the last bit: close, not the same bits.
+                     c.close("score_sum normalised", Vec(d_sum.begin(), d_sum.end()),
+                             Vec(sum.begin(), sum.end()));
+                     Vec dw = randn(rng, w.size()), coef = randn(rng, be), dlogits(scores.size());
+                     auto d_dw = dev(dw), d_coef = dev(coef), d_dlogits = dev(dlogits);
+                     router_topk_backward(dlogits.data(), scores.data(), idx.data(), dw.data(), s.T,
+                                          s.E, s.k, s.renorm, coef.data(), s.T / B, 0.01f, hs);
+                     cuda::router_topk_backward(d_dlogits.data(), d_scores.data(), d_idx.data(),
+                                                d_dw.data(), s.T, s.E, s.k, s.renorm, d_coef.data(),
+                                                s.T / B, 0.01f, ds);
+                     c.close("dlogits", host(d_dlogits), dlogits);
+                   }});
   }
 }
 
