@@ -70,6 +70,14 @@ plan() {  # plan NAME MODEL LAYOUT
 plan dp2-z test-moe "pp=1,dp=2,ep=1,mb=1,recompute=none,a2a=flat,zero1=1"
 plan ep2dp2-z test-moe "pp=1,dp=2,ep=2,mb=1,recompute=none,a2a=flat,zero1=1"
 plan pp.pp2dp2-z test-moe4 "pp=2,dp=2,ep=1,mb=4,recompute=none,a2a=flat,zero1=1"
+# The command the planner prints is one `moetrain train` accepts, --zero1 included: run it.
+cmd=$(/usr/bin/env python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["train_command"])' \
+      "$work/plan-dp2-z.json")
+read -r -a words <<< "$cmd"
+for i in "${!words[@]}"; do [ "${words[$i]}" = moetrain ] && words[$i]="$bin"; done
+[ "${words[0]}" = mpirun ] && words=(mpirun --oversubscribe --bind-to none "${words[@]:1}")
+"${words[@]}" --steps 2 --eval-every 0 --eval-batches 1 --quiet --data "$corpus" --out "$work/plan-cmd"
+echo "ok   the planner's command ran: $cmd"
 
 /usr/bin/env python3 - "$work" <<'PY'
 import json, os, struct, sys
