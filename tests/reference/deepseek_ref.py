@@ -248,6 +248,9 @@ def moe(x, P, p, cfg, diag, biases=None, loads=None):
     xf = x.reshape(B * T, H)
     logits = F.linear(xf, P[p + "gate.weight"])  # [N, E]
     if cfg.topk_method == "noaux_tc":
+        if biases is None or bias_name(p) not in biases:
+            raise ValueError(f"{bias_name(p)}: topk_method noaux_tc needs the selection bias "
+                             "(an exported model does not carry it yet)")
         scores = logits.sigmoid()
         choice = scores.detach() + biases[bias_name(p)].to(scores.dtype).unsqueeze(0)
         _, topk_idx = torch.topk(choice, k, dim=-1, sorted=True)
