@@ -39,6 +39,9 @@ run single 1 "${m[@]}" --batch 8
 run single-z 1 "${m[@]}" --batch 8 --zero1
 run dp2 2 "${m[@]}" --batch 4 --dp 2
 run dp2-z 2 "${m[@]}" --batch 4 --dp 2 --zero1
+# DP = 1 with EP 2: accepted; the experts stay whole, the replicated tensors split over the 2 EP ranks.
+run ep2 2 "${m[@]}" --batch 4 --ep 2 --topo.ranks-per-node 2
+run ep2-z 2 "${m[@]}" --batch 4 --ep 2 --topo.ranks-per-node 2 --zero1
 run ep2dp2 4 "${m[@]}" --batch 2 --ep 2 --dp 2 --topo.ranks-per-node 4
 run ep2dp2-z 4 "${m[@]}" --batch 2 --ep 2 --dp 2 --topo.ranks-per-node 4 --zero1
 p=(--preset test-moe4 --micro-batches 4)
@@ -128,6 +131,7 @@ def bits_equal(a, b, qs=LOSSES):
 
 # 1. Parity with one process, 2. bit for bit against the same layout without --zero1.
 for z, plain, ref, expect_bits in [("single-z", "single", "single", True), ("dp2-z", "dp2", "single", True),
+                                   ("ep2-z", "ep2", "single", True),
                                    ("ep2dp2-z", "ep2dp2", "single", False),
                                    ("pp.pp2dp2-z", "pp.pp2dp2", "pp.single", True)]:
     wm = worst_metrics(metrics(z), metrics(ref))
@@ -150,6 +154,7 @@ def last(name): return metrics(name)[-1]
 def coords(rank, pp, dp, ep):  # world rank -> (pp, dp, ep), EP fastest
     return rank // (dp * ep), (rank // ep) % dp, rank % ep
 for z, plain, (pp, dp, ep) in [("single-z", "single", (1, 1, 1)), ("dp2-z", "dp2", (1, 2, 1)),
+                               ("ep2-z", "ep2", (1, 1, 2)),
                                ("ep2dp2-z", "ep2dp2", (1, 2, 2)), ("pp.pp2dp2-z", "pp.pp2dp2", (2, 2, 1))]:
     oz, op = last(z)["optimizer_bytes"], last(plain)["optimizer_bytes"]
     spans = 2 * json.load(open(os.path.join(work, z, "config.json")))["num_hidden_layers"] + 1  # an upper bound
@@ -180,7 +185,7 @@ for z, plain, (pp, dp, ep) in [("single-z", "single", (1, 1, 1)), ("dp2-z", "dp2
         check(abs((pp_[s] - pz[s]) - saved) <= 16 * 4,
               f"{z} stage {s}: high-water mark {int(pp_[s])} -> {int(pz[s])} B, down {int(pp_[s] - pz[s])} B, "
               f"optimizer bytes saved {int(saved)} B")
-    if z == "single-z": continue
+    if z in ("single-z", "ep2-z"): continue
     pred = json.load(open(os.path.join(work, f"plan-{z}.json")))
     meas = max(st["total_peak_bytes"] for st in last(z)["stages"])
     pm = pred["memory"]["peak_bytes"]
