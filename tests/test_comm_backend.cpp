@@ -1,0 +1,59 @@
+// The choice of the transport for device buffers between ranks (comm/nccl.h): a pure function of
+// every rank's (host, GPU), the request and whether NCCL loads.
+#include <gtest/gtest.h>
+
+#include "comm/nccl.h"
+#include "core/error.h"
+
+namespace moe::comm {
+namespace {
+
+using Gpus = std::vector<std::pair<double, int>>;
+
+TEST(CommBackend, AutoPicksNcclOnlyWhenEveryRankHasItsOwnGpu) {
+  std::string why;
+  // Two hosts, two GPUs each, every rank on its own.
+  EXPECT_EQ(choose_comm_backend(CommBackendRequest::kAuto, {{1, 0}, {1, 1}, {2, 0}, {2, 1}}, true, &why),
+            CommBackend::kNccl);
+  EXPECT_EQ(why, "every rank has its own GPU");
+  // Two ranks on GPU 0 of one host (the one-GPU machine): MPI, and the reason names them.
+  EXPECT_EQ(choose_comm_backend(CommBackendRequest::kAuto, {{1, 0}, {1, 0}}, true, &why), CommBackend::kMpi);
+  EXPECT_NE(why.find("ranks 0 and 1 share GPU 0"), std::string::npos) << why;
+  // GPU 0 of two different hosts is two GPUs.
+  EXPECT_EQ(choose_comm_backend(CommBackendRequest::kAuto, {{1, 0}, {2, 0}}, true, &why), CommBackend::kNccl);
+  // A CPU rank, one rank, or no library: MPI.
+  EXPECT_EQ(choose_comm_backend(CommBackendRequest::kAuto, {{1, 0}, {1, -1}}, true, &why), CommBackend::kMpi);
+  EXPECT_NE(why.find("rank 1 has no GPU"), std::string::npos) << why;
+  EXPECT_EQ(choose_comm_backend(CommBackendRequest::kAuto, {{1, 0}}, true, &why), CommBackend::kMpi);
+  EXPECT_EQ(choose_comm_backend(CommBackendRequest::kAuto, {{1, 0}, {1, 1}}, false, &why), CommBackend::kMpi);
+  EXPECT_EQ(why, "NCCL is not available");
+}
+
+TEST(CommBackend, ExplicitRequests) {
+  std::string why;
+  EXPECT_EQ(choose_comm_backend(CommBackendRequest::kMpi, {{1, 0}, {1, 1}}, true, &why), CommBackend::kMpi);
+  EXPECT_EQ(choose_comm_backend(CommBackendRequest::kNccl, {{1, 0}, {1, 1}}, true, &why), CommBackend::kNccl);
+  try {
+    choose_comm_backend(CommBackendRequest::kNccl, {{1, 3}, {1, 3}}, true, &why);
+    FAIL() << "two ranks on one GPU accepted for nccl";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--comm.backend nccl: ranks 0 and 1 share GPU 3"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(parse_comm_backend("gloo", "--comm.backend"), Error);
+  EXPECT_EQ(parse_comm_backend("auto", "x"), CommBackendRequest::kAuto);
+}
+
+TEST(CommBackend, NcclNotLoadableWithoutTheRealBackend) {
+  std::string why;
+#if !defined(MOETRAIN_HAVE_CUDA) || defined(MOETRAIN_EMULATED_CUDA)
+  EXPECT_FALSE(nccl_loadable(&why));
+  EXPECT_NE(why.find("without the CUDA backend"), std::string::npos);
+#else
+  // With the CUDA backend the answer depends on the machine; it must not throw, and says why not.
+  if (!nccl_loadable(&why)) EXPECT_FALSE(why.empty());
+#endif
+}
+
+}  // namespace
+}  // namespace moe::comm
