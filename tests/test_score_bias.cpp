@@ -17,6 +17,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "moe/router.h"
+#include "train/checkpoint_manifest.h"
 #include "train/score_bias.h"
 
 namespace {
@@ -240,6 +241,21 @@ TEST(ScoreBiasState, CheckpointFormIsExactAndCheckedOnLoad) {
                 .find("topk_method \"greedy\""),
             std::string::npos);
   EXPECT_FALSE(train::ScoreBias(model::preset("test-moe"), std::nullopt).active());
+}
+
+// The manifest carries router_bias as given (checked against the model on resume); anything but
+// an object or null is refused while parsing, naming the manifest and the field.
+TEST(ScoreBiasState, ManifestFieldParsed) {
+  nlohmann::json m = {{"format", train::kCheckpointFormat}, {"step", 2}, {"data_rng_state", "1"},
+                      {"seed", "2"}, {"bad_steps", 0}, {"config", {{"hidden_size", 32}}},
+                      {"tensors", {{"w", "shard-00000.safetensors"}}},
+                      {"shards", {{"shard-00000.safetensors", {{"bytes", 100}, {"fnv1a64", "0123456789abcdef"}}}}}};
+  EXPECT_TRUE(train::parse_manifest(m.dump(), "ck/manifest.json").meta.router_bias.is_null());
+  m["router_bias"] = {{"1", {0.5, -0.25}}};
+  EXPECT_EQ(train::parse_manifest(m.dump(), "ck/manifest.json").meta.router_bias, m["router_bias"]);
+  m["router_bias"] = "zero";
+  EXPECT_EQ(error_of([&] { train::parse_manifest(m.dump(), "ck/manifest.json"); }),
+            "ck/manifest.json: field \"router_bias\" must be a JSON object {\"layer\": [E numbers]} or null");
 }
 
 TEST(ScoreBiasConfig, RouterFieldsReadWriteAndRefuse) {
