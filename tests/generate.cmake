@@ -20,21 +20,13 @@ if(MOETRAIN_EMULATE_CUDA)
   set_tests_properties(generate_device PROPERTIES LABELS "emulated-cuda" TIMEOUT 300)
 endif()
 
-# Golden loss curves (scripts/golden.sh, tests/golden/): bit for bit on a Release build. The
-# sanitizer build is another build (RelWithDebInfo -O2, instrumented): compared with the
-# documented tolerance there, and only the short multi-rank case (the 50 default steps would take
-# minutes under ASan).
-if(MOETRAIN_SANITIZE)
-  set(golden_env MOETRAIN_GOLDEN_RTOL=1e-3)
-  set(golden_cases pp2-ep2-30)
-else()
-  set(golden_env MOETRAIN_GOLDEN_RTOL=0)
-  set(golden_cases tiny-50 pp2-ep2-30)
-endif()
-foreach(c ${golden_cases})
+# Golden loss curves (scripts/golden.sh, tests/golden/): bit for bit. Measured bit-exact on the
+# Release build and on the sanitizer build (RelWithDebInfo -O2 + ASan/UBSan: tiny-50 in 61 s,
+# pp2-ep2-30 in 13 s), so both builds compare exactly; for another compiler or BLAS run ctest
+# with MOETRAIN_GOLDEN_RTOL=1e-3 in the environment (README), which golden.sh reads.
+foreach(c tiny-50 pp2-ep2-30)
   add_test(NAME golden_${c}
-           COMMAND ${CMAKE_COMMAND} -E env ${golden_env}
-                   ${CMAKE_SOURCE_DIR}/scripts/golden.sh --bin $<TARGET_FILE:moetrain>
+           COMMAND ${CMAKE_SOURCE_DIR}/scripts/golden.sh --bin $<TARGET_FILE:moetrain>
                    --work ${CMAKE_BINARY_DIR}/golden ${c})
   if(c MATCHES "^pp")
     set_tests_properties(golden_${c} PROPERTIES LABELS "golden;mpi" TIMEOUT 300 RUN_SERIAL TRUE)
