@@ -38,6 +38,18 @@ assert side["vocab_size"] == 400 and side["val"]["tokens"] < side["val"]["bytes"
 assert abs(last["val_loss_nats_per_byte"] - want) <= 1e-12 * want, (last, want)
 PY
 
+# 2b. generate from the BPE model with its tokenizer: the prompt round-trips through the pieces
+# and the text continues; the byte tokenizer is refused for it, naming the flag to use.
+out="$("$bin" generate "$dir/o-bpe" --tokenizer "spm:$dir/bpe.model" --prompt "In the beginning God" \
+        --tokens 12 --temperature 0)" || fail "generate with --tokenizer spm:PATH"
+case "$out" in "In the beginning God"?*) ;; *) fail "generate (spm) did not continue the prompt: $out" ;; esac
+ids="$("$bin" generate "$dir/o-bpe" --tokenizer "spm:$dir/bpe.model" --prompt "In the beginning God" \
+        --tokens 12 --temperature 0 --ids)" || fail "generate --ids with spm"
+n=$(echo "$ids" | wc -w)
+[ "$n" -gt 12 ] && [ "$n" -lt $((12 + 20)) ] || fail "spm prompt not encoded as BPE pieces ($n ids)"
+err="$("$bin" generate "$dir/o-bpe" --prompt x --tokens 2 2>&1)" && fail "byte tokenizer accepted for a BPE model"
+echo "$err" | grep -q "spm:PATH" || fail "unhelpful error for the byte tokenizer on a BPE model: $err"
+
 # 3. spm:PATH reuses that model: the same tokens, the model copied beside the new dataset.
 "$bin" tokenize --input "$dir/text.txt" --tokenizer "spm:$dir/bpe.model" --output "$dir/again" --quiet
 cmp -s "$dir/bpe.bin" "$dir/again.bin" || fail "spm:PATH gave other tokens than the model's own run"

@@ -18,6 +18,7 @@ class Tokenizer {
   // The text of one token id (ids the tokenizer has no text for are written as <|id|>).
   virtual std::string decode_token(int32_t id) const = 0;
   virtual const char* name() const = 0;
+  virtual int vocab_size() const = 0;  // ids the tokenizer produces are in [0, vocab_size)
 };
 
 // Token = byte value. A model of vocab_size V > 256 may still emit ids >= 256 (untrained rows of
@@ -34,12 +35,14 @@ class ByteTokenizer final : public Tokenizer {
     return str_cat("<|", id, "|>");
   }
   const char* name() const override { return "bytes"; }
+  int vocab_size() const override { return 256; }
 };
 
-// "bytes" -> ByteTokenizer; any other kind is refused by name.
+// "bytes" -> ByteTokenizer; any other kind is refused by name (a SentencePiece model is loaded by
+// the CLI, which links moetrain_text, and handed to generate as GenerateOptions::tokenizer_impl).
 inline std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind) {
   if (kind == "bytes") return std::make_unique<ByteTokenizer>();
-  throw Error(str_cat("tokenizer '", kind, "' is not supported by generate (only bytes)"));
+  throw Error(str_cat("--tokenizer '", kind, "': expected bytes or spm:PATH.model"));
 }
 
 }  // namespace moe::io

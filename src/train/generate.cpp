@@ -169,7 +169,8 @@ GenerateResult generate(const GenerateOptions& o,
                         const std::function<void(const std::vector<int32_t>&)>& on_prompt,
                         const std::function<void(int32_t)>& on_token) {
   check_generate_options(o);
-  const std::unique_ptr<io::Tokenizer> tok = io::make_tokenizer(o.tokenizer);
+  const std::shared_ptr<const io::Tokenizer> tok =
+      o.tokenizer_impl ? o.tokenizer_impl : std::shared_ptr<const io::Tokenizer>(io::make_tokenizer(o.tokenizer));
   const Device device = parse_device(o.device, "--device");
   require_device(device, "--device");
   select_device(device, 0);
@@ -184,8 +185,11 @@ GenerateResult generate(const GenerateOptions& o,
   r.max_position_embeddings = c.max_position_embeddings;
   // A model trained on another tokenizer's ids (a BPE dataset's vocab) would print bytes that
   // mean nothing: refused, not guessed.
-  MOE_CHECK(o.tokenizer != "bytes" || c.vocab_size == 256, m.source, ": vocab_size ", c.vocab_size,
-            " is not the byte-level vocabulary (256); generate knows only the byte tokenizer so far");
+  MOE_CHECK(std::string(tok->name()) != "bytes" || c.vocab_size == 256, m.source, ": vocab_size ",
+            c.vocab_size, " is not the byte-level vocabulary (256): give the tokenizer of its data "
+            "with --tokenizer spm:PATH.model");
+  MOE_CHECK(tok->vocab_size() <= c.vocab_size, "--tokenizer ", o.tokenizer, ": its ", tok->vocab_size(),
+            " pieces exceed the model's vocab_size ", c.vocab_size, " (", m.source, ")");
   r.prompt_ids = tok->encode(o.prompt);
   const long long P = static_cast<long long>(r.prompt_ids.size());
   MOE_CHECK(P <= c.max_position_embeddings, "--prompt is ", P, " tokens, longer than "

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "io/tokenizer.h"
 #include "model/model.h"
 
 namespace moe::train {
@@ -23,7 +24,9 @@ struct GenerateOptions {
   int top_k = 0;              // sample among the k most likely tokens; 0 = all
   uint64_t seed = 0;          // the sampler's Rng (core/rng.h)
   std::string device = "cpu"; // cpu | cuda
-  std::string tokenizer = "bytes";
+  std::string tokenizer = "bytes";  // bytes | spm:PATH (loaded by the CLI into tokenizer_impl)
+  // The tokenizer itself when the caller made one (a SentencePiece model); else `tokenizer` names it.
+  std::shared_ptr<const io::Tokenizer> tokenizer_impl;
 };
 
 // A model read for inference, on the active device. Errors (missing folder, bad manifest,
