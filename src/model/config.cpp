@@ -232,7 +232,19 @@ double float_json(float f) {
 }
 }  // namespace
 
+static json config_json_common(const ModelConfig& c);  // every field but the balancing ones
+
 json config_to_json(const ModelConfig& c) {
+  json j = config_json_common(c);
+  // The router fields of aux-loss-free balancing only when not the defaults: a config (and a
+  // checkpoint manifest, which resume compares key by key) written before they existed stays equal.
+  if (c.topk_method != "greedy") j["topk_method"] = c.topk_method;
+  if (c.routed_scaling_factor != 1.0f) j["routed_scaling_factor"] = float_json(c.routed_scaling_factor);
+  if (c.bias_update_speed != 1e-3f) j["bias_update_speed"] = float_json(c.bias_update_speed);
+  return j;
+}
+
+static json config_json_common(const ModelConfig& c) {
   return json{{"architectures", {"DeepseekForCausalLM"}},
               {"model_type", c.model_type},
               {"vocab_size", c.vocab_size},
@@ -249,9 +261,6 @@ json config_to_json(const ModelConfig& c) {
               {"moe_layer_freq", c.moe_layer_freq},
               {"norm_topk_prob", c.norm_topk_prob},
               {"scoring_func", c.scoring_func},
-              {"topk_method", c.topk_method},
-              {"routed_scaling_factor", float_json(c.routed_scaling_factor)},
-              {"bias_update_speed", float_json(c.bias_update_speed)},
               {"aux_loss_alpha", float_json(c.aux_loss_alpha)},
               {"seq_aux", c.seq_aux},
               {"rope_theta", float_json(c.rope_theta)},
