@@ -21,6 +21,10 @@
 #include "train/run_guard.h"
 #include "train/trainer.h"
 #include "apps/plan_cmd.h"
+#include "apps/inspect_cmd.h"
+#include "apps/report_cmd.h"
+#include "apps/generate_cmd.h"
+#include "apps/tokenize_cmd.h"
 
 using namespace moe;
 
@@ -49,9 +53,10 @@ struct A2aCli {
 void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   CLI::App* t = app.add_subcommand("train", "train a model (default: the tiny preset on the built-in corpus)");
   t->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flag wins
-  t->add_option("--preset", o.preset, "model preset: tiny, test-moe, test-dense")->capture_default_str();
+  t->add_option("--preset", o.preset, "model preset: tiny, tiny-noaux, test-moe, test-moe-noaux, test-dense, ...")->capture_default_str();
   t->add_option("--config", o.config_path, "Hugging Face config.json (overrides --preset)");
-  t->add_option("--data", o.data_path, "text file, one token per byte (default: data/kjv.txt)");
+  t->add_option("--data", o.data_path, "text file, one token per byte (default: data/kjv.txt), or an indexed dataset PREFIX (moetrain tokenize)");
+  t->add_option("--vocab-size", o.vocab_size, "override the model's vocab_size (e.g. a BPE dataset's)");
   t->add_option("--out", o.out_dir, "output folder")->capture_default_str();
   t->add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   t->add_option("--batch", o.batch, "sequences per step")->capture_default_str();
@@ -75,6 +80,10 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   t->add_option("--pp.layers", o.pp_layers, "layers per pipeline stage, e.g. 5,4,4,3 (default: even)")->delimiter(',');
   t->add_option("--pp.schedule", o.schedule, "pipeline schedule: 1f1b or gpipe")->capture_default_str();
   t->add_option("--recompute", o.recompute, "activation checkpointing: none, moe or full")->capture_default_str();
+  t->add_option_function<float>(
+      "--balance.bias-rate", [&o](const float& v) { o.bias_rate = v; },
+      "aux-loss-free balancing (topk_method noaux_tc): bias step gamma (default: the config's "
+      "bias_update_speed, 1e-3)");
   t->add_option("--a2a", o.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase)")->capture_default_str();
   t->add_option("--topo.ranks-per-node", o.topo_ranks_per_node, "emulate nodes of this many ranks (0 = from the launcher)");
   t->add_option("--topo.nodes-per-group", o.topo_nodes_per_group, "emulate switch groups of this many nodes (0 = one group)");
@@ -91,8 +100,15 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
       ->capture_default_str();
   t->add_option("--device", o.device, "cpu or cuda (one GPU per rank: local rank modulo the visible GPUs)")
       ->capture_default_str();
+  t->add_option("--comm.backend", o.comm_backend,
+                "auto, mpi or nccl: how GPU buffers move between ranks (auto: NCCL when every rank "
+                "has its own GPU, else staged through the host over MPI)")
+      ->capture_default_str();
   t->add_option("--precision", o.precision, "fp32, or bf16 GEMM inputs with fp32 accumulation (cuda only)")
       ->capture_default_str();
+  t->add_flag("--zero1", o.zero1,
+              "ZeRO-1: split the AdamW state over the data ranks (reduce-scatter, sliced update, "
+              "all-gather); with one data rank a no-op");
   t->add_flag("--quiet", quiet, "no progress output");
 }
 
@@ -236,6 +252,14 @@ int main(int argc, char** argv) {
   add_bench_command(app, bench_opts, bench_json, bench_threads, a2a_cli, pipe_cli);
   apps::PlanCli plan_cli;
   apps::add_plan_commands(app, plan_cli);
+  apps::ReportCli report_cli;
+  apps::add_report_command(app, report_cli);
+  apps::InspectCli inspect_cli;
+  apps::add_inspect_command(app, inspect_cli);
+  apps::GenerateCli generate_cli;
+  apps::add_generate_command(app, generate_cli);
+  apps::TokenizeCli tokenize_cli;
+  apps::add_tokenize_command(app, tokenize_cli);
   std::string export_ckpt, export_out;
   double export_shard_mb = 2048;
   CLI::App* ex = app.add_subcommand("export", "checkpoint -> Hugging Face folder (config.json + safetensors)");
@@ -254,6 +278,10 @@ int main(int argc, char** argv) {
   }
   try {
     if (int rc = apps::run_plan_commands(app, plan_cli, &argc, &argv); rc >= 0) return rc;
+    if (int rc = apps::run_report_command(app, report_cli); rc >= 0) return rc;
+    if (int rc = apps::run_inspect_command(app, inspect_cli); rc >= 0) return rc;
+    if (int rc = apps::run_generate_command(app, generate_cli); rc >= 0) return rc;
+    if (int rc = apps::run_tokenize_command(app, tokenize_cli); rc >= 0) return rc;
     if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("a2a"))
       return run_a2a_bench_cli(&argc, &argv, a2a_cli);
     if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("pipeline"))

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "comm/host_stage.h"
+#include "comm/nccl.h"
 #include "core/error.h"
 
 namespace moe::comm {
@@ -346,6 +347,7 @@ Group& Group::operator=(Group&& o) noexcept {
     world_rank_ = o.world_rank_;
     world_ranks_ = std::move(o.world_ranks_);
     members_ = std::move(o.members_);
+    nccl_ = std::move(o.nccl_);
   }
   return *this;
 }
@@ -353,6 +355,7 @@ Group& Group::operator=(Group&& o) noexcept {
 Group::~Group() { release(); }
 
 void Group::release() noexcept {
+  nccl_.reset();
   if (!valid_) return;
   valid_ = false;
   if (!mpi_alive()) return;  // outlived MpiRuntime: MPI_Finalize has freed it
@@ -437,6 +440,11 @@ void Group::check_peer(int peer, const char* op) const {
             peer, " out of range [0, ", size_, ")");
 }
 
+void Group::enable_nccl() {
+  MOE_CHECK(valid_, "enable_nccl on an invalid group");
+  if (!nccl_) nccl_ = std::make_shared<NcclComm>(*this);
+}
+
 void Group::barrier() const {
   MOE_CHECK(valid_, "MPI_Barrier on an invalid group");
   OpScope scope("MPI_Barrier", rank_, size_, members_);
@@ -463,6 +471,11 @@ void Group::alltoallv_impl(int dtype, const void* send, const std::vector<int>& 
             "MPI_Alltoallv on group rank ", rank_, " of ", size_,
             ": counts/displacements must have one entry per rank (got ", send_counts.size(), ", ",
             send_displs.size(), ", ", recv_counts.size(), ", ", recv_displs.size(), ")");
+  if (nccl_ && device_of(send) == Device::kCuda && device_of(recv) == Device::kCuda) {
+    OpScope scope("ncclSend/ncclRecv (alltoallv)", rank_, size_, members_);
+    nccl_->alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype);
+    return;
+  }
   MPI_Datatype t = mpi_type(dtype);
   HostStage s(send, extent_bytes(send_counts, send_displs, dtype), /*fill=*/true);
   // Filled too: store() writes the whole extent back, gaps between segments included.
@@ -489,6 +502,11 @@ void Group::alltoallv(const int32_t* send, const std::vector<int>& sc, const std
 void Group::allreduce_impl(int dtype, int op, void* data, int64_t count, const char* name) const {
   MOE_CHECK(valid_, name, " on an invalid group");
   int n = to_int(count, name);
+  if (nccl_ && device_of(data) == Device::kCuda) {
+    OpScope scope("ncclAllReduce", rank_, size_, members_);
+    nccl_->allreduce(data, n, dtype, op);
+    return;
+  }
   HostStage d(data, static_cast<size_t>(n) * dtype_bytes(dtype), /*fill=*/true);
   int rc;
   {
@@ -520,6 +538,55 @@ void Group::allgather(const double* send, double* recv, int count_per_rank) cons
   int rc = MPI_Allgather(send, count_per_rank, MPI_DOUBLE, recv, count_per_rank, MPI_DOUBLE,
                          unpack<MPI_Comm>(comm_));
   if (rc != MPI_SUCCESS) fail("MPI_Allgather", rc, rank_, size_);
+}
+
+// Block displacements of reduce_scatter_sum/allgatherv; checks one count per rank.
+std::vector<int> Group::block_displs(const std::vector<int>& counts, const char* op) const {
+  MOE_CHECK(valid_, op, " on an invalid group");
+  MOE_CHECK(static_cast<int>(counts.size()) == size_, op, " on group rank ", rank_, " of ", size_,
+            ": counts must have one entry per rank (got ", counts.size(), ")");
+  std::vector<int> displs(counts.size());
+  int64_t at = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    MOE_CHECK(counts[r] >= 0, op, ": negative count ", counts[r], " for rank ", r);
+    displs[r] = to_int(at, op);
+    at += counts[r];
+  }
+  to_int(at, op);
+  return displs;
+}
+
+void Group::reduce_scatter_sum(float* data, const std::vector<int>& counts) const {
+  const char* op = "MPI_Reduce_scatter(sum)";
+  const std::vector<int> displs = block_displs(counts, op);
+  const size_t total = static_cast<size_t>(displs.back()) + counts.back();
+  HostStage d(data, total * sizeof(float), /*fill=*/true);
+  int rc;
+  {
+    OpScope scope(op, rank_, size_, members_);
+    // In place, MPI leaves this rank's reduced block at the start of the buffer.
+    rc = MPI_Reduce_scatter(MPI_IN_PLACE, d.get(), counts.data(), MPI_FLOAT, MPI_SUM,
+                            unpack<MPI_Comm>(comm_));
+  }
+  if (rc != MPI_SUCCESS) fail(op, rc, rank_, size_);
+  float* h = d.as<float>();
+  std::memmove(h + displs[rank_], h, static_cast<size_t>(counts[rank_]) * sizeof(float));
+  d.store();
+}
+
+void Group::allgatherv(float* data, const std::vector<int>& counts) const {
+  const char* op = "MPI_Allgatherv";
+  const std::vector<int> displs = block_displs(counts, op);
+  const size_t total = static_cast<size_t>(displs.back()) + counts.back();
+  HostStage d(data, total * sizeof(float), /*fill=*/true);
+  int rc;
+  {
+    OpScope scope(op, rank_, size_, members_);
+    rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, d.get(), counts.data(), displs.data(),
+                        MPI_FLOAT, unpack<MPI_Comm>(comm_));
+  }
+  if (rc != MPI_SUCCESS) fail(op, rc, rank_, size_);
+  d.store();
 }
 
 void Group::blocking(bool is_recv, int dtype, void* data, int64_t count, int peer, int tag) const {

@@ -16,6 +16,7 @@
 namespace moe::comm {
 
 class HostStage;  // comm/host_stage.h: the host copy of a device buffer in flight
+class NcclComm;   // comm/nccl.h: the NCCL communicator of a group
 
 // A pending non-blocking send or receive. Movable, not copyable. A receive checks on completion
 // that exactly the posted number of elements arrived. Destroying a pending request cancels a
@@ -93,6 +94,12 @@ class Group {
 
   void barrier() const;
 
+  // Collective: from now on this group's all-reduces and alltoallvs of device buffers go over
+  // NCCL (comm/nccl.h; every member must have its own GPU, selected before this call). Host
+  // buffers and point-to-point stay on MPI.
+  void enable_nccl();
+  bool nccl_enabled() const { return nccl_ != nullptr; }
+
   // count_per_rank elements to and from every rank.
   void alltoall(const int32_t* send, int32_t* recv, int count_per_rank) const;
   // Counts/displacements: size() entries each, in elements.
@@ -114,6 +121,14 @@ class Group {
   void allgather(const int32_t* send, int32_t* recv, int count_per_rank) const;
   void allgather(const double* send, double* recv, int count_per_rank) const;
 
+  // ZeRO-1 (parallel/zero1.h), in place over one buffer of sum(counts) elements cut into size()
+  // consecutive blocks, block r of counts[r] elements:
+  //   reduce_scatter_sum: afterwards this rank's block holds the sum over all ranks of that block
+  //     (MPI_Reduce_scatter); the other blocks hold unspecified values.
+  //   allgatherv: afterwards every block holds what its rank had there (MPI_Allgatherv).
+  void reduce_scatter_sum(float* data, const std::vector<int>& counts) const;
+  void allgatherv(float* data, const std::vector<int>& counts) const;
+
   void send(const float* data, int64_t count, int peer, int tag = 0) const;
   void send(const int32_t* data, int64_t count, int peer, int tag = 0) const;
   void recv(float* data, int64_t count, int peer, int tag = 0) const;   // exactly count arrive
@@ -133,12 +148,14 @@ class Group {
                       const std::vector<int>& recv_displs) const;
   void allreduce_impl(int dtype, int op, void* data, int64_t count, const char* name) const;
   void check_peer(int peer, const char* op) const;
+  std::vector<int> block_displs(const std::vector<int>& counts, const char* op) const;
 
   uint64_t comm_ = 0;  // MPI_Comm (owned; freed in the destructor)
   bool valid_ = false;
   std::string members_;  // "world ranks 0-3" (for the timeout message)
   int rank_ = -1, size_ = 0, world_rank_ = -1;
   std::vector<int> world_ranks_;  // [size] world rank of each member
+  std::shared_ptr<NcclComm> nccl_;  // set by enable_nccl
 };
 
 }  // namespace moe::comm

@@ -14,10 +14,13 @@
 
 #include "comm/exchange.h"
 #include "comm/mpi_runtime.h"
+#include "comm/nccl.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/timer.h"
+#include "io/corpus.h"
 #include "io/dataset.h"
+#include "io/indexed_dataset.h"
 #include "io/safetensors.h"
 #include "kernels/adamw.h"
 #include "kernels/device_select.h"
@@ -25,9 +28,11 @@
 #include "model/weights_io.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
+#include "parallel/zero1.h"
 #include "train/checkpoint.h"
 #include "train/run_guard.h"
 #include "train/run_memory.h"
+#include "train/score_bias.h"
 
 namespace moe::train {
 namespace fs = std::filesystem;
@@ -67,6 +72,8 @@ void validate_options(const TrainOptions& o) {
   MOE_CHECK(o.batch > 0, "--batch must be positive, got ", o.batch);
   MOE_CHECK(o.seq_len > 1, "--seq-len must be at least 2, got ", o.seq_len);
   MOE_CHECK(o.threads > 0 && o.threads <= 1024, "--threads must be in [1, 1024], got ", o.threads);
+  MOE_CHECK(o.vocab_size >= 0 && o.vocab_size <= (1 << 24), "--vocab-size must be in [1, 2^24] (0 = the model's), got ",
+            o.vocab_size);
   MOE_CHECK(o.eval_batches > 0, "--eval-batches must be positive, got ", o.eval_batches);
   MOE_CHECK(o.eval_every >= 0, "--eval-every must be >= 0 (0 = only at the end), got ", o.eval_every);
   const OptimConfig& c = o.optim;
@@ -129,7 +136,10 @@ double validation_loss(model::Model& m, const std::vector<int32_t>& val, int B_l
   const size_t offset = static_cast<size_t>(g.data_rank()) * B_local * (T + 1);
   const model::StageSpec& st = m.stage();
   const size_t act = static_cast<size_t>(B_local) * T * m.config().hidden_size;
-  std::vector<float> x_in(st.embedding ? 0 : act), x_out(st.head ? 0 : act);
+  // Where the model reads its input and writes its output: the active device (a GPU's buffers are
+  // staged through the host by the blocking send/recv).
+  Buffer<float> x_in(st.embedding ? 0 : act, nullptr, kernels::active_device());
+  Buffer<float> x_out(st.head ? 0 : act, nullptr, kernels::active_device());
   auto mb = m.new_micro_batch();
   double sum = 0.0;
   for (int i = 0; i < n; ++i) {
@@ -150,7 +160,25 @@ double validation_loss(model::Model& m, const std::vector<int32_t>& val, int B_l
 // fills them from the device; to_device() writes them back after a load).
 class HostState {
  public:
-  HostState(model::Model& model, AdamW& opt, bool copy) : device_(model.device()) {
+  // --zero1: m and v are this rank's slices; here they are full logical tensors on the host
+  // (copy = true gathers them from every rank: a collective; to_device() keeps this rank's slice).
+  HostState(model::Model& model, AdamW& opt, bool copy, const parallel::ZeroShard& shard)
+      : device_(model.device()), shard_(&shard) {
+    if (shard.sharded()) {
+      p_ = model.params();
+      if (device_ != Device::kCpu) {
+        hp_.resize(model.num_params());
+        if (copy) device_copy(Device::kCpu, hp_.data(), device_, model.params(), hp_.size() * sizeof(float));
+        p_ = hp_.data();
+      }
+      for (auto [buf, src] : {std::pair{&hm_, opt.m().data()}, {&hv_, opt.v().data()}}) {
+        buf->resize(model.num_params());
+        if (copy) shard.gather_full(src, device_, buf->data());
+      }
+      m_ = hm_.data();
+      v_ = hv_.data();
+      return;
+    }
     if (device_ == Device::kCpu) {
       p_ = model.params();
       m_ = opt.m().data();
@@ -169,6 +197,13 @@ class HostState {
   float* m() { return m_; }
   float* v() { return v_; }
   void to_device(model::Model& model, AdamW& opt) {
+    if (shard_->sharded()) {
+      if (device_ != Device::kCpu)
+        device_copy(device_, model.params(), Device::kCpu, hp_.data(), hp_.size() * sizeof(float));
+      shard_->take_slice(hm_.data(), opt.m().data(), device_);
+      shard_->take_slice(hv_.data(), opt.v().data(), device_);
+      return;
+    }
     if (device_ == Device::kCpu) return;
     for (auto [dst, src] : {std::pair{model.params(), &hp_}, {opt.m().data(), &hm_}, {opt.v().data(), &hv_}})
       device_copy(device_, dst, Device::kCpu, src->data(), src->size() * sizeof(float));
@@ -176,6 +211,7 @@ class HostState {
 
  private:
   Device device_;
+  const parallel::ZeroShard* shard_;
   std::vector<float> hp_, hm_, hv_;
   float* p_ = nullptr;
   float* m_ = nullptr;
@@ -281,7 +317,7 @@ TrainResult run_training(const TrainOptions& opts) {
       host_of[0] = mine;
   }
   model::ModelConfig cfg;
-  std::optional<io::ByteCorpus> corpus;
+  std::unique_ptr<io::Corpus> corpus;  // byte-level text or an indexed dataset (io/corpus.h)
   std::ofstream metrics;
   DirLock out_lock, ckpt_lock;
   const bool root = world.rank() == 0;
@@ -290,34 +326,40 @@ TrainResult run_training(const TrainOptions& opts) {
   try {
     validate_options(opts);
     algo = comm::parse_a2a_algorithm(opts.a2a);
+    comm::parse_comm_backend(opts.comm_backend, "--comm.backend");
     parallel::parse_schedule(opts.schedule);
     model::parse_recompute(opts.recompute);
     comm::Topology::detect(world.size(), opts.topo_ranks_per_node, opts.topo_nodes_per_group);
     // The device: usable here (a CUDA build and a GPU), and a layout the GPU path has.
     const Device device = parse_device(opts.device, "--device");
     require_device(device, "--device");
-    MOE_CHECK(device == Device::kCpu || world.size() == 1,
-              "--device cuda: multi-rank runs on GPUs (token exchange and gradient sync of device "
-              "buffers) are not implemented yet; run one rank per job on a GPU, or --device cpu");
     MOE_CHECK(device == Device::kCpu || !opts.moe.padded,
               "--padded: the capacity-padded baseline runs on the CPU only (--device cpu)");
     cfg = opts.config_path.empty() ? model::preset(opts.preset) : model::load_config(opts.config_path);
     MOE_CHECK(opts.seq_len <= cfg.max_position_embeddings, "--seq-len ", opts.seq_len,
               " exceeds the model's max_position_embeddings ", cfg.max_position_embeddings);
-    MOE_CHECK(cfg.vocab_size >= 256, "byte-level data needs vocab_size >= 256, the config has ",
+    if (opts.vocab_size > 0) cfg.vocab_size = opts.vocab_size;  // --vocab-size: a tokenized dataset's
+    static_cast<void>(ScoreBias(cfg, opts.bias_rate));  // --balance.bias-rate against the model, before any output
+    const std::string data_path = opts.data_path.empty() ? default_corpus_path() : opts.data_path;
+    const bool indexed = io::is_indexed_dataset(data_path);
+    // Byte-level text needs the 256 byte ids; an indexed dataset's ids are checked when it loads.
+    MOE_CHECK(indexed || cfg.vocab_size >= 256, "byte-level data needs vocab_size >= 256, the config has ",
               cfg.vocab_size);
     opts.dims.validate(world.size(), cfg);
     parallel::split_layers(cfg, opts.dims.pp, opts.pp_layers);
-    const std::string data_path = opts.data_path.empty() ? default_corpus_path() : opts.data_path;
     if (opts.data_path.empty() && !fs::exists(data_path))
       throw Error(str_cat(data_path, ": built-in corpus not found; run scripts/setup.sh first"));
     // A FIFO would block the open, a device never ends: only a regular file, checked by stat.
-    check_regular_input(data_path, "--data");
+    if (indexed) {
+      check_regular_input(io::idx_path(io::indexed_prefix(data_path)), "--data");
+      check_regular_input(io::bin_path(io::indexed_prefix(data_path)), "--data");
+    } else {
+      check_regular_input(data_path, "--data");
+    }
     {
       // Memory: every rank on this host, before anything of that size is allocated.
-      std::error_code ec;
-      const double corpus_bytes = static_cast<double>(fs::file_size(data_path, ec));
-      const std::vector<RankMemory> need = estimate_run_memory(cfg, opts, world.size(), ec ? 0.0 : corpus_bytes);
+      const double corpus_bytes = io::corpus_resident_bytes(data_path);  // mmapped data: its tables only
+      const std::vector<RankMemory> need = estimate_run_memory(cfg, opts, world.size(), corpus_bytes);
       std::vector<int> here;
       for (int r = 0; r < world.size(); ++r)
         if (host_of[r] == host_of[world.rank()]) here.push_back(r);
@@ -336,7 +378,7 @@ TrainResult run_training(const TrainOptions& opts) {
                   "more --micro-batches or --recompute");
       }
     }
-    corpus.emplace(io::ByteCorpus::load(data_path));
+    corpus = io::open_corpus(data_path, cfg.vocab_size);
     // Both splits must hold a window (the checks name the file and the sizes).
     const int n_data = opts.dims.dp * opts.dims.ep;
     corpus->val_batches(opts.batch * n_data, opts.seq_len, 1);
@@ -430,8 +472,26 @@ TrainResult run_training(const TrainOptions& opts) {
 
   kernels::set_blas_threads(opts.threads);
   const Device device = parse_device(opts.device, "--device");
-  select_device(device, grid.topo.local_rank(grid.world.rank()));
+  const int gpu = select_device(device, grid.topo.local_rank(grid.world.rank()));
   kernels::set_active_device(device);  // every buffer and kernel of the model from here on
+  // The transport of device buffers: NCCL when every rank has its own GPU, else MPI with host
+  // staging. Decided from every rank's (host, GPU), so all ranks agree.
+  comm::CommBackend backend = comm::CommBackend::kMpi;
+  std::string backend_why = "one rank";
+  if (grid.world.size() > 1) {
+    std::vector<double> gpus(grid.world.size());
+    const double mine = gpu;
+    grid.world.allgather(&mine, gpus.data(), 1);
+    std::vector<std::pair<double, int>> gpu_of_rank(grid.world.size());
+    for (int r = 0; r < grid.world.size(); ++r)
+      gpu_of_rank[r] = {host_of[r], static_cast<int>(gpus[r])};
+    backend = comm::choose_comm_backend(comm::parse_comm_backend(opts.comm_backend, "--comm.backend"),
+                                        gpu_of_rank, device == Device::kCuda && comm::nccl_loadable(),
+                                        &backend_why);
+    if (backend == comm::CommBackend::kNccl)
+      for (comm::Group* g : {&grid.ep, &grid.dp, &grid.data, &grid.pp})
+        if (g->valid() && g->size() > 1) g->enable_nccl();
+  }
   kernels::set_gemm_bf16(opts.precision == "bf16");
   struct CpuAgain {  // later work in this process (tests run several trainings) starts on the CPU
     ~CpuAgain() {
@@ -459,19 +519,38 @@ TrainResult run_training(const TrainOptions& opts) {
   };
   model::Model model(cfg, opts.moe, D > 1 ? &ep_ctx : nullptr, stage,
                      model::parse_recompute(opts.recompute));
+  // noaux_tc: every MoE layer's selection bias, the same on every rank (train/score_bias.h).
+  ScoreBias score_bias(cfg, opts.bias_rate);
   // The exchange's staging rows (send/receive buffers, RBD pools, HALO rails) are workspace of
   // this rank like backward's temporaries: charged, so the measured peak includes them.
   exchange.set_staging_tracker(&model.work_memory());
   model.init_weights(opts.seed);
   OptimConfig oc = opts.optim;
   oc.total_steps = opts.steps;
-  AdamW opt(model.layout(), oc, &model.total_memory());
-  opt.set_norm_reducer([&grid](double replicated, double experts) {
-    if (grid.ep.size() > 1) grid.ep.allreduce_sum(&experts, 1);
+  // --zero1: this rank keeps and updates only its slice of the AdamW state (parallel/zero1.h).
+  const parallel::ZeroShard shard = opts.zero1 ? parallel::ZeroShard::split(model.layout(), grid)
+                                               : parallel::ZeroShard::whole(model.layout());
+  AdamW opt(model.layout(), oc, shard.ranges(), &model.total_memory());
+  opt.set_norm_reducer([&grid, &shard](double replicated, double experts) {
+    if (shard.sharded()) {
+      // Each rank's slice of both kinds: the data group (EP × DP) completes them.
+      double parts[2] = {replicated, experts};
+      if (grid.data.size() > 1) grid.data.allreduce_sum(parts, 2);
+      replicated = parts[0];
+      experts = parts[1];
+    } else if (grid.ep.size() > 1) {
+      grid.ep.allreduce_sum(&experts, 1);
+    }
     double sq = replicated + experts;
     if (grid.pp.size() > 1) grid.pp.allreduce_sum(&sq, 1);
     return sq;
   });
+  // AdamW state bytes of every world rank (metrics.jsonl "optimizer_bytes"; --zero1 divides them).
+  std::vector<double> optimizer_bytes(grid.world.size());
+  {
+    const double mine = static_cast<double>((opt.m().size() + opt.v().size()) * sizeof(float));
+    grid.world.allgather(&mine, optimizer_bytes.data(), 1);
+  }
   MemTracker pipe_mem(&model.total_memory());
   Rng data_rng = derive_rng(opts.seed, /*stream=*/1);
   // Which rank writes each logical tensor (each exactly once): data-parallel index 0, and for
@@ -506,10 +585,11 @@ TrainResult run_training(const TrainOptions& opts) {
   if (!resume_path.empty()) {
     CheckpointMeta meta = read_checkpoint_meta(resume_path, /*verify=*/false);  // verified in setup
     {
-      HostState h(model, opt, /*copy=*/false);
+      HostState h(model, opt, /*copy=*/false, shard);
       load_checkpoint_tensors(resume_path, model.layout(), h.params(), h.m(), h.v());
       h.to_device(model, opt);
     }
+    score_bias.load_json(meta.router_bias, resume_path + "/manifest.json: field \"router_bias\"");
     step0 = meta.step;
     bad_steps = meta.bad_steps;
     bad_steps_at_start = bad_steps;
@@ -518,6 +598,7 @@ TrainResult run_training(const TrainOptions& opts) {
     if (root && opts.progress)
       std::fprintf(stderr, "resumed from %s at step %d\n", resume_path.c_str(), step0);
   }
+  score_bias.apply(model);
   // The global batch is [M][D][Bm] sequences: micro-batch m of data rank d is one block, so the
   // m-th micro-batches of all data ranks form the m-th micro-batch of one process.
   std::vector<int32_t> tokens(static_cast<size_t>(B_global) * (T + 1));
@@ -528,6 +609,10 @@ TrainResult run_training(const TrainOptions& opts) {
   const bool tty = isatty(STDERR_FILENO);
   const double flops_per_step = model.flops_per_token(T) * B_global * T;
   const model::ParamCounts pc = model::count_params(cfg);
+  if (opts.progress && root && device == Device::kCuda && grid.world.size() > 1)
+    std::fprintf(stderr, "moetrain: device buffers between ranks over %s (%s)\n",
+                 backend == comm::CommBackend::kNccl ? "NCCL" : "MPI, staged through the host",
+                 backend_why.c_str());
   if (opts.progress && root) {
     std::string split;
     for (int l : layers_per_stage) split += (split.empty() ? "" : ",") + std::to_string(l);
@@ -545,6 +630,20 @@ TrainResult run_training(const TrainOptions& opts) {
 
   std::vector<model::Model::MicroBatchPtr> mbs;
   for (int m = 0; m < M; ++m) mbs.push_back(model.new_micro_batch());
+  // The metrics carry every MoE layer's loads, not only the root's stage: each stage puts its
+  // layers' loads at their place among all MoE layers (the first moe_before_stage belong to earlier
+  // stages) and the pipeline group sums them. moe_layer_ids names the layers for `moetrain report`.
+  std::vector<int> moe_layer_ids;
+  int moe_before_stage = 0;
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
+    if (!cfg.is_moe_layer(l)) continue;
+    moe_layer_ids.push_back(l);
+    if (l < stage.first_layer) ++moe_before_stage;
+  }
+  // Tokenized data whose sidecar gives the held-out text's bytes per token (1 for text: nats
+  // per token are nats per byte already).
+  const double bytes_per_token = corpus->val_bytes_per_token();
+  const bool tokenized = corpus->tokenizer_kind() != "bytes" || bytes_per_token != 1.0;
   const double t_start = now_seconds();
   double ema_tps = 0.0;
   for (int step = step0; step < opts.steps; ++step) {
@@ -574,10 +673,14 @@ TrainResult run_training(const TrainOptions& opts) {
       model.backward(*mbs[m], dy_out, dx_in, 1.0f / (D * M));
     };
     const size_t act_floats = static_cast<size_t>(Bm) * T * cfg.hidden_size;
-    parallel::PipelineTimes pt = parallel::run_pipeline(grid.pp, schedule, M, act_floats, cb, &pipe_mem);
+    parallel::PipelineTimes pt = parallel::run_pipeline(grid.pp, schedule, M, act_floats, cb, &pipe_mem,
+                                                       device);
     {
       ScopedTimer t(t_sync);
-      parallel::sync_gradients(model.layout(), model.grads(), grid);
+      if (shard.sharded())
+        shard.reduce_scatter(model.grads());
+      else
+        parallel::sync_gradients(model.layout(), model.grads(), grid);
     }
     // Global figures: losses averaged over the data ranks and summed over the stages (ce lives on
     // the last stage, each stage has its own layers' aux losses); loads and bytes summed.
@@ -600,6 +703,7 @@ TrainResult run_training(const TrainOptions& opts) {
       // A non-finite loss or gradient norm (the same on every rank) skips the update.
       if (std::isfinite(loss.total)) gnorm = opt.step(model.params(), model.grads(), step);
       skipped = !std::isfinite(loss.total) || !std::isfinite(gnorm);
+      if (shard.sharded() && !skipped) shard.allgather(model.params());  // every rank's updated slice
     }
     if (std::find(opts.fault_inf_weight_steps.begin(), opts.fault_inf_weight_steps.end(), step + 1) !=
         opts.fault_inf_weight_steps.end())
@@ -625,6 +729,18 @@ TrainResult run_training(const TrainOptions& opts) {
     for (int c = 0; c < comm::kNumLinkClasses; ++c) bytes.push_back(static_cast<int64_t>(traffic.bytes[c]));
     if (grid.data.size() > 1 && !flat_loads.empty())
       grid.data.allreduce_sum(flat_loads.data(), static_cast<int64_t>(flat_loads.size()));
+    if (grid.pp.size() > 1 && !moe_layer_ids.empty()) {
+      std::vector<int64_t> all(moe_layer_ids.size() * cfg.n_routed_experts, 0);
+      std::copy(flat_loads.begin(), flat_loads.end(), all.begin() + moe_before_stage * cfg.n_routed_experts);
+      grid.pp.allreduce_sum(all.data(), static_cast<int64_t>(all.size()));
+      flat_loads = std::move(all);
+    }
+    // Aux-loss-free balancing: the step's global loads move the selection bias (not on a skipped
+    // step: its update did not happen either).
+    if (score_bias.active() && !skipped) {
+      score_bias.update(flat_loads);
+      score_bias.apply(model);
+    }
     if (grid.world.size() > 1) grid.world.allreduce_sum(bytes.data(), static_cast<int64_t>(bytes.size()));
     // Per-stage figures: the worst rank of each stage.
     const int kStat = 7;
@@ -697,6 +813,7 @@ TrainResult run_training(const TrainOptions& opts) {
                   {"tokens_per_s", tps},
                   {"mfu", mfu},
                   {"step_time_s", dt},
+                  {"elapsed_s", now_seconds() - t_start},  // wall time since this process started training
                   {"bubble_fraction", bubble},
                   {"time_s",
                    {{"pipeline", pt.total_s}, {"compute", pt.compute_s}, {"bubble", pt.wait_s},
@@ -705,9 +822,13 @@ TrainResult run_training(const TrainOptions& opts) {
                    {{"same_rank", bytes[0]}, {"intra_node", bytes[1]}, {"inter_node", bytes[2]},
                     {"inter_group", bytes[3]}}},
                   {"activation_peak_bytes", model.activation_memory().peak()},
+                  {"optimizer_bytes", optimizer_bytes},
                   {"stages", stages_json},
-                  {"expert_loads", loads_json}};
+                  {"expert_loads", loads_json},
+                  {"expert_loads_layers", moe_layer_ids}};
       if (!std::isnan(vl)) rec["val_loss"] = vl;
+      // Tokenized data: the held-out loss per byte of text as well, comparable with a byte model's.
+      if (!std::isnan(vl) && tokenized && bytes_per_token > 0) rec["val_loss_nats_per_byte"] = vl / bytes_per_token;
       metrics << rec.dump() << "\n";
       metrics.flush();
 
@@ -722,6 +843,7 @@ TrainResult run_training(const TrainOptions& opts) {
                       100.0 * t_a2a / dt, 100.0 * bubble, format_duration(eta).c_str());
         std::string s = line;
         if (!std::isnan(vl)) s += str_cat("  val ", vl);
+        if (!std::isnan(vl) && tokenized && bytes_per_token > 0) s += str_cat(" (", vl / bytes_per_token, " nats/byte)");
         if (tty) {
           std::fprintf(stderr, "\r%-130s", s.c_str());
           if (!std::isnan(vl) || last) std::fprintf(stderr, "\n");
@@ -757,7 +879,8 @@ TrainResult run_training(const TrainOptions& opts) {
       meta.config = model::config_to_json(cfg);
       meta.parallel = parallel_json;
       meta.expert_placement = placement_json;
-      HostState h(model, opt, /*copy=*/true);
+      meta.router_bias = score_bias.to_json();
+      HostState h(model, opt, /*copy=*/true, shard);
       last_checkpoint = save_checkpoint(grid.world, ckpt_dir, opts.checkpoint_keep, meta,
                                         {&model.layout(), h.params(), h.m(), h.v(), owned});
     }
@@ -790,12 +913,22 @@ TrainResult run_training(const TrainOptions& opts) {
 
   if (root) model::save_config(cfg, opts.out_dir + "/config.json");
   save_full_weights(model, cfg, grid, layers_per_stage, opts.out_dir + "/model.safetensors");
-  if (opts.progress && root)
+  if (opts.progress && root) {
+    const double final_val = res.val_losses.empty() ? NAN : res.val_losses.back().second;
+    char val_text[160];
+    if (!tokenized)
+      std::snprintf(val_text, sizeof val_text, "%.4f nats/byte", final_val);
+    else if (bytes_per_token > 0)
+      std::snprintf(val_text, sizeof val_text, "%.4f nats/token = %.4f nats/byte", final_val,
+                    final_val / bytes_per_token);
+    else
+      std::snprintf(val_text, sizeof val_text, "%.4f nats/token (no tokenizer sidecar: bytes unknown)", final_val);
     std::fprintf(stderr,
-                 "done: %d steps in %s, %.0f tokens/s, MFU %.1f%%, final val loss %.4f nats/byte; "
+                 "done: %d steps in %s, %.0f tokens/s, MFU %.1f%%, final val loss %s; "
                  "wrote %s/{model.safetensors,config.json,metrics.jsonl}\n",
                  opts.steps, format_duration(res.seconds).c_str(), res.tokens_per_s, 100 * res.mfu,
-                 res.val_losses.empty() ? NAN : res.val_losses.back().second, opts.out_dir.c_str());
+                 val_text, opts.out_dir.c_str());
+  }
   return res;
 }
 

@@ -42,6 +42,9 @@ struct TrainOptions {
   std::vector<int> pp_layers;   // explicit layers per stage (--pp.layers); empty = even split
   std::string schedule = "1f1b";  // pipeline schedule: 1f1b | gpipe
   std::string recompute = "none";  // activation checkpointing: none | moe | full
+  // --balance.bias-rate: gamma of aux-loss-free balancing (topk_method noaux_tc); unset = the
+  // config's bias_update_speed (default 1e-3).
+  std::optional<float> bias_rate;
   // Checkpoints (train/checkpoint.h): folder (default <out>/checkpoints), every N steps (0: only
   // at the end and on SIGTERM/SIGINT), how many to keep; resume from "latest" or a folder.
   std::string checkpoint_dir;
@@ -58,6 +61,11 @@ struct TrainOptions {
   // visible GPUs) and the GEMM input precision (--precision fp32|bf16; bf16 needs cuda).
   std::string device = "cpu";
   std::string precision = "fp32";
+  // How device buffers move between ranks (--comm.backend auto|mpi|nccl): auto = NCCL when every
+  // rank has its own GPU and libnccl.so.2 loads, else staged through the host over MPI.
+  std::string comm_backend = "auto";
+  // --zero1: AdamW state split over the ranks that share each gradient (parallel/zero1.h).
+  bool zero1 = false;
 };
 
 // Every option's value on its own (ranges, finiteness, consistency between flags): throws
