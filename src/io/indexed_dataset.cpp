@@ -226,6 +226,7 @@ int64_t IndexedDataset::token_at(uint64_t k) const {
 }
 
 void IndexedDataset::copy_tokens(uint64_t k, uint64_t count, int32_t* out) const {
+  if (count == 0) return;  // out may be null (an empty window), and memcpy must not see it
   const uint8_t* p = bin_.data() + k * item_size_;
   switch (dtype_) {  // one loop per dtype: this runs for every token of every batch
     case 1: for (uint64_t i = 0; i < count; ++i) out[i] = p[i]; break;
