@@ -622,15 +622,18 @@ Request Group::post(bool is_recv, int dtype, void* data, int64_t count, int peer
   const char* op = is_recv ? "MPI_Irecv" : "MPI_Isend";
   check_peer(peer, op);
   int n = to_int(count, op);
-  auto stage = std::make_shared<HostStage>(data, static_cast<size_t>(n) * dtype_bytes(dtype),
-                                           /*fill=*/!is_recv);
-  void* buf = stage->get();
+  // A host copy only for device memory: the CPU path posts the buffer itself, allocating nothing.
+  std::shared_ptr<HostStage> stage;
+  if (device_of(data) == Device::kCuda)
+    stage = std::make_shared<HostStage>(data, static_cast<size_t>(n) * dtype_bytes(dtype),
+                                        /*fill=*/!is_recv);
+  void* buf = stage ? stage->get() : data;
   MPI_Request r;
   int rc = is_recv ? MPI_Irecv(buf, n, mpi_type(dtype), peer, tag, unpack<MPI_Comm>(comm_), &r)
                    : MPI_Isend(buf, n, mpi_type(dtype), peer, tag, unpack<MPI_Comm>(comm_), &r);
   if (rc != MPI_SUCCESS) fail(op, rc, rank_, size_, peer, tag);
   Request q;
-  if (stage->staged()) q.stage_ = std::move(stage);
+  q.stage_ = std::move(stage);
   q.handle_ = pack(r);
   q.active_ = true;
   q.is_recv_ = is_recv;
