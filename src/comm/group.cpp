@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "comm/host_stage.h"
+#include "comm/sim_overhead.h"
 #include "comm/nccl.h"
 #include "core/error.h"
 
@@ -455,6 +456,7 @@ void Group::barrier() const {
 void Group::alltoall(const int32_t* send, int32_t* recv, int count_per_rank) const {
   MOE_CHECK(valid_, "MPI_Alltoall on an invalid group");
   OpScope scope("MPI_Alltoall", rank_, size_, members_);
+  charge_sim_messages(2 * (size_ - 1));
   int rc = MPI_Alltoall(send, count_per_rank, MPI_INT32_T, recv, count_per_rank, MPI_INT32_T,
                         unpack<MPI_Comm>(comm_));
   if (rc != MPI_SUCCESS) fail("MPI_Alltoall", rc, rank_, size_);
@@ -480,6 +482,10 @@ void Group::alltoallv_impl(int dtype, const void* send, const std::vector<int>& 
   HostStage s(send, extent_bytes(send_counts, send_displs, dtype), /*fill=*/true);
   // Filled too: store() writes the whole extent back, gaps between segments included.
   HostStage r(recv, extent_bytes(recv_counts, recv_displs, dtype), /*fill=*/true);
+  int messages = 0;  // non-empty messages to and from other ranks (simulated overhead)
+  for (size_t p = 0; p < n; ++p)
+    if (static_cast<int>(p) != rank_) messages += (send_counts[p] > 0) + (recv_counts[p] > 0);
+  charge_sim_messages(messages);
   int rc;
   {
     OpScope scope("MPI_Alltoallv", rank_, size_, members_);
@@ -628,6 +634,7 @@ Request Group::post(bool is_recv, int dtype, void* data, int64_t count, int peer
     stage = std::make_shared<HostStage>(data, static_cast<size_t>(n) * dtype_bytes(dtype),
                                         /*fill=*/!is_recv);
   void* buf = stage ? stage->get() : data;
+  charge_sim_messages(1);
   MPI_Request r;
   int rc = is_recv ? MPI_Irecv(buf, n, mpi_type(dtype), peer, tag, unpack<MPI_Comm>(comm_), &r)
                    : MPI_Isend(buf, n, mpi_type(dtype), peer, tag, unpack<MPI_Comm>(comm_), &r);

@@ -1,0 +1,19 @@
+# -DMOETRAIN_SMPI=ON: the SimGrid SMPI build (its own build dir, e.g. build-smpi/). Everything the
+# simulated program links is compiled with smpicxx (a library built by another compiler would
+# miss SMPI's malloc/exit renaming, NOTES §D2): core/, balance/ and comm/ (the real exchange, the
+# a2a benchmark), and one executable, moetrain_smpi_a2a, run under smpirun.
+find_package(nlohmann_json REQUIRED)
+find_package(CLI11 CONFIG REQUIRED)
+set(S ${CMAKE_SOURCE_DIR}/src)
+foreach(m core balance comm)
+  file(GLOB ${m}_src CONFIGURE_DEPENDS ${S}/${m}/*.cpp)
+endforeach()
+# moetrain calibrate measures this machine's real MPI: nothing to simulate.
+list(REMOVE_ITEM comm_src ${S}/comm/calibrate.cpp)
+add_library(moetrain_smpi_comm STATIC ${core_src} ${balance_src} ${comm_src})
+target_include_directories(moetrain_smpi_comm PUBLIC ${S})
+target_compile_definitions(moetrain_smpi_comm PUBLIC MOETRAIN_SMPI=1
+                           MOETRAIN_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+target_link_libraries(moetrain_smpi_comm PUBLIC nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
+add_executable(moetrain_smpi_a2a ${S}/smpi/bench_a2a_smpi.cpp)
+target_link_libraries(moetrain_smpi_a2a PRIVATE moetrain_smpi_comm CLI11::CLI11)
