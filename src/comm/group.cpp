@@ -287,6 +287,7 @@ void Request::wait() {
     OpScope scope(is_recv_ ? "MPI_Wait(irecv)" : "MPI_Wait(isend)", rank_, size_, kNoMembers, peer_,
                   peer_world_, tag_);
     rc = MPI_Wait(&r, &st);
+    charge_sim_messages();
   }
   active_ = false;
   if (rc != MPI_SUCCESS) fail(is_recv_ ? "MPI_Wait(irecv)" : "MPI_Wait(isend)", rc, rank_, size_, peer_, tag_);
@@ -313,6 +314,7 @@ void wait_all(std::vector<Request>& reqs) {
     what += ")";
     OpScope scope(what.c_str(), live[0]->rank_, live[0]->size_, kNoMembers);
     rc = MPI_Waitall(static_cast<int>(handles.size()), handles.data(), st.data());
+    charge_sim_messages();
   }
   for (Request* q : live) q->active_ = false;
   if (rc != MPI_SUCCESS) {
@@ -456,9 +458,10 @@ void Group::barrier() const {
 void Group::alltoall(const int32_t* send, int32_t* recv, int count_per_rank) const {
   MOE_CHECK(valid_, "MPI_Alltoall on an invalid group");
   OpScope scope("MPI_Alltoall", rank_, size_, members_);
-  charge_sim_messages(2 * (size_ - 1));
+  note_sim_messages(2 * (size_ - 1));
   int rc = MPI_Alltoall(send, count_per_rank, MPI_INT32_T, recv, count_per_rank, MPI_INT32_T,
                         unpack<MPI_Comm>(comm_));
+  charge_sim_messages();
   if (rc != MPI_SUCCESS) fail("MPI_Alltoall", rc, rank_, size_);
 }
 
@@ -485,12 +488,13 @@ void Group::alltoallv_impl(int dtype, const void* send, const std::vector<int>& 
   int messages = 0;  // non-empty messages to and from other ranks (simulated overhead)
   for (size_t p = 0; p < n; ++p)
     if (static_cast<int>(p) != rank_) messages += (send_counts[p] > 0) + (recv_counts[p] > 0);
-  charge_sim_messages(messages);
+  note_sim_messages(messages);
   int rc;
   {
     OpScope scope("MPI_Alltoallv", rank_, size_, members_);
     rc = MPI_Alltoallv(s.get(), send_counts.data(), send_displs.data(), t, r.get(),
                        recv_counts.data(), recv_displs.data(), t, unpack<MPI_Comm>(comm_));
+    charge_sim_messages();
   }
   if (rc != MPI_SUCCESS) fail("MPI_Alltoallv", rc, rank_, size_);
   r.store();
@@ -634,7 +638,7 @@ Request Group::post(bool is_recv, int dtype, void* data, int64_t count, int peer
     stage = std::make_shared<HostStage>(data, static_cast<size_t>(n) * dtype_bytes(dtype),
                                         /*fill=*/!is_recv);
   void* buf = stage ? stage->get() : data;
-  charge_sim_messages(1);
+  note_sim_messages(1);
   MPI_Request r;
   int rc = is_recv ? MPI_Irecv(buf, n, mpi_type(dtype), peer, tag, unpack<MPI_Comm>(comm_), &r)
                    : MPI_Isend(buf, n, mpi_type(dtype), peer, tag, unpack<MPI_Comm>(comm_), &r);

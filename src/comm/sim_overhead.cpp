@@ -2,6 +2,7 @@
 #include "comm/sim_overhead.h"
 
 #ifdef MOETRAIN_SMPI
+#include <simgrid/host.h>
 #include <smpi/smpi.h>
 #endif
 
@@ -12,6 +13,7 @@ namespace {
 // One value per rank: SMPI privatises the executable's globals per simulated rank, and every
 // rank sets it from its own command line.
 double g_overhead_s = 0;
+long long g_pending = 0;  // messages noted since the last charge
 }  // namespace
 
 void set_sim_message_overhead(double seconds) {
@@ -25,12 +27,16 @@ void set_sim_message_overhead(double seconds) {
 
 double sim_message_overhead() { return g_overhead_s; }
 
-void charge_sim_messages(int messages) {
+void note_sim_messages(int messages) { g_pending += messages; }
+
+void charge_sim_messages() {
 #ifdef MOETRAIN_SMPI
-  if (g_overhead_s > 0 && messages > 0) smpi_execute(g_overhead_s * messages);
-#else
-  (void)messages;
+  // smpi_execute(seconds) scales by smpi/host-speed (a benchmark factor), so the time is given as
+  // flops at this host's speed: exactly g_overhead_s per message on a core of its own.
+  if (g_overhead_s > 0 && g_pending > 0)
+    smpi_execute_flops(g_overhead_s * static_cast<double>(g_pending) * sg_host_get_speed(sg_host_self()));
 #endif
+  g_pending = 0;
 }
 
 }  // namespace moe::comm
