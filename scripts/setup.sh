@@ -8,6 +8,8 @@ PKGS=(build-essential cmake pkg-config
       libopenblas-dev libopenblas0 openmpi-bin libopenmpi-dev
       nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
       libsentencepiece-dev python3-torch python3-numpy bible-kjv "$@")
+# The SMPI scale study and its CI smoke test (tests/smpi/): SimGrid's smpicxx and smpirun.
+PKGS+=(libsimgrid-dev)
 # tests/report.sh renders moetrain report's pages in headless Chromium (skipped without it).
 PKGS+=(chromium)
 

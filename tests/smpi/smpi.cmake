@@ -3,3 +3,8 @@
 # The planner's exchange time for the study's planner-vs-simulation columns: links only the planner.
 add_executable(moetrain_a2a_predict ${CMAKE_SOURCE_DIR}/src/smpi/a2a_predict.cpp)
 target_link_libraries(moetrain_a2a_predict PRIVATE moetrain_plan)
+# CI smoke test: 64 simulated ranks, the real exchange, #wrong = 0 and the study's time ordering
+# (builds the SMPI targets in its own dir; skipped where SimGrid is not installed).
+add_test(NAME smpi_exchange_smoke
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/smpi/smoke.sh ${CMAKE_BINARY_DIR}/smpi)
+set_tests_properties(smpi_exchange_smoke PROPERTIES LABELS "smpi" TIMEOUT 600 SKIP_RETURN_CODE 77)
