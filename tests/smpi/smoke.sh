@@ -11,12 +11,12 @@
 # Usage: tests/smpi/smoke.sh BUILD_DIR
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-build="${1:?usage: smoke.sh BUILD_DIR}"
+mkdir -p "${1:?usage: smoke.sh BUILD_DIR}"
+build="$(cd "$1" && pwd)"   # absolute: smpirun runs in a scratch dir below it
 if ! command -v smpicxx >/dev/null || ! command -v smpirun >/dev/null; then
   echo "smpi smoke: SimGrid not installed (scripts/setup.sh installs libsimgrid-dev): skipped"
   exit 77
 fi
-mkdir -p "$build"
 log="$build/build.log"
 if ! { cmake -S "$root" -B "$build" -DMOETRAIN_SMPI=ON &&
        cmake --build "$build" --target moetrain_smpi_a2a -j"$(nproc)"; } >"$log" 2>&1; then
