@@ -56,10 +56,16 @@ after = lambda rs: [r for r in rs if r["step"] > every]
 moves = [r["migration"] for r in mig if "migration" in r]
 step_s = sum(r["step_time_s"] for r in mig)
 mig_s = sum(m["seconds"] for m in moves)
-print(f"| run | mean max/mean EP-rank load, steps {every + 1}-{len(mig)} | held-out loss |")
-print("|---|---|---|")
+def mean_floor(rs):  # no placement beats the hottest expert alone: max_e load / mean rank load
+    v = []
+    for r in rs:
+        for layer, ranks in zip(r["expert_loads"], r["rank_loads"]):
+            v.append(max(1.0, max(layer) / (sum(ranks) / len(ranks))))
+    return sum(v) / len(v)
+print(f"| run | mean max/mean EP-rank load, steps {every + 1}-{len(mig)} | floor (hottest expert alone) | held-out loss |")
+print("|---|---|---|---|")
 for name, rs in (("no migration", static), (f"migration every {every} steps", mig)):
-    print(f"| {name} | {mean_imb(after(rs)):.3f} | {rs[-1].get('val_loss', float('nan')):.4f} |")
+    print(f"| {name} | {mean_imb(after(rs)):.3f} | {mean_floor(after(rs)):.3f} | {rs[-1].get('val_loss', float('nan')):.4f} |")
 print()
 print(f"migrations: {len(moves)} in {len(mig)} steps, {sum(len(m['layers']) for m in moves)} layer moves, "
       f"{sum(l['swaps'] for m in moves for l in m['layers'])} swaps, "

@@ -300,6 +300,96 @@ void save_full_weights(const model::Model& model, const model::ModelConfig& cfg,
   w.write(path);
 }
 
+// Per-stage figures of a step: the worst rank of each stage (collective over the world).
+std::vector<StageStats> gather_stage_stats(const parallel::Grid& grid, const parallel::PipelineTimes& pt,
+                                           double a2a_seconds, model::Model& model) {
+  const int kStat = 7;
+  std::vector<double> mine = {pt.compute_s, pt.wait_s, a2a_seconds, pt.total_s,
+                              static_cast<double>(model.activation_memory().peak()),
+                              static_cast<double>(model.total_memory().peak()),
+                              static_cast<double>(pt.max_in_flight)};
+  std::vector<double> everyone(static_cast<size_t>(kStat) * grid.world.size());
+  if (grid.world.size() > 1)
+    grid.world.allgather(mine.data(), everyone.data(), kStat);
+  else
+    everyone = mine;
+  std::vector<StageStats> stages(grid.dims.pp);
+  for (int r = 0; r < grid.world.size(); ++r) {
+    StageStats& st = stages[parallel::coords_of(grid.dims, r).pp];
+    const double* v = everyone.data() + static_cast<size_t>(r) * kStat;
+    st.compute_s = std::max(st.compute_s, v[0]);
+    st.bubble_s = std::max(st.bubble_s, v[1]);
+    st.a2a_s = std::max(st.a2a_s, v[2]);
+    st.step_s = std::max(st.step_s, v[3]);
+    st.activation_peak_bytes = std::max(st.activation_peak_bytes, v[4]);
+    st.total_peak_bytes = std::max(st.total_peak_bytes, v[5]);
+    st.max_in_flight = std::max(st.max_in_flight, static_cast<int>(v[6]));
+  }
+  return stages;
+}
+
+// The step's tokens per expert of every MoE layer of the model: this stage's layers (`mine`,
+// summed over micro-batches) summed over the data ranks, then placed among all MoE layers (the first
+// `offset` entries belong to earlier stages) and summed over the pipeline. The same on every rank.
+std::vector<int64_t> global_expert_loads(const parallel::Grid& grid, std::vector<int64_t> mine, size_t all,
+                                         size_t offset) {
+  if (grid.data.size() > 1 && !mine.empty())
+    grid.data.allreduce_sum(mine.data(), static_cast<int64_t>(mine.size()));
+  if (grid.pp.size() <= 1 || all == 0) return mine;
+  std::vector<int64_t> out(all, 0);
+  std::copy(mine.begin(), mine.end(), out.begin() + offset);
+  grid.pp.allreduce_sum(out.data(), static_cast<int64_t>(out.size()));
+  return out;
+}
+
+// What a step did for expert balance: each MoE layer's tokens per EP rank and their max/mean under
+// the placement of this step, and the migration after it ({} when none).
+struct StepBalance {
+  json rank_loads = json::array();
+  std::vector<double> imbalance;
+  json migration;
+};
+
+// Expert parallelism, after the update: the step's global loads (every MoE layer's, the same on
+// every rank) give each layer's EP-rank loads; every --balance.migrate-every steps, the layers above
+// the threshold migrate (train/migration.h), the same on every rank. Not after the last step
+// (nothing would run on the new map) nor after a skipped one. Collective over the world.
+StepBalance balance_step(model::Model& model, const TrainOptions& opts, const parallel::Grid& grid,
+                         const std::vector<int>& moe_layer_ids, const std::vector<int64_t>& flat_loads, int step,
+                         bool skipped, const std::vector<float*>& moving, bool report, bool tty) {
+  StepBalance out;
+  const int E = model.config().n_routed_experts;
+  if (grid.dims.ep <= 1 || flat_loads.size() != moe_layer_ids.size() * E) return out;
+  std::vector<std::vector<double>> loads(moe_layer_ids.size());
+  for (size_t i = 0; i < moe_layer_ids.size(); ++i) {
+    loads[i].assign(flat_loads.begin() + i * E, flat_loads.begin() + (i + 1) * E);
+    const balance::LayerPlacement& where = model.placement().layers[moe_layer_ids[i]];
+    out.rank_loads.push_back(balance::rank_loads(where, loads[i]));
+    out.imbalance.push_back(balance::imbalance(where, loads[i]));
+  }
+  if (opts.migrate_every == 0 || skipped || (step + 1) % opts.migrate_every != 0 || step + 1 >= opts.steps)
+    return out;
+  const double t0 = now_seconds();
+  std::vector<LayerMigration> changed;
+  const balance::Placement next = plan_migration(model.placement(), moe_layer_ids, loads, opts.migrate_threshold, &changed);
+  if (changed.empty()) return out;
+  double moved = move_experts(model, next, grid.ep, moving);
+  double seconds = now_seconds() - t0;
+  grid.world.allreduce_sum(&moved, 1);
+  grid.world.allreduce_max(&seconds, 1);
+  json layers = json::array();
+  for (const LayerMigration& lm : changed)
+    layers.push_back({{"layer", lm.layer}, {"swaps", lm.swaps}, {"imbalance_before", lm.imbalance_before},
+                      {"imbalance_after", lm.imbalance_after}});
+  out.migration = {{"layers", layers}, {"bytes_moved", moved}, {"seconds", seconds}};
+  if (report)
+    for (const LayerMigration& lm : changed)
+      std::fprintf(stderr, "%sstep %d: layer %d migrated %d expert swap(s), rank imbalance %.3f -> %.3f "
+                   "(%s moved in %.1f ms, all layers)\n", tty ? "\n" : "", step + 1, lm.layer, lm.swaps,
+                   lm.imbalance_before, lm.imbalance_after, format_bytes(moved).c_str(), 1e3 * seconds);
+  return out;
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainOptions& opts) {
@@ -743,81 +833,20 @@ TrainResult run_training(const TrainOptions& opts) {
     const double dt = now_seconds() - t0;
     std::vector<int64_t> bytes;
     for (int c = 0; c < comm::kNumLinkClasses; ++c) bytes.push_back(static_cast<int64_t>(traffic.bytes[c]));
-    if (grid.data.size() > 1 && !flat_loads.empty())
-      grid.data.allreduce_sum(flat_loads.data(), static_cast<int64_t>(flat_loads.size()));
-    if (grid.pp.size() > 1 && !moe_layer_ids.empty()) {
-      std::vector<int64_t> all(moe_layer_ids.size() * cfg.n_routed_experts, 0);
-      std::copy(flat_loads.begin(), flat_loads.end(), all.begin() + moe_before_stage * cfg.n_routed_experts);
-      grid.pp.allreduce_sum(all.data(), static_cast<int64_t>(all.size()));
-      flat_loads = std::move(all);
-    }
+    flat_loads = global_expert_loads(grid, std::move(flat_loads), moe_layer_ids.size() * cfg.n_routed_experts,
+                                     moe_before_stage * cfg.n_routed_experts);
     // Aux-loss-free balancing: the step's global loads move the selection bias (not on a skipped
     // step: its update did not happen either).
     if (score_bias.active() && !skipped) {
       score_bias.update(flat_loads);
       score_bias.apply(model);
     }
-    // Expert parallelism: each MoE layer's max/mean EP-rank load under the current placement, and
-    // every --balance.migrate-every steps a migration decided from these loads, the same on every
-    // rank (train/migration.h). Not after the last step (nothing would run on the new map).
-    std::vector<double> layer_imbalance;
-    json rank_loads_json = json::array(), migration_json;
-    if (grid.dims.ep > 1 && flat_loads.size() == moe_layer_ids.size() * cfg.n_routed_experts) {
-      const int E = cfg.n_routed_experts;
-      std::vector<std::vector<double>> loads(moe_layer_ids.size());
-      for (size_t i = 0; i < moe_layer_ids.size(); ++i) {
-        loads[i].assign(flat_loads.begin() + i * E, flat_loads.begin() + (i + 1) * E);
-        const balance::LayerPlacement& where = model.placement().layers[moe_layer_ids[i]];
-        rank_loads_json.push_back(balance::rank_loads(where, loads[i]));
-        layer_imbalance.push_back(balance::imbalance(where, loads[i]));
-      }
-      if (opts.migrate_every > 0 && !skipped && (step + 1) % opts.migrate_every == 0 && step + 1 < opts.steps) {
-        const double tm0 = now_seconds();
-        std::vector<LayerMigration> changed;
-        const balance::Placement next =
-            plan_migration(model.placement(), moe_layer_ids, loads, opts.migrate_threshold, &changed);
-        if (!changed.empty()) {
-          double moved[1] = {move_experts(model, next, grid.ep, {model.params(), opt.m().data(), opt.v().data()})};
-          double seconds[1] = {now_seconds() - tm0};
-          grid.world.allreduce_sum(moved, 1);
-          grid.world.allreduce_max(seconds, 1);
-          json layers_json = json::array();
-          for (const LayerMigration& lm : changed)
-            layers_json.push_back({{"layer", lm.layer}, {"swaps", lm.swaps}, {"imbalance_before", lm.imbalance_before},
-                                   {"imbalance_after", lm.imbalance_after}});
-          migration_json = {{"layers", layers_json}, {"bytes_moved", moved[0]}, {"seconds", seconds[0]}};
-          if (root && opts.progress)
-            for (const LayerMigration& lm : changed)
-              std::fprintf(stderr, "%sstep %d: layer %d migrated %d expert swap(s), rank imbalance %.3f -> %.3f "
-                           "(%s moved in %.1f ms, all layers)\n", tty ? "\n" : "", step + 1, lm.layer, lm.swaps,
-                           lm.imbalance_before, lm.imbalance_after, format_bytes(moved[0]).c_str(), 1e3 * seconds[0]);
-        }
-      }
-    }
+    // Expert parallelism: rank loads, and every --balance.migrate-every steps a migration.
+    const StepBalance balance = balance_step(model, opts, grid, moe_layer_ids, flat_loads, step, skipped,
+                                             {model.params(), opt.m().data(), opt.v().data()},
+                                             root && opts.progress, tty);
     if (grid.world.size() > 1) grid.world.allreduce_sum(bytes.data(), static_cast<int64_t>(bytes.size()));
-    // Per-stage figures: the worst rank of each stage.
-    const int kStat = 7;
-    std::vector<double> mine = {pt.compute_s, pt.wait_s, traffic.seconds, pt.total_s,
-                                static_cast<double>(model.activation_memory().peak()),
-                                static_cast<double>(model.total_memory().peak()),
-                                static_cast<double>(pt.max_in_flight)};
-    std::vector<double> everyone(static_cast<size_t>(kStat) * grid.world.size());
-    if (grid.world.size() > 1)
-      grid.world.allgather(mine.data(), everyone.data(), kStat);
-    else
-      everyone = mine;
-    std::vector<StageStats> stages(grid.dims.pp);
-    for (int r = 0; r < grid.world.size(); ++r) {
-      StageStats& st = stages[parallel::coords_of(grid.dims, r).pp];
-      const double* v = everyone.data() + static_cast<size_t>(r) * kStat;
-      st.compute_s = std::max(st.compute_s, v[0]);
-      st.bubble_s = std::max(st.bubble_s, v[1]);
-      st.a2a_s = std::max(st.a2a_s, v[2]);
-      st.step_s = std::max(st.step_s, v[3]);
-      st.activation_peak_bytes = std::max(st.activation_peak_bytes, v[4]);
-      st.total_peak_bytes = std::max(st.total_peak_bytes, v[5]);
-      st.max_in_flight = std::max(st.max_in_flight, static_cast<int>(v[6]));
-    }
+    const std::vector<StageStats> stages = gather_stage_stats(grid, pt, traffic.seconds, model);
     double t_a2a = 0, bubble = 0;
     for (const StageStats& st : stages) {
       t_a2a = std::max(t_a2a, st.a2a_s);
@@ -879,11 +908,11 @@ TrainResult run_training(const TrainOptions& opts) {
                   {"stages", stages_json},
                   {"expert_loads", loads_json},
                   {"expert_loads_layers", moe_layer_ids}};
-      if (!layer_imbalance.empty()) {  // per MoE layer: tokens per EP rank, and their max/mean
-        rec["rank_loads"] = rank_loads_json;
-        rec["load_imbalance"] = layer_imbalance;
+      if (!balance.imbalance.empty()) {  // per MoE layer: tokens per EP rank, and their max/mean
+        rec["rank_loads"] = balance.rank_loads;
+        rec["load_imbalance"] = balance.imbalance;
       }
-      if (!migration_json.is_null()) rec["migration"] = migration_json;
+      if (!balance.migration.is_null()) rec["migration"] = balance.migration;
       if (!std::isnan(vl)) rec["val_loss"] = vl;
       // Tokenized data: the held-out loss per byte of text as well, comparable with a byte model's.
       if (!std::isnan(vl) && tokenized && bytes_per_token > 0) rec["val_loss_nats_per_byte"] = vl / bytes_per_token;
