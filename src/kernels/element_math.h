@@ -164,8 +164,9 @@ MOE_HD void topk_row(int32_t* idx, float* val, const float* s, int E, int k,
 // sigmoid (DeepSeek-V3, topk_method noaux_tc): s = sigmoid(logits), top-k of s + bias (the bias
 // picks the experts and nothing else), w = the k unbiased scores.
 // Then, both: w_j /= (sum_i w_i + 1e-20) if renorm, and w_j *= scale (routed_scaling_factor, or
-// 1 for renormalised softmax weights: the router decides, as HF DeepSeek-V2/V3 do). groups limits the choice (GroupLimit above) and
-// changes nothing else: the weights are the chosen experts' scores either way.
+// 1 for renormalised softmax weights: the router decides, as HF DeepSeek-V2/V3 do). groups limits
+// the choice (GroupLimit above) and changes nothing else: the weights are the chosen experts'
+// scores either way.
 constexpr float kRouterNormEps = 1e-20f;
 struct RouterScoring {
   bool sigmoid = false;

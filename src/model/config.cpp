@@ -258,8 +258,9 @@ static json config_json_common(const ModelConfig& c);  // every field but the ba
 
 json config_to_json(const ModelConfig& c) {
   json j = config_json_common(c);
-  // The router fields of aux-loss-free balancing and of group limits only when not the defaults: a config (and a
-  // checkpoint manifest, which resume compares key by key) written before they existed stays equal.
+  // The router fields of aux-loss-free balancing and of group limits only when not the defaults:
+  // a config (and a checkpoint manifest, which resume compares key by key) written before they
+  // existed stays equal.
   if (c.topk_method != "greedy") j["topk_method"] = c.topk_method;
   if (c.routed_scaling_factor != 1.0f) j["routed_scaling_factor"] = float_json(c.routed_scaling_factor);
   if (c.bias_update_speed != 1e-3f) j["bias_update_speed"] = float_json(c.bias_update_speed);
