@@ -381,6 +381,21 @@ expect generate-tokens-negative '`generate --tokens -3`' '--tokens must be >= 0,
 expect generate-prompt-empty '`generate --prompt ""`' '--prompt is empty' generate "$dir/genmodel" --prompt ""
 expect generate-no-model '`generate` from a folder that does not exist' \
   'nomodel: no such folder' generate "$dir/nomodel" --prompt x
+# Expert migration (--balance.*): thresholds at or below perfect balance, a negative period, no EP.
+expect migrate-threshold-one '`--balance.threshold 1` (max/mean load can never be below 1)' \
+  '--balance.threshold must be a max/mean rank load > 1 (1 is perfect balance), got 1' "${common[@]}" \
+  --balance.threshold 1 --out "$dir/om1"
+expect migrate-threshold-below-one '`--balance.threshold 0.5`' \
+  '--balance.threshold must be a max/mean rank load > 1 (1 is perfect balance), got 0.5' "${common[@]}" \
+  --balance.threshold 0.5 --out "$dir/om2"
+expect migrate-every-negative '`--balance.migrate-every -1`' \
+  '--balance.migrate-every must be >= 0 (0 = never), got -1' "${common[@]}" --balance.migrate-every -1 --out "$dir/om3"
+expect migrate-without-ep '`--balance.migrate-every` on one process (no expert parallelism)' \
+  '--balance.migrate-every 5 needs expert parallelism (--ep > 1): with --ep 1 every expert is on every rank' \
+  "${common[@]}" --balance.migrate-every 5 --out "$dir/om4"
+expect migrate-with-zero1 '`--balance.migrate-every` with `--zero1`' \
+  '--balance.migrate-every with --zero1: moving experts with a sharded AdamW state is not supported' \
+  "${common[@]}" --balance.migrate-every 5 --zero1 --out "$dir/om5"
 
 for o in "$dir"/o*; do
   [ -e "$o/model.safetensors" ] && { echo "FAIL: $o has weights after an error" >&2; fail=$((fail + 1)); }

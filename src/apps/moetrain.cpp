@@ -84,6 +84,10 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
       "--balance.bias-rate", [&o](const float& v) { o.bias_rate = v; },
       "aux-loss-free balancing (topk_method noaux_tc): bias step gamma (default: the config's "
       "bias_update_speed, 1e-3)");
+  t->add_option("--balance.migrate-every", o.migrate_every,
+                "expert migration (Piper): every N steps, rebalance the EP ranks' loads (0 = never)")->capture_default_str();
+  t->add_option("--balance.threshold", o.migrate_threshold,
+                "migrate a layer when its max/mean EP-rank load exceeds this (> 1)")->capture_default_str();
   t->add_option("--a2a", o.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase)")->capture_default_str();
   t->add_option("--topo.ranks-per-node", o.topo_ranks_per_node, "emulate nodes of this many ranks (0 = from the launcher)");
   t->add_option("--topo.nodes-per-group", o.topo_nodes_per_group, "emulate switch groups of this many nodes (0 = one group)");

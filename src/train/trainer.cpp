@@ -30,6 +30,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/zero1.h"
 #include "train/checkpoint.h"
+#include "train/migration.h"
 #include "train/run_guard.h"
 #include "train/run_memory.h"
 #include "train/score_bias.h"
@@ -105,6 +106,13 @@ void validate_options(const TrainOptions& o) {
             o.precision, "'");
   MOE_CHECK(o.precision == "fp32" || o.device == "cuda", "--precision bf16: the CPU backend computes in "
             "fp32 only (bf16 GEMM inputs need --device cuda)");
+  MOE_CHECK(o.migrate_every >= 0, "--balance.migrate-every must be >= 0 (0 = never), got ", o.migrate_every);
+  MOE_CHECK(finite(o.migrate_threshold) && o.migrate_threshold > 1, "--balance.threshold must be a max/mean "
+            "rank load > 1 (1 is perfect balance), got ", o.migrate_threshold);
+  MOE_CHECK(o.migrate_every == 0 || !o.zero1, "--balance.migrate-every with --zero1: moving experts with a "
+            "sharded AdamW state is not supported; use one of them");
+  MOE_CHECK(o.migrate_every == 0 || !o.moe.padded, "--balance.migrate-every with --padded: migration needs "
+            "the padding-free layout");
   MOE_CHECK(finite(o.comm_timeout_s) && o.comm_timeout_s >= 0 && o.comm_timeout_s < 1e9,
             "--comm.timeout must be a number of seconds >= 0 (0 = wait forever), got ", o.comm_timeout_s);
   MOE_CHECK(!o.out_dir.empty(), "--out must not be empty");
@@ -254,7 +262,6 @@ void save_full_weights(const model::Model& model, const model::ModelConfig& cfg,
   const HostParams m(model);
   // What rank (pp, ep) contributes: everything on ep 0, only its experts on the others.
   auto owned = [](const model::ParamSpec& s, int ep_rank) { return ep_rank == 0 || s.is_expert; };
-  const int El = g.dims.ep > 0 ? cfg.n_routed_experts / g.dims.ep : 0;
   if (g.world.rank() != 0) {
     std::vector<float> mine;
     for (const model::ParamSpec& s : model.layout().specs())
@@ -267,7 +274,7 @@ void save_full_weights(const model::Model& model, const model::ModelConfig& cfg,
   for (int pp = 0; pp < g.dims.pp; ++pp) {
     for (int ep = 0; ep < g.dims.ep; ++ep) {
       const int src = parallel::rank_of(g.dims, {pp, 0, ep, 0});
-      model::ExpertShard shard = g.dims.ep > 1 ? model::ExpertShard{ep * El, El} : model::ExpertShard{};
+      model::ExpertShard shard = g.dims.ep > 1 ? model::ExpertShard::of(model.placement(), ep) : model::ExpertShard{};
       model::ParamLayout theirs(cfg, shard, parallel::stage_spec(layers_per_stage, pp));
       std::vector<float> buf;
       if (src == 0) {
@@ -346,6 +353,8 @@ TrainResult run_training(const TrainOptions& opts) {
     MOE_CHECK(indexed || cfg.vocab_size >= 256, "byte-level data needs vocab_size >= 256, the config has ",
               cfg.vocab_size);
     opts.dims.validate(world.size(), cfg);
+    MOE_CHECK(opts.migrate_every == 0 || opts.dims.ep > 1, "--balance.migrate-every ", opts.migrate_every,
+              " needs expert parallelism (--ep > 1): with --ep ", opts.dims.ep, " every expert is on every rank");
     parallel::split_layers(cfg, opts.dims.pp, opts.pp_layers);
     if (opts.data_path.empty() && !fs::exists(data_path))
       throw Error(str_cat(data_path, ": built-in corpus not found; run scripts/setup.sh first"));
@@ -517,6 +526,8 @@ TrainResult run_training(const TrainOptions& opts) {
   ep_ctx.reduce_aux_stats = [&grid](std::vector<double>& v) {
     grid.data.allreduce_sum(v.data(), static_cast<int64_t>(v.size()));
   };
+  // Experts that may move are summed in logical order (train/migration.h): the math stays the same.
+  ep_ctx.placement_independent_sum = opts.migrate_every > 0;
   model::Model model(cfg, opts.moe, D > 1 ? &ep_ctx : nullptr, stage,
                      model::parse_recompute(opts.recompute));
   // noaux_tc: every MoE layer's selection bias, the same on every rank (train/score_bias.h).
@@ -560,13 +571,6 @@ TrainResult run_training(const TrainOptions& opts) {
   json parallel_json = {{"pp", grid.dims.pp}, {"dp", grid.dims.dp}, {"ep", grid.dims.ep},
                         {"tp", grid.dims.tp}, {"layers_per_stage", layers_per_stage},
                         {"micro_batches", M}, {"a2a", opts.a2a}, {"batch_per_rank", B}};
-  json placement_json = json::object();
-  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
-    if (!cfg.is_moe_layer(l)) continue;
-    std::vector<int> where;
-    for (int e = 0; e < cfg.n_routed_experts; ++e) where.push_back(e / (cfg.n_routed_experts / grid.dims.ep));
-    placement_json[std::to_string(l)] = where;
-  }
   int step0 = 0, bad_steps = 0, bad_in_a_row = 0, good_steps = 0, steps_run = 0, bad_steps_at_start = 0;
   std::string last_checkpoint;
   // Whether weights and AdamW moments are finite on every rank (a collective).
@@ -585,6 +589,18 @@ TrainResult run_training(const TrainOptions& opts) {
   if (!resume_path.empty()) {
     CheckpointMeta meta = read_checkpoint_meta(resume_path, /*verify=*/false);  // verified in setup
     {
+      // The experts' places first (the tensors are loaded by name into them): kept when the EP
+      // group has the size that wrote them; a reshard starts from the contiguous placement.
+      if (D > 1 && meta.parallel.is_object() && meta.parallel.value("ep", 0) == grid.dims.ep &&
+          !meta.expert_placement.empty()) {
+        std::vector<bool> is_moe(cfg.num_hidden_layers);
+        for (int l = 0; l < cfg.num_hidden_layers; ++l) is_moe[l] = cfg.is_moe_layer(l);
+        model.set_placement(balance::Placement::from_json(meta.expert_placement, is_moe, cfg.n_routed_experts,
+                                                          grid.dims.ep, resume_path +
+                                                          "/manifest.json: field \"expert_placement\""));
+        // A moved placement keeps summing in logical order, as the run that moved it did.
+        if (!model.placement().is_contiguous()) ep_ctx.placement_independent_sum = true;
+      }
       HostState h(model, opt, /*copy=*/false, shard);
       load_checkpoint_tensors(resume_path, model.layout(), h.params(), h.m(), h.v());
       h.to_device(model, opt);
@@ -741,6 +757,43 @@ TrainResult run_training(const TrainOptions& opts) {
       score_bias.update(flat_loads);
       score_bias.apply(model);
     }
+    // Expert parallelism: each MoE layer's max/mean EP-rank load under the current placement, and
+    // every --balance.migrate-every steps a migration decided from these loads, the same on every
+    // rank (train/migration.h). Not after the last step (nothing would run on the new map).
+    std::vector<double> layer_imbalance;
+    json rank_loads_json = json::array(), migration_json;
+    if (grid.dims.ep > 1 && flat_loads.size() == moe_layer_ids.size() * cfg.n_routed_experts) {
+      const int E = cfg.n_routed_experts;
+      std::vector<std::vector<double>> loads(moe_layer_ids.size());
+      for (size_t i = 0; i < moe_layer_ids.size(); ++i) {
+        loads[i].assign(flat_loads.begin() + i * E, flat_loads.begin() + (i + 1) * E);
+        const balance::LayerPlacement& where = model.placement().layers[moe_layer_ids[i]];
+        rank_loads_json.push_back(balance::rank_loads(where, loads[i]));
+        layer_imbalance.push_back(balance::imbalance(where, loads[i]));
+      }
+      if (opts.migrate_every > 0 && !skipped && (step + 1) % opts.migrate_every == 0 && step + 1 < opts.steps) {
+        const double tm0 = now_seconds();
+        std::vector<LayerMigration> changed;
+        const balance::Placement next =
+            plan_migration(model.placement(), moe_layer_ids, loads, opts.migrate_threshold, &changed);
+        if (!changed.empty()) {
+          double moved[1] = {move_experts(model, next, grid.ep, {model.params(), opt.m().data(), opt.v().data()})};
+          double seconds[1] = {now_seconds() - tm0};
+          grid.world.allreduce_sum(moved, 1);
+          grid.world.allreduce_max(seconds, 1);
+          json layers_json = json::array();
+          for (const LayerMigration& lm : changed)
+            layers_json.push_back({{"layer", lm.layer}, {"swaps", lm.swaps}, {"imbalance_before", lm.imbalance_before},
+                                   {"imbalance_after", lm.imbalance_after}});
+          migration_json = {{"layers", layers_json}, {"bytes_moved", moved[0]}, {"seconds", seconds[0]}};
+          if (root && opts.progress)
+            for (const LayerMigration& lm : changed)
+              std::fprintf(stderr, "%sstep %d: layer %d migrated %d expert swap(s), rank imbalance %.3f -> %.3f "
+                           "(%s moved in %.1f ms, all layers)\n", tty ? "\n" : "", step + 1, lm.layer, lm.swaps,
+                           lm.imbalance_before, lm.imbalance_after, format_bytes(moved[0]).c_str(), 1e3 * seconds[0]);
+        }
+      }
+    }
     if (grid.world.size() > 1) grid.world.allreduce_sum(bytes.data(), static_cast<int64_t>(bytes.size()));
     // Per-stage figures: the worst rank of each stage.
     const int kStat = 7;
@@ -826,6 +879,11 @@ TrainResult run_training(const TrainOptions& opts) {
                   {"stages", stages_json},
                   {"expert_loads", loads_json},
                   {"expert_loads_layers", moe_layer_ids}};
+      if (!layer_imbalance.empty()) {  // per MoE layer: tokens per EP rank, and their max/mean
+        rec["rank_loads"] = rank_loads_json;
+        rec["load_imbalance"] = layer_imbalance;
+      }
+      if (!migration_json.is_null()) rec["migration"] = migration_json;
       if (!std::isnan(vl)) rec["val_loss"] = vl;
       // Tokenized data: the held-out loss per byte of text as well, comparable with a byte model's.
       if (!std::isnan(vl) && tokenized && bytes_per_token > 0) rec["val_loss_nats_per_byte"] = vl / bytes_per_token;
@@ -878,7 +936,7 @@ TrainResult run_training(const TrainOptions& opts) {
       meta.bad_steps = bad_steps;
       meta.config = model::config_to_json(cfg);
       meta.parallel = parallel_json;
-      meta.expert_placement = placement_json;
+      meta.expert_placement = model.placement().to_json();
       meta.router_bias = score_bias.to_json();
       HostState h(model, opt, /*copy=*/true, shard);
       last_checkpoint = save_checkpoint(grid.world, ckpt_dir, opts.checkpoint_keep, meta,
