@@ -173,7 +173,8 @@ void add_a2a_bench(CLI::App* bench, A2aCli& a) {
   m->add_option("--experts", a.opts.experts, "experts E")->capture_default_str();
   m->add_option("--topk", a.opts.topk, "experts per token k")->capture_default_str();
   m->add_option("--algos", a.algorithms, "algorithms (flat,rbd,halo)")->delimiter(',');
-  m->add_option("--routing", a.opts.routing, "uniform or skewed")->capture_default_str();
+  m->add_option("--routing", a.opts.routing, "uniform, skewed or node-limited")->capture_default_str();
+  m->add_option("--topk-group", a.opts.topk_group, "node-limited: nodes a token may reach (DeepSeek-V3's M)");
   m->add_option("--iters", a.opts.iters, "timed iterations")->capture_default_str();
   m->add_option("--warmup", a.opts.warmup, "untimed iterations")->capture_default_str();
   m->add_option("--seed", a.opts.seed, "routing seed")->capture_default_str()->check(kNonNegativeInteger);

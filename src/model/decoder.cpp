@@ -30,6 +30,9 @@ mx::MoeConfig inference_moe_config(const ModelConfig& c, MemTracker* scratch) {
   m.norm_topk_prob = c.norm_topk_prob;
   m.aux_loss_alpha = c.aux_loss_alpha;
   m.seq_aux = c.seq_aux;
+  m.routed_scaling_factor = c.routed_scaling_factor;
+  m.n_group = c.n_group;
+  m.topk_group = c.topk_group;
   m.scratch_tracker = scratch;
   return m;
 }

@@ -82,6 +82,8 @@ mx::MoeConfig moe_config(const ModelConfig& c, const MoeOptions& o, const mx::Ex
   m.sigmoid = c.scoring_func == "sigmoid";
   m.score_bias_E = score_bias_E;
   m.routed_scaling_factor = c.routed_scaling_factor;
+  m.n_group = c.n_group;
+  m.topk_group = c.topk_group;
   m.capacity_factor = o.capacity_factor;
   m.padded = o.padded;
   m.ep = ep;

@@ -47,7 +47,8 @@ struct MoeConfig {
   bool seq_aux = false;     // aux loss per sequence (DeepSeek's seq_aux) instead of per batch
   bool sigmoid = false;     // DeepSeek-V3 router (noaux_tc): see router.h
   const float* score_bias_E = nullptr;  // sigmoid: [E] selection bias on the active device, or null
-  float routed_scaling_factor = 1.0f;   // sigmoid only
+  float routed_scaling_factor = 1.0f;   // see RouterConfig
+  int n_group = 1, topk_group = 1;      // group-limited routing (router.h); n_group 1 = none
   float capacity_factor = 0.0f;  // 0 = dropless
   bool padded = false;      // capacity-padded baseline instead of padding-free
   const ExpertParallel* ep = nullptr;  // null: all experts local, nothing communicates
