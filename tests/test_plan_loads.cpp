@@ -167,3 +167,20 @@ TEST(PlanLoads, LoadsOfAnotherExpertCountAreOneLineNamingBoth) {
   EXPECT_EQ(error_of([&] { plan::routing_imbalance(e6, 4); }),
             e6.source + ": ep(4) does not divide the 6 experts of the expert loads");
 }
+
+// The measured H200 profile is launch-bound at the tiny model's expert GEMMs (~14 µs for any m,
+// with ±1 µs of noise): a busier rank must not come out faster there (at ep 8 it did, by 2.6% of
+// the compute, before the balanced rank's expert time became the floor), and its exchange carries
+// more rows. The loads: max/mean 2.8 at ep 8 and 1.9 at ep 4, as in the first 100 steps of
+// `--preset tiny-noaux` (docs/balance.md).
+TEST(PlanLoads, MeasuredH200ProfileBusierRankIsNotFaster) {
+  TinyPlan s;
+  s.cluster = plan::resolve_cluster(MOETRAIN_SOURCE_DIR "/profiles/dgx-h200-measured.json");
+  const plan::RoutingStats skewed = loads_file("h200.jsonl", {42, 15, 15, 15, 15, 6, 6, 6});
+  for (const char* l : {kEp4, "pp=1,dp=1,ep=8,mb=2,recompute=none,a2a=flat"}) {
+    const plan::Candidate bal = s.eval(l, nullptr), busy = s.eval(l, &skewed);
+    EXPECT_GE(busy.time.compute, bal.time.compute) << l;
+    EXPECT_GT(busy.time.a2a, bal.time.a2a) << l;
+    EXPECT_GT(busy.time.step, bal.time.step) << l;
+  }
+}
