@@ -2,14 +2,14 @@
 # Aux-loss-free balancing (DeepSeek-V3: sigmoid + e_score_correction_bias, `--preset tiny-noaux`)
 # against the default job's softmax + aux loss (`--preset tiny`): the default job's steps, batch
 # and seed for each, on the built-in corpus, one BLAS thread, niced, one run after the other; the
-# bias runs at each rate of BALANCE_RATES (default "1e-3 1e-2": the config's gamma and a larger
-# one). Then scripts/balance_summary.py prints per 100 steps the load CV and max/mean of every run,
+# bias runs at each rate of BALANCE_RATES (default "1e-3 1e-2 0": the config's gamma, a larger
+# one, and the bias frozen at 0 as the control). Then scripts/balance_summary.py prints per 100 steps the load CV and max/mean of every run,
 # with the held-out loss, as a markdown table, and plots CV against step (docs/balance_cv.svg).
 # A run whose metrics.jsonl already reaches the last step is kept (rerun the summary for free;
 # delete WORKDIR/NAME to train it again).
 #
 # Usage: scripts/balance_study.sh [MOETRAIN] [WORKDIR]    (defaults build/moetrain, runs/balance)
-#        ~7 min per run alone on a free core, ~12 min on a shared 2-core machine.
+#        ~7 min per run alone on a free core, 8-20 min on a shared 2-core machine; four runs.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${1:-$root/build/moetrain}"
@@ -17,7 +17,7 @@ work="${2:-$root/runs/balance}"
 mkdir -p "$work"
 work="$(cd "$work" && pwd)"  # absolute: the runs are trained from $root
 steps="${BALANCE_STEPS:-600}"
-rates="${BALANCE_RATES:-1e-3 1e-2}"
+rates="${BALANCE_RATES:-1e-3 1e-2 0}"
 svg="${BALANCE_SVG:-$root/docs/balance_cv.svg}"
 py=/usr/bin/python3  # the system python: the summary needs the standard library only
 [ -x "$bin" ] || { echo "balance_study: $bin is not an executable (build it: cmake --build build --target moetrain)" >&2; exit 1; }

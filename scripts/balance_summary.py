@@ -32,6 +32,8 @@ def per_step(recs, stat):
 class Run:
     def __init__(self, name, out_dir):
         self.name = name
+        if not os.path.isfile(os.path.join(out_dir, "metrics.jsonl")):
+            sys.exit(f"balance_summary.py: {name}={out_dir}: no metrics.jsonl there (a moetrain train --out folder?)")
         recs = [r for r in read(out_dir) if r.get("expert_loads")]
         if not recs:
             sys.exit(f"balance_summary.py: {out_dir}/metrics.jsonl: no expert_loads in any line")
