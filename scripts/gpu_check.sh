@@ -5,6 +5,7 @@
 #   ops.txt            every CUDA op against the CPU kernel (forward, backward, the += contract)
 #   parity_fp32.json   the whole model's loss, logits and gradients CUDA vs CPU, and 20 AdamW steps
 #   parity_bf16.json   the same with bf16 GEMM inputs (documented bounds)
+#   parity_group.json  the fp32 parity of test-moe-group (group-limited routing)
 #   train20.txt        20 steps of `moetrain train` on CPU and on GPU, losses side by side
 #   ep2.txt            EP 2 as 2 ranks on one GPU against 1 rank
 #   bench_*.json       bench moe-layer --device cuda --precision bf16 at T4096 H1024 for three expert
@@ -101,6 +102,12 @@ for p in fp32 bf16; do
   worst=$(python3 -c "import json;d=json.load(open('$out/parity_$p.json'));print(d['grad_worst_rel_err'], d['grad_worst_tensor'], d['steps_worst_rel_diff'])" 2>/dev/null)
   note "- model gradients CUDA vs CPU ($p): rc=$rc, worst gradient rel. error / tensor / worst step-loss rel. diff: ${worst:-n/a}"
 done
+# Group-limited routing (DeepSeek-V3 n_group / topk_group): the .cu router with its group mask.
+timeout 120 "$bin/tool_device_parity" --preset test-moe-group --steps 20 --precision fp32 \
+  --out "$out/parity_group.json" >"$out/parity_group.log" 2>&1
+rc=$?
+worst=$(python3 -c "import json;d=json.load(open('$out/parity_group.json'));print(d['grad_worst_rel_err'], d['grad_worst_tensor'], d['steps_worst_rel_diff'])" 2>/dev/null)
+note "- model gradients CUDA vs CPU (test-moe-group fp32): rc=$rc, worst gradient rel. error / tensor / worst step-loss rel. diff: ${worst:-n/a}"
 
 step "20 training steps, CPU vs GPU"
 for d in cpu cuda; do

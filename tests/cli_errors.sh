@@ -120,9 +120,26 @@ expect sigmoid-router 'config: unsupported router (`scoring_func` sigmoid)' \
   'scoring_func "sigmoid" is not supported' "${common[@]}" --config "$dir/sigmoid.json" --out "$dir/o19"
 cfg "$dir/topk.json" 'c["topk_method"] = "sparse_magic"'
 expect unknown-topk-method 'config: unknown router selection (`topk_method` sparse_magic)' \
-  'topk_method "sparse_magic" is not supported (supported: greedy, noaux_tc)' "${common[@]}" --config "$dir/topk.json" --out "$dir/o19b"
+  'topk_method "sparse_magic" is not supported (supported: greedy, group_limited_greedy, noaux_tc)' "${common[@]}" --config "$dir/topk.json" --out "$dir/o19b"
 expect bias-rate-without-noaux '`--balance.bias-rate` for a model without aux-loss-free balancing' \
   '--balance.bias-rate 0.001: the model'"'"'s router uses topk_method "greedy"' "${common[@]}" --preset test-moe --balance.bias-rate 1e-3 --out "$dir/o19c"
+# Group-limited routing (DeepSeek-V2/V3 n_group, topk_group); v3 = the sigmoid + noaux_tc router.
+v3='c.update(scoring_func="sigmoid", topk_method="noaux_tc", norm_topk_prob=True); '
+cfg "$dir/g1.json" "$v3"'c.update(n_group=4, topk_group=5)'
+expect topk-group-over-n-group 'config: more groups kept than there are (`topk_group` 5, `n_group` 4)' \
+  'topk_group (5) exceeds n_group (4)' "${common[@]}" --config "$dir/g1.json" --out "$dir/o19d"
+cfg "$dir/g2.json" "$v3"'c.update(n_group=3, topk_group=1)'
+expect n-group-not-dividing 'config: `n_group` 3 does not divide the 8 experts' \
+  'n_group (3) does not divide n_routed_experts (8)' "${common[@]}" --config "$dir/g2.json" --out "$dir/o19e"
+cfg "$dir/g3.json" "$v3"'c.update(n_group=4, topk_group=0)'
+expect topk-group-zero 'config: `topk_group` 0' \
+  '"topk_group" must be >= 1, got 0' "${common[@]}" --config "$dir/g3.json" --out "$dir/o19f"
+cfg "$dir/g4.json" 'c.update(n_group=2, topk_group=1)'
+expect groups-with-greedy 'config: `n_group` 2 with `topk_method` greedy (which ignores groups)' \
+  'n_group = 2 needs topk_method "group_limited_greedy" (softmax) or "noaux_tc" (sigmoid)' "${common[@]}" --config "$dir/g4.json" --out "$dir/o19g"
+cfg "$dir/g5.json" 'c.update(topk_method="group_limited_greedy", n_group=8, topk_group=1)'
+expect groups-cannot-hold-k 'config: kept groups hold fewer experts than top-k (1 group of 1, k = 2)' \
+  'topk_group (1) * n_routed_experts / n_group (1) = 1 experts cannot hold num_experts_per_tok (2)' "${common[@]}" --config "$dir/g5.json" --out "$dir/o19h"
 cfg "$dir/vocab.json" 'c["vocab_size"] = 100'
 expect small-vocab 'config: vocabulary smaller than the 256 byte tokens' \
   'byte-level data needs vocab_size >= 256, the config has 100' "${common[@]}" --config "$dir/vocab.json" --out "$dir/o20"
@@ -338,6 +355,10 @@ expect bench-seed-negative '`bench moe-layer --seed -2`' '--seed: must be a non-
 expect bench-a2a-factor-inf '`bench a2a -f inf` (sizes would never grow past the first)' \
   '-f must be a finite number in (1, 1024], got inf' bench a2a -f inf
 expect bench-a2a-size-inf '`bench a2a -e inf`' "-e: 'inf' is not a size" bench a2a -e inf
+expect bench-a2a-node-limited-no-group '`bench a2a --routing node-limited` without `--topk-group`' \
+  '--routing node-limited needs --topk-group in [1, 1 nodes], got 0' bench a2a --routing node-limited
+expect bench-a2a-topk-group-uniform '`bench a2a --topk-group 2` with uniform routing' \
+  '--topk-group 2 applies to --routing node-limited only (routing is uniform)' bench a2a --topk-group 2
 expect bench-pipeline-forward-inf '`bench pipeline --forward-ms inf` (a stage would sleep forever)' \
   '--forward-ms must be a finite number of milliseconds in (0, 60000], got inf' bench pipeline --forward-ms inf
 expect bench-pipeline-activation-negative '`bench pipeline --activation-floats -1`' \
@@ -360,6 +381,21 @@ expect generate-tokens-negative '`generate --tokens -3`' '--tokens must be >= 0,
 expect generate-prompt-empty '`generate --prompt ""`' '--prompt is empty' generate "$dir/genmodel" --prompt ""
 expect generate-no-model '`generate` from a folder that does not exist' \
   'nomodel: no such folder' generate "$dir/nomodel" --prompt x
+# Expert migration (--balance.*): thresholds at or below perfect balance, a negative period, no EP.
+expect migrate-threshold-one '`--balance.threshold 1` (max/mean load can never be below 1)' \
+  '--balance.threshold must be a max/mean rank load > 1 (1 is perfect balance), got 1' "${common[@]}" \
+  --balance.threshold 1 --out "$dir/om1"
+expect migrate-threshold-below-one '`--balance.threshold 0.5`' \
+  '--balance.threshold must be a max/mean rank load > 1 (1 is perfect balance), got 0.5' "${common[@]}" \
+  --balance.threshold 0.5 --out "$dir/om2"
+expect migrate-every-negative '`--balance.migrate-every -1`' \
+  '--balance.migrate-every must be >= 0 (0 = never), got -1' "${common[@]}" --balance.migrate-every -1 --out "$dir/om3"
+expect migrate-without-ep '`--balance.migrate-every` on one process (no expert parallelism)' \
+  '--balance.migrate-every 5 needs expert parallelism (--ep > 1): with --ep 1 every expert is on every rank' \
+  "${common[@]}" --balance.migrate-every 5 --out "$dir/om4"
+expect migrate-with-zero1 '`--balance.migrate-every` with `--zero1`' \
+  '--balance.migrate-every with --zero1: moving experts with a sharded AdamW state is not supported' \
+  "${common[@]}" --balance.migrate-every 5 --zero1 --out "$dir/om5"
 
 for o in "$dir"/o*; do
   [ -e "$o/model.safetensors" ] && { echo "FAIL: $o has weights after an error" >&2; fail=$((fail + 1)); }

@@ -5,7 +5,7 @@
 # validation p2p move device buffers, staged through the host by comm/ (MPI here is not
 # CUDA-aware). In fp32 the emulated device runs the CPU kernels, so each layout with --device cuda
 # must equal the same layout with --device cpu bit for bit: every logged quantity and the final
-# weights. Then a multi-rank device checkpoint resumes exactly.
+# weights, with expert migration too. Then a multi-rank device checkpoint resumes exactly.
 # Usage: emulated_multirank.sh MOETRAIN CORPUS WORKDIR MPIRUN
 set -euo pipefail
 bin="$1"
@@ -59,6 +59,9 @@ pair dp2 2 --dp 2
 pair pp2ep2 4 --pp 2 --ep 2 --micro-batches 2
 pair ep4.halo 4 --ep 4 --a2a halo --topo.ranks-per-node 2
 pair ep4.rbd 4 --ep 4 --a2a rbd --topo.ranks-per-node 2
+# Expert migration after every step: weights and AdamW moments moved between the ranks' devices.
+pair ep4.migrate 4 --ep 4 --balance.migrate-every 1 --balance.threshold 1.01
+check "ep4.migrate: experts moved on the devices" grep -q '"migration"' "$work/ep4.migrate.cuda/metrics.jsonl"
 
 # A device checkpoint of PP2 x EP2 at step 2, resumed on the devices to step 4.
 run ckpt 4 --pp 2 --ep 2 --micro-batches 2 --device cuda --checkpoint.every 2

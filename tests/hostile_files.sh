@@ -180,6 +180,10 @@ expect "config is /dev/zero" '/dev/zero: config file is more than the limit of 6
   "${common[@]}" --config /dev/zero --out "$dir/o-devzero"
 expect "config is a folder" 'is a folder, not a config file' "${common[@]}" --config "$dir" --out "$dir/o-folder"
 expect "--loads is /dev/zero" '/dev/zero: line 1 is longer than 67108864 bytes' plan --model tiny --gpus 2 --loads /dev/zero
+echo '{"step": 1, "expert_loads": [[5, 3, 2, 1]]}' > "$dir/e4.jsonl"
+expect "plan --loads of a model with 4 experts for tiny (8)" \
+  'e4.jsonl: the expert loads have 4 experts per MoE layer, model tiny has 8 (loads of another model?)' \
+  plan --model tiny --gpus 2 --loads "$dir/e4.jsonl"
 
 cfg() {  # cfg FILE PYTHON-EDIT: a test-dense-like config.json with one edit applied to c
   "$py" - "$1" "$2" <<'PY'

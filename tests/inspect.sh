@@ -79,7 +79,7 @@ if [ -n "$mpirun" ]; then
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$mpirun" --oversubscribe --bind-to none -np 2 \
     "$bin" train --preset test-moe --data "$corpus" --steps 2 --batch 4 --seq-len 32 --ep 2 --quiet --out "$work/ep"
   "$bin" inspect "$work/ep/checkpoints/step-2" > "$work/ep.txt"
-  has "$work/ep.txt" "pp 1 x dp 1 x ep 2 x tp 1" "layer 1 [0,0,0,0,1,1,1,1]" "$n parameters (equal to the config's count)" \
+  has "$work/ep.txt" "pp 1 x dp 1 x ep 2 x tp 1" "layer 1 [[0,1,2,3],[4,5,6,7]]" "contiguous)" "$n parameters (equal to the config's count)" \
     "equal to the config's count"
   ok "EP 2 checkpoint: expert placement and the same parameter count"
 fi

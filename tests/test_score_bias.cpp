@@ -271,7 +271,7 @@ TEST(ScoreBiasConfig, RouterFieldsReadWriteAndRefuse) {
     return error_of([&] { model::config_from_json(j, "c.json"); });
   };
   EXPECT_EQ(err([](nlohmann::json& j) { j["topk_method"] = "sparse_magic"; }),
-            "c.json: topk_method \"sparse_magic\" is not supported (supported: greedy, noaux_tc)");
+            "c.json: topk_method \"sparse_magic\" is not supported (supported: greedy, group_limited_greedy, noaux_tc)");
   EXPECT_NE(err([](nlohmann::json& j) { j["scoring_func"] = "softmax"; })
                 .find("scoring_func \"softmax\" is not supported with topk_method \"noaux_tc\""),
             std::string::npos);

@@ -177,10 +177,19 @@ std::string inspect_checkpoint(const std::string& dir) {
                               ", layers per stage ", get("layers_per_stage"), ", micro-batches ", get("micro_batches"),
                               ", batch per rank ", get("batch_per_rank"), ", a2a ", get("a2a")));
   if (m.meta.expert_placement.is_object() && !m.meta.expert_placement.empty()) {
+    // Each EP rank's logical experts in slot order (older checkpoints: the EP rank of each expert).
     std::string pl;
-    for (const auto& [layer, ranks] : m.meta.expert_placement.items())
+    bool moved = false, older = false;
+    for (const auto& [layer, ranks] : m.meta.expert_placement.items()) {
       pl += str_cat(pl.empty() ? "" : "; ", "layer ", layer, " ", ranks.dump());
-    line(out, "expert placement", pl + " (EP rank of each logical expert)");
+      older = older || !ranks.is_array() || ranks.empty() || !ranks[0].is_array();
+      for (size_t r = 0; !older && r < ranks.size(); ++r)
+        for (size_t s = 0; s < ranks[r].size(); ++s)
+          moved = moved || ranks[r][s] != static_cast<int>(r * ranks[r].size() + s);
+    }
+    line(out, "expert placement", pl + (older ? " (EP rank of each logical expert)"
+                                              : moved ? " (each EP rank's experts by slot; moved by migration)"
+                                                      : " (each EP rank's experts by slot; contiguous)"));
   }
   describe_config(out, c);
   // Tensors from the shards (the manifest's sizes are checked on open; checksums are not read:

@@ -84,6 +84,10 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
       "--balance.bias-rate", [&o](const float& v) { o.bias_rate = v; },
       "aux-loss-free balancing (topk_method noaux_tc): bias step gamma (default: the config's "
       "bias_update_speed, 1e-3)");
+  t->add_option("--balance.migrate-every", o.migrate_every,
+                "expert migration (Piper): every N steps, rebalance the EP ranks' loads (0 = never)")->capture_default_str();
+  t->add_option("--balance.threshold", o.migrate_threshold,
+                "migrate a layer when its max/mean EP-rank load exceeds this (> 1)")->capture_default_str();
   t->add_option("--a2a", o.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase)")->capture_default_str();
   t->add_option("--topo.ranks-per-node", o.topo_ranks_per_node, "emulate nodes of this many ranks (0 = from the launcher)");
   t->add_option("--topo.nodes-per-group", o.topo_nodes_per_group, "emulate switch groups of this many nodes (0 = one group)");
@@ -169,7 +173,8 @@ void add_a2a_bench(CLI::App* bench, A2aCli& a) {
   m->add_option("--experts", a.opts.experts, "experts E")->capture_default_str();
   m->add_option("--topk", a.opts.topk, "experts per token k")->capture_default_str();
   m->add_option("--algos", a.algorithms, "algorithms (flat,rbd,halo)")->delimiter(',');
-  m->add_option("--routing", a.opts.routing, "uniform or skewed")->capture_default_str();
+  m->add_option("--routing", a.opts.routing, "uniform, skewed or node-limited")->capture_default_str();
+  m->add_option("--topk-group", a.opts.topk_group, "node-limited: nodes a token may reach (DeepSeek-V3's M)");
   m->add_option("--iters", a.opts.iters, "timed iterations")->capture_default_str();
   m->add_option("--warmup", a.opts.warmup, "untimed iterations")->capture_default_str();
   m->add_option("--seed", a.opts.seed, "routing seed")->capture_default_str()->check(kNonNegativeInteger);

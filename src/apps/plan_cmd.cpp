@@ -111,6 +111,7 @@ int run_plan(const PlanCli& s) {
   plan::RoutingStats routing;
   if (!s.loads.empty()) routing = plan::read_routing_stats(s.loads);
   const plan::RoutingStats* rp = s.loads.empty() ? nullptr : &routing;
+  ctx.routing = rp;
 
   if (s.evaluate) {
     MOE_CHECK(!s.layout.empty(), "--evaluate needs --layout \"pp=..,dp=..,ep=..,mb=..,recompute=..,a2a=..\"");
@@ -132,6 +133,7 @@ int run_plan(const PlanCli& s) {
       j["seq_len"] = ctx.shape.seq_len;
       j["global_batch"] = ctx.shape.global_batch;
       j["precision"] = ctx.shape.precision;
+      if (rp) j["loads"] = plan::loads_json(*rp);
       if (s.explain && m.num_moe_layers() > 0) j["dispatch"] = plan::padded_json(ctx, cand);
       std::printf("%s\n", j.dump(1).c_str());
     } else {

@@ -8,15 +8,30 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "balance/placement.h"
 #include "core/buffer.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/timer.h"
+#include "kernels/element_math.h"  // math::topk_row, GroupLimit: the router's selection
 
 namespace moe::comm {
 namespace {
 
-void check_options(const A2aBenchOptions& o, int n) {
+void check_node_limit(const A2aBenchOptions& o, int nodes) {
+  if (o.routing != "node-limited") {
+    MOE_CHECK(o.topk_group == 0, "bench a2a: --topk-group ", o.topk_group,
+              " applies to --routing node-limited only (routing is ", o.routing, ")");
+    return;
+  }
+  MOE_CHECK(o.topk_group >= 1 && o.topk_group <= nodes, "bench a2a: --routing node-limited needs ",
+            "--topk-group in [1, ", nodes, " nodes], got ", o.topk_group);
+  const int64_t candidates = static_cast<int64_t>(o.topk_group) * (o.experts / nodes);
+  MOE_CHECK(candidates >= o.topk, "bench a2a: --topk-group ", o.topk_group, " nodes of ",
+            o.experts / nodes, " experts cannot hold --topk ", o.topk);
+}
+
+void check_options(const A2aBenchOptions& o, int n, int nodes) {
   MOE_CHECK(o.hidden >= 1 && o.experts >= 1, "bench a2a: hidden=", o.hidden, " experts=", o.experts,
             " must be >= 1");
   MOE_CHECK(o.topk >= 1 && o.topk <= o.experts, "bench a2a: topk=", o.topk,
@@ -28,8 +43,9 @@ void check_options(const A2aBenchOptions& o, int n) {
   MOE_CHECK(o.factor > 1.0 || o.min_bytes == o.max_bytes, "bench a2a: -f ", o.factor,
             " must be > 1");
   MOE_CHECK(o.iters >= 1 && o.warmup >= 0, "bench a2a: iters=", o.iters, " warmup=", o.warmup);
-  MOE_CHECK(o.routing == "uniform" || o.routing == "skewed", "bench a2a: routing '", o.routing,
-            "' (expected uniform or skewed)");
+  MOE_CHECK(o.routing == "uniform" || o.routing == "skewed" || o.routing == "node-limited",
+            "bench a2a: routing '", o.routing, "' (expected uniform, skewed or node-limited)");
+  check_node_limit(o, nodes);
   MOE_CHECK(!o.algorithms.empty(), "bench a2a: no algorithm selected");
 }
 
@@ -46,38 +62,64 @@ double median(std::vector<double> v) {
   return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
 }
 
+// k distinct experts drawn without replacement, each proportional to w among those left.
+void choose_weighted(std::vector<int>& chosen, const std::vector<double>& w, int k,
+                     std::vector<char>& taken, Rng& rng) {
+  const int E = static_cast<int>(w.size());
+  double left = 0;
+  for (int e = 0; e < E; ++e) left += w[e];
+  for (int j = 0; j < k; ++j) {
+    double u = rng.uniform() * left;
+    int pick = -1;
+    for (int e = 0; e < E; ++e) {
+      if (taken[e]) continue;
+      pick = e;
+      if (u < w[e]) break;
+      u -= w[e];
+    }
+    taken[pick] = 1;
+    left -= w[pick];
+    chosen.push_back(pick);
+  }
+  for (int e : chosen) taken[e] = 0;
+}
+
+// The router's group-limited choice on iid uniform scores (DeepSeek-V3: groups by top-2 sum).
+void choose_group_limited(std::vector<int>& chosen, int E, int k, const kernels::math::GroupLimit& gl,
+                          std::vector<float>& scores, std::vector<float>& val,
+                          std::vector<int32_t>& idx, Rng& rng) {
+  for (float& s : scores) s = static_cast<float>(rng.uniform());
+  kernels::math::topk_row(idx.data(), val.data(), scores.data(), E, k, nullptr, gl);
+  chosen.assign(idx.begin(), idx.end());
+}
+
 }  // namespace
 
-A2aRouting make_a2a_routing(int experts, int topk, const std::string& routing, int T, int n, Rng rng) {
-  const int E = experts, per_rank = E / n, k = topk;
+A2aRouting make_a2a_routing(int experts, int topk, const std::string& routing, int T, int n, Rng rng,
+                            int n_group, int topk_group) {
+  const int E = experts, k = topk;
+  const balance::LayerPlacement placement = balance::LayerPlacement::contiguous(E, n);
   std::vector<double> w(E, 1.0);
   if (routing == "skewed")
     for (int e = 0; e < E; ++e) w[e] = 1.0 / std::pow(e + 1.0, 1.2);
+  // Groups of E / n_group consecutive experts; top-2 sums need two experts a group.
+  const kernels::math::GroupLimit gl{n_group, topk_group, E / n_group >= 2};
+  std::vector<float> scores(E), val(k);
+  std::vector<int32_t> idx(k);
   std::vector<std::vector<int32_t>> by_rank_t(n), by_rank_e(n);
   std::vector<char> taken(E, 0);
   std::vector<int> chosen;
   for (int t = 0; t < T; ++t) {
     chosen.clear();
-    double left = 0;
-    for (int e = 0; e < E; ++e) left += w[e];
-    for (int j = 0; j < k; ++j) {
-      double u = rng.uniform() * left;
-      int pick = -1;
-      for (int e = 0; e < E; ++e) {
-        if (taken[e]) continue;
-        pick = e;
-        if (u < w[e]) break;
-        u -= w[e];
-      }
-      taken[pick] = 1;
-      left -= w[pick];
-      chosen.push_back(pick);
+    if (routing == "node-limited") {
+      choose_group_limited(chosen, E, k, gl, scores, val, idx, rng);
+    } else {
+      choose_weighted(chosen, w, k, taken, rng);
     }
     std::sort(chosen.begin(), chosen.end());
     for (int e : chosen) {
-      taken[e] = 0;
-      by_rank_t[e / per_rank].push_back(t);
-      by_rank_e[e / per_rank].push_back(e);
+      by_rank_t[placement.rank_of(e)].push_back(t);
+      by_rank_e[placement.rank_of(e)].push_back(e);
     }
   }
   A2aRouting r;
@@ -93,8 +135,12 @@ A2aRouting make_a2a_routing(int experts, int topk, const std::string& routing, i
 
 A2aBenchResult run_a2a_bench(const Group& group, const Topology& topo, const A2aBenchOptions& o) {
   const int n = group.size(), me = group.rank();
-  check_options(o, n);
-  const int H = o.hidden, k = o.topk, per_rank = o.experts / n;
+  check_options(o, n, topo.num_nodes());
+  const int H = o.hidden, k = o.topk;
+  const balance::LayerPlacement placement = balance::LayerPlacement::contiguous(o.experts, n);
+  // node-limited: the groups are the nodes (n_group = nodes); otherwise no group limit.
+  const bool limited = o.routing == "node-limited";
+  const int n_group = limited ? topo.num_nodes() : 1, topk_group = limited ? o.topk_group : 1;
   const int64_t row_bytes = static_cast<int64_t>(k) * H * 4;  // per token, for flat
   A2aBenchResult res;
   res.opts = o;
@@ -106,7 +152,8 @@ A2aBenchResult run_a2a_bench(const Group& group, const Topology& topo, const A2a
     const int64_t T = std::max<int64_t>(1, static_cast<int64_t>(want) / row_bytes);
     MOE_CHECK(T < (1 << 24), "bench a2a: ", T, " tokens per rank is too many (max 2^24)");
     A2aRouting rt = make_a2a_routing(o.experts, o.topk, o.routing, static_cast<int>(T), n,
-                              derive_rng(o.seed, static_cast<uint64_t>(group.world_rank()) * 4096 + size_index));
+                              derive_rng(o.seed, static_cast<uint64_t>(group.world_rank()) * 4096 + size_index),
+                              n_group, topk_group);
     // Buffers (calloc), not vectors: an SMPI run folds them with smpi/auto-shared-malloc-thresh.
     Buffer<float> src(static_cast<size_t>(T) * H);
     for (int64_t t = 0; t < T; ++t)
@@ -146,7 +193,8 @@ A2aBenchResult run_a2a_bench(const Group& group, const Topology& topo, const A2a
       int64_t wrong = 0;
       for (int i = 0; i < plan.num_recv; ++i) {
         int64_t t = static_cast<int64_t>(plan.recv_value[i]);
-        bool ok = plan.recv_tag[i] / per_rank == me && t >= 0 && t < T &&
+        const int32_t e = plan.recv_tag[i];
+        bool ok = e >= 0 && e < o.experts && placement.rank_of(e) == me && t >= 0 && t < T &&
                   static_cast<float>(t) == plan.recv_value[i];
         int ws = group.world_rank_of(plan.recv_src_rank[i]);
         for (int c = 0; ok && o.check_rows && c < H; ++c)
@@ -184,7 +232,10 @@ std::string format_a2a_table(const A2aBenchResult& r) {
   std::ostringstream os;
   char line[320];
   os << "# moetrain bench a2a: " << r.topology << "\n";
-  os << "# routing " << o.routing << ", E " << o.experts << ", k " << o.topk << ", H " << o.hidden
+  os << "# routing " << o.routing;
+  if (o.routing == "node-limited")
+    os << " (a token reaches at most " << o.topk_group << (o.topk_group == 1 ? " node)" : " nodes)");
+  os << ", E " << o.experts << ", k " << o.topk << ", H " << o.hidden
      << " (fp32 rows); iters " << o.iters << ", warmup " << o.warmup << ", seed " << o.seed << "\n";
   os << "# time: plan + multicast, median over iters of the slowest rank; bytes: all ranks, one "
         "dispatch\n#\n";
@@ -214,7 +265,8 @@ std::string a2a_bench_json(const A2aBenchResult& r) {
   for (A2aAlgorithm a : o.algorithms) algos.push_back(a2a_algorithm_name(a));
   j["options"] = {{"min_bytes", o.min_bytes}, {"max_bytes", o.max_bytes}, {"factor", o.factor},
                   {"hidden", o.hidden},       {"experts", o.experts},     {"topk", o.topk},
-                  {"algorithms", algos},      {"routing", o.routing},     {"iters", o.iters},
+                  {"algorithms", algos},      {"routing", o.routing},     {"topk_group", o.topk_group},
+                  {"iters", o.iters},
                   {"warmup", o.warmup},       {"seed", o.seed},
                   {"check_rows", o.check_rows}};
   nlohmann::json rows = nlohmann::json::array();

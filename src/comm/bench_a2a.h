@@ -5,10 +5,17 @@
 //   count  tokens per rank T = size / (k · H · 4), at least 1
 //   time   median over iters of the slowest rank's plan + multicast (barrier before each)
 //   algbw  size / time; busbw = algbw · (n − 1) / n (nccl-tests' all-to-all convention)
-// Routing: every token picks k distinct experts of E; expert e lives on rank e / (E / n).
-//   uniform  each expert equally likely
-//   skewed   expert e drawn with probability ∝ 1 / (e + 1)^1.2 (k draws without replacement, each
-//            proportional among the experts not yet chosen): low experts, hence low ranks, are hot
+// Routing: every token picks k distinct experts of E; expert e lives on the rank the contiguous
+// placement gives it (balance::LayerPlacement::contiguous(E, n): rank e / (E / n)).
+//   uniform       each expert equally likely
+//   skewed        expert e drawn with probability ∝ 1 / (e + 1)^1.2 (k draws without replacement,
+//                 each proportional among the experts not yet chosen): low experts, hence low
+//                 ranks, are hot
+//   node-limited  DeepSeek-V3's node-limited routing: groups = nodes (n_group = nodes, each node's
+//                 E / nodes experts), every token restricted to --topk-group nodes. Each token
+//                 draws iid uniform scores and the router's own selection picks its experts
+//                 (math::topk_row with a GroupLimit: the nodes with the largest top-2 score sums,
+//                 then the top k inside them), so any one expert is as likely as under uniform.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -28,7 +35,8 @@ struct A2aBenchOptions {
   int topk = 8;                   // k
   std::vector<A2aAlgorithm> algorithms = {A2aAlgorithm::kFlat, A2aAlgorithm::kRbd,
                                           A2aAlgorithm::kHalo};
-  std::string routing = "uniform";  // "uniform" | "skewed"
+  std::string routing = "uniform";  // "uniform" | "skewed" | "node-limited"
+  int topk_group = 0;             // node-limited: nodes a token may reach (required there only)
   int iters = 20, warmup = 5;
   uint64_t seed = 1;
   bool json = false;              // for the caller: print a2a_bench_json instead of the table
@@ -60,14 +68,16 @@ struct A2aBenchResult {
 };
 
 // The routing of the benchmark (and of `moetrain calibrate`): T tokens, each to k distinct of
-// `experts` experts ("uniform" or "skewed" as above), expert e on rank e / (experts / n); pairs
-// grouped by destination rank (stable: token order), tag = expert id, value = token index (exact
-// for T < 2^24: lets receivers verify origin).
+// `experts` experts (as above; node-limited: n_group groups of consecutive experts, topk_group of
+// them a token), expert e on the contiguous placement's rank; pairs grouped by destination rank
+// (stable: token order), tag = expert id, value = token index (exact for T < 2^24: lets receivers
+// verify origin).
 struct A2aRouting {
   std::vector<int32_t> src_row, dst, tag;
   std::vector<float> value;
 };
-A2aRouting make_a2a_routing(int experts, int topk, const std::string& routing, int T, int n, Rng rng);
+A2aRouting make_a2a_routing(int experts, int topk, const std::string& routing, int T, int n, Rng rng,
+                            int n_group = 1, int topk_group = 1);
 
 // Collective over `group` (every member calls it). Only rank 0's result needs to be complete
 // (all ranks get the same rows here). Throws moe::Error on bad options (naming them).

@@ -149,6 +149,7 @@ struct ExchangePlan::Impl {
   // else S_node = fold over rank entries [rank_off[e], rank_off[e+1]) (ranks ascending) of
   // S_rank = fold over pairs fold_pairs[pair_off[r] .. pair_off[r+1]) (pair order).
   std::vector<int32_t> node_off, node_row, rank_off, pair_off, fold_pairs;
+  bool keyed_fold = false;  // plan's fold_key: every pair's row comes back on its own (rbd: flat)
 
   // rbd
   Stage rbd_a, rbd_b, rbd_a_back, rbd_b_back;
@@ -414,8 +415,9 @@ void route_halo_sources(PlanContext& c, std::vector<std::vector<int32_t>>& extra
 }
 
 // The source-side fold of reduce: per row t, its pairs by node ascending, rank ascending, pair
-// order (rbd: a remote node's S_node arrives ready in its pilot pair's row).
-void build_fold_program(const PlanContext& c, int num_src_rows, bool rbd, Impl& im) {
+// order (rbd: a remote node's S_node arrives ready in its pilot pair's row). With a fold key: one
+// node entry per pair (each pair's row added on its own), in ascending key order.
+void build_fold_program(const PlanContext& c, int num_src_rows, bool rbd, const int32_t* fold_key, Impl& im) {
   std::vector<int> row_off(num_src_rows + 1, 0);
   for (int p = 0; p < c.num_pairs; ++p) row_off[c.src_row[p] + 1]++;
   std::partial_sum(row_off.begin(), row_off.end(), row_off.begin());
@@ -428,6 +430,17 @@ void build_fold_program(const PlanContext& c, int num_src_rows, bool rbd, Impl& 
   im.pair_off.assign(1, 0);
   for (int t = 0; t < num_src_rows; ++t) {
     auto b = by_row.begin() + row_off[t], e = by_row.begin() + row_off[t + 1];
+    if (fold_key) {
+      std::stable_sort(b, e, [&](int32_t x, int32_t y) { return fold_key[x] < fold_key[y]; });
+      for (auto it = b; it != e; ++it) {
+        im.node_row.push_back(-1);
+        im.fold_pairs.push_back(*it);
+        im.pair_off.push_back(static_cast<int32_t>(im.fold_pairs.size()));
+        im.rank_off.push_back(static_cast<int32_t>(im.pair_off.size() - 1));
+      }
+      im.node_off.push_back(static_cast<int32_t>(im.node_row.size()));
+      continue;
+    }
     std::stable_sort(b, e, [&](int32_t x, int32_t y) {
       return node_of_pair(x) != node_of_pair(y) ? node_of_pair(x) < node_of_pair(y)
                                                 : c.dst_rank[x] < c.dst_rank[y];
@@ -665,7 +678,7 @@ TokenExchange::TokenExchange(const Group& group, const Topology& topo, A2aAlgori
 
 ExchangePlan TokenExchange::plan(int num_src_rows, int num_pairs, const int32_t* src_row,
                                  const int32_t* dst_rank, const int32_t* tag,
-                                 const float* value) const {
+                                 const float* value, const int32_t* fold_key) const {
   double unused_seconds = 0;
   ScopedTimer timer(stats_ ? stats_->seconds : unused_seconds);
   const Group& g = group_;
@@ -792,7 +805,8 @@ ExchangePlan TokenExchange::plan(int num_src_rows, int num_pairs, const int32_t*
   }
   c.recv_src_rank = out.recv_src_rank;
 
-  build_fold_program(c, num_src_rows, rbd, *im);
+  im->keyed_fold = fold_key != nullptr;
+  build_fold_program(c, num_src_rows, rbd, fold_key, *im);
   if (rbd) build_rbd_stages(c, *im);
   if (halo) build_halo_stages(c, *im);
   out.impl = std::move(im);
@@ -857,7 +871,7 @@ void TokenExchange::reduce_host(const ExchangePlan& plan, const float* rows, flo
   const int n = im.n;
   // ret[p]: the row of pair p back at its source (rbd: the pilot pair's row holds S_node).
   Rows ret(static_cast<size_t>(im.num_send_pairs) * H, staging_);
-  if (algo_ == A2aAlgorithm::kFlat) {
+  if (algo_ == A2aAlgorithm::kFlat || (algo_ == A2aAlgorithm::kRbd && im.keyed_fold)) {
     group_.alltoallv(rows, scaled(im.recv_count, H), scaled(im.recv_off, H), ret.data(),
                      scaled(im.send_count, H), scaled(im.send_off, H));
     if (stats_)

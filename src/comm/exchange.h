@@ -55,9 +55,13 @@ class TokenExchange {
   // pools, HALO rails) to `tracker`; null (the default) charges nothing.
   void set_staging_tracker(MemTracker* tracker) { staging_ = tracker; }
 
-  // Collective. Exchanges counts and the per-pair metadata (tag, value).
+  // Collective. Exchanges counts and the per-pair metadata (tag, value). fold_key (optional, one
+  // int per pair): reduce then sums each source row's pairs in ascending fold_key order, one pair
+  // at a time, independent of where the pairs went (see reduce); rbd then returns every pair's row
+  // unsummed (its in-network sums would group by node).
   ExchangePlan plan(int num_src_rows, int num_pairs, const int32_t* src_row,
-                    const int32_t* dst_rank, const int32_t* tag, const float* value) const;
+                    const int32_t* dst_rank, const int32_t* tag, const float* value,
+                    const int32_t* fold_key = nullptr) const;
 
   // Collective. recv[i,:] = src[src_row(i),:] of the source of received pair i (canonical order).
   // src [num_src_rows, H]; recv [num_recv, H].
@@ -67,7 +71,9 @@ class TokenExchange {
   // source pair had src_row t. Summation order, identical for every algorithm (so results are
   // bit-identical): S_rank(t, r) = left fold, in pair order, of the rows of t's pairs on rank r;
   // S_node(t, n) = left fold of S_rank over the ranks r of node n, ascending; then
-  // dst[t] += S_node(t, n) for the nodes n ascending. rows [num_recv, H]; dst [num_src_rows, H].
+  // dst[t] += S_node(t, n) for the nodes n ascending. With a fold key: dst[t] += row of each of
+  // t's pairs, in ascending key order (the same bits whichever ranks hold the pairs, and for every
+  // algorithm). rows [num_recv, H]; dst [num_src_rows, H].
   void reduce(const ExchangePlan& plan, const float* rows, float* dst, int H) const;
 
   // Collective. One float per received pair back to its source: src_vals[p] = recv_vals[i(p)].

@@ -89,15 +89,63 @@ MOE_HD float cross_entropy_grad(float d, float p, bool is_target, float scale) {
   return is_target ? d + scale * (p - 1.0f) : d + scale * p;
 }
 
+// ---- Group-limited selection (DeepSeek-V2 group_limited_greedy, DeepSeek-V3 noaux_tc with
+// n_group > 1): the E experts form n_group groups of G = E / n_group consecutive experts; a token
+// keeps its topk_group best groups and chooses its k experts among theirs only (the others are
+// out of the selection, as DeepSeek-V3's inference code masks them with -inf). A group's score is
+// the max of its selection values (V2), or the sum of its two largest (V3: top2_sum, G >= 2).
+// Groups rank as topk_row ranks experts: higher score first, ties to the lower group. ----
+struct GroupLimit {
+  int n_group = 1;  // 1 = no limit
+  int topk_group = 1;
+  bool top2_sum = false;
+  MOE_HD bool active() const { return n_group > 1; }
+};
+MOE_HD float selection_value(const float* s, const float* bias, int e) {
+  return bias ? s[e] + bias[e] : s[e];
+}
+MOE_HD float group_score(const float* s, const float* bias, int begin, int G, bool top2_sum) {
+  float first = selection_value(s, bias, begin), second = -INFINITY;
+  for (int e = begin + 1; e < begin + G; ++e) {
+    const float v = selection_value(s, bias, e);
+    if (v > first) {
+      second = first;
+      first = v;
+    } else if (v > second) {
+      second = v;
+    }
+  }
+  return top2_sum ? first + second : first;
+}
+// Whether group g is among the topk_group best: fewer than topk_group groups rank before it.
+// Recomputes the other groups' scores (O(E) per call) so that a GPU thread needs no per-group
+// array whatever n_group is.
+MOE_HD bool group_kept(const float* s, const float* bias, int E, const GroupLimit& gl, int g) {
+  const int G = E / gl.n_group;
+  const float mine = group_score(s, bias, g * G, G, gl.top2_sum);
+  int ahead = 0;
+  for (int h = 0; h < gl.n_group && ahead < gl.topk_group; ++h) {
+    if (h == g) continue;
+    const float other = group_score(s, bias, h * G, G, gl.top2_sum);
+    if (other > mine || (other == mine && h < g)) ++ahead;
+  }
+  return ahead < gl.topk_group;
+}
+
 // ---- Top-k of a row: the k largest of s[0..E) in descending order; ties go to the lower index
 // (an entry only displaces strictly smaller ones, and lower indices are seen first). O(E·k). ----
 // bias (nullable, [E]): select on s[e] + bias[e] instead (DeepSeek-V3's e_score_correction_bias);
-// val then holds the biased values. This is the selection step: a group mask would go here too.
+// val then holds the biased values. groups: only the experts of the kept groups compete (needs
+// topk_group · E / n_group >= k, which the config checks, so that k experts remain).
 MOE_HD void topk_row(int32_t* idx, float* val, const float* s, int E, int k,
-                     const float* bias = nullptr) {
+                     const float* bias = nullptr, const GroupLimit& groups = GroupLimit{}) {
+  const int G = groups.active() ? E / groups.n_group : E;
+  bool kept = true;
   int n = 0;
   for (int e = 0; e < E; ++e) {
-    const float v = bias ? s[e] + bias[e] : s[e];
+    if (groups.active() && e % G == 0) kept = group_kept(s, bias, E, groups, e / G);
+    if (!kept) continue;
+    const float v = selection_value(s, bias, e);
     if (n == k && !(v > val[k - 1])) continue;
     int pos = n < k ? n : k - 1;  // the slot freed for v (the last one is dropped when full)
     while (pos > 0 && v > val[pos - 1]) {
@@ -115,23 +163,26 @@ MOE_HD void topk_row(int32_t* idx, float* val, const float* s, int E, int k,
 // softmax (DeepSeek V1/V2): s = softmax(logits), top-k of s, w = the k scores.
 // sigmoid (DeepSeek-V3, topk_method noaux_tc): s = sigmoid(logits), top-k of s + bias (the bias
 // picks the experts and nothing else), w = the k unbiased scores.
-// Then, both: w_j /= (sum_i w_i + 1e-20) if renorm, and w_j *= scale (routed_scaling_factor;
-// 1 for softmax, where the router leaves it out).
+// Then, both: w_j /= (sum_i w_i + 1e-20) if renorm, and w_j *= scale (routed_scaling_factor, or
+// 1 for renormalised softmax weights: the router decides, as HF DeepSeek-V2/V3 do). groups limits
+// the choice (GroupLimit above) and changes nothing else: the weights are the chosen experts'
+// scores either way.
 constexpr float kRouterNormEps = 1e-20f;
 struct RouterScoring {
   bool sigmoid = false;
   const float* bias_E = nullptr;  // [E] on the kernel's device; sigmoid only; null = no bias
   float scale = 1.0f;
+  GroupLimit groups;              // n_group 1 = every expert competes
 };
 MOE_HD void router_row_forward(float* s, int32_t* idx, float* w, int E, int k, bool renorm,
                                const RouterScoring& sc = RouterScoring{}) {
   if (sc.sigmoid) {
     for (int e = 0; e < E; ++e) s[e] = sigmoid(s[e]);
-    topk_row(idx, w, s, E, k, sc.bias_E);
+    topk_row(idx, w, s, E, k, sc.bias_E, sc.groups);
     for (int j = 0; j < k; ++j) w[j] = s[idx[j]];
   } else {
     softmax_row(s, s, E);
-    topk_row(idx, w, s, E, k);
+    topk_row(idx, w, s, E, k, nullptr, sc.groups);
   }
   if (renorm) {
     float denom = kRouterNormEps;

@@ -107,6 +107,23 @@ static void check_sizes(const ModelConfig& c, const std::string& src) {
   }
 }
 
+// Group-limited routing must name whole groups, a method that uses them, and leave k experts.
+static void validate_groups(const ModelConfig& c, const std::string& src) {
+  const int E = c.n_routed_experts, n = c.n_group, g = c.topk_group;
+  MOE_CHECK(n >= 1, src, ": \"n_group\" must be >= 1, got ", n);
+  MOE_CHECK(g >= 1, src, ": \"topk_group\" must be >= 1, got ", g);
+  MOE_CHECK(g <= n, src, ": topk_group (", g, ") exceeds n_group (", n, ")");
+  MOE_CHECK(E % n == 0, src, ": n_group (", n, ") does not divide n_routed_experts (", E, ")");
+  if (n == 1) return;
+  MOE_CHECK(c.topk_method != "greedy", src, ": n_group = ", n, " needs topk_method ",
+            "\"group_limited_greedy\" (softmax) or \"noaux_tc\" (sigmoid); \"greedy\" ignores groups");
+  MOE_CHECK(static_cast<long long>(g) * (E / n) >= c.num_experts_per_tok, src, ": topk_group (", g,
+            ") * n_routed_experts / n_group (", E / n, ") = ", static_cast<long long>(g) * (E / n),
+            " experts cannot hold num_experts_per_tok (", c.num_experts_per_tok, ")");
+  MOE_CHECK(c.topk_method != "noaux_tc" || E / n >= 2, src, ": n_group (", n,
+            ") leaves 1 expert per group, but noaux_tc scores a group by its top 2 experts");
+}
+
 int ModelConfig::num_moe_layers() const {
   int n = 0;
   for (int i = 0; i < num_hidden_layers; ++i) n += is_moe_layer(i) ? 1 : 0;
@@ -148,11 +165,14 @@ void ModelConfig::validate(const std::string& src) const {
               n_shared_experts);
     MOE_CHECK(scoring_func == "softmax" || scoring_func == "sigmoid", src, ": scoring_func \"",
               scoring_func, "\" is not supported (supported: softmax, sigmoid)");
-    MOE_CHECK(topk_method == "greedy" || topk_method == "noaux_tc", src, ": topk_method \"",
-              topk_method, "\" is not supported (supported: greedy, noaux_tc)");
+    MOE_CHECK(topk_method == "greedy" || topk_method == "group_limited_greedy" ||
+                  topk_method == "noaux_tc",
+              src, ": topk_method \"", topk_method,
+              "\" is not supported (supported: greedy, group_limited_greedy, noaux_tc)");
     MOE_CHECK((scoring_func == "sigmoid") == (topk_method == "noaux_tc"), src,
               ": scoring_func \"", scoring_func, "\" is not supported with topk_method \"",
-              topk_method, "\" (sigmoid goes with noaux_tc, softmax with greedy)");
+              topk_method, "\" (sigmoid goes with noaux_tc, softmax with greedy or group_limited_greedy)");
+    validate_groups(*this, src);
     MOE_CHECK(routed_scaling_factor > 0.0f, src, ": \"routed_scaling_factor\" must be positive, got ",
               routed_scaling_factor);
     MOE_CHECK(bias_update_speed >= 0.0f, src, ": \"bias_update_speed\" must be >= 0, got ",
@@ -183,6 +203,8 @@ ModelConfig config_from_json(const json& j, const std::string& src) {
   read_field(j, "scoring_func", c.scoring_func, false, src);
   read_field(j, "topk_method", c.topk_method, false, src);
   read_field(j, "routed_scaling_factor", c.routed_scaling_factor, false, src);
+  read_field(j, "n_group", c.n_group, false, src);
+  read_field(j, "topk_group", c.topk_group, false, src);
   read_field(j, "bias_update_speed", c.bias_update_speed, false, src);
   read_field(j, "aux_loss_alpha", c.aux_loss_alpha, false, src);
   read_field(j, "seq_aux", c.seq_aux, false, src);
@@ -236,11 +258,16 @@ static json config_json_common(const ModelConfig& c);  // every field but the ba
 
 json config_to_json(const ModelConfig& c) {
   json j = config_json_common(c);
-  // The router fields of aux-loss-free balancing only when not the defaults: a config (and a
-  // checkpoint manifest, which resume compares key by key) written before they existed stays equal.
+  // The router fields of aux-loss-free balancing and of group limits only when not the defaults:
+  // a config (and a checkpoint manifest, which resume compares key by key) written before they
+  // existed stays equal.
   if (c.topk_method != "greedy") j["topk_method"] = c.topk_method;
   if (c.routed_scaling_factor != 1.0f) j["routed_scaling_factor"] = float_json(c.routed_scaling_factor);
   if (c.bias_update_speed != 1e-3f) j["bias_update_speed"] = float_json(c.bias_update_speed);
+  if (c.n_group != 1 || c.topk_group != 1) {
+    j["n_group"] = c.n_group;
+    j["topk_group"] = c.topk_group;
+  }
   return j;
 }
 
@@ -335,6 +362,24 @@ ModelConfig preset(const std::string& name) {
     c.seq_aux = true;
     c.aux_loss_alpha = 0.01f;
     return c;
+  } else if (name == "test-moe-group") {
+    // test-moe-noaux with DeepSeek-V3's group limit at test size: E=16 in 4 groups of 4, each token
+    // keeps 2 groups (8 candidates) for its k=4 (V3: 256 in 8 groups of 32, keeps 4, k=8).
+    c = preset("test-moe-noaux");
+    c.n_routed_experts = 16;
+    c.num_experts_per_tok = 4;
+    c.n_group = 4;
+    c.topk_group = 2;
+  } else if (name == "test-moe-v2group") {
+    // test-moe with DeepSeek-V2's group_limited_greedy (softmax; group score = its max score):
+    // E=16 in 4 groups of 4, 2 kept, k=4, weights times routed_scaling_factor, batch aux loss.
+    c = preset("test-moe");
+    c.topk_method = "group_limited_greedy";
+    c.routed_scaling_factor = 2.0f;  // V2 scales unnormalised softmax weights (V2: 16)
+    c.n_routed_experts = 16;
+    c.num_experts_per_tok = 4;
+    c.n_group = 4;
+    c.topk_group = 2;
   } else if (name == "tiny-noaux") {
     // tiny with aux-loss-free balancing instead of the aux loss (DeepSeek-V3): sigmoid, noaux_tc,
     // gamma 1e-3, no balance loss.
@@ -364,7 +409,8 @@ ModelConfig preset(const std::string& name) {
 }
 
 std::vector<std::string> preset_names() {
-  return {"tiny", "tiny-noaux", "test-moe", "test-moe-seqaux", "test-moe-noaux", "test-moe4",
+  return {"tiny",           "tiny-noaux",     "test-moe",         "test-moe-seqaux",
+          "test-moe-noaux", "test-moe-group", "test-moe-v2group", "test-moe4",
           "test-dense"};
 }
 

@@ -26,8 +26,17 @@ struct ModelConfig {
   // "greedy": top-k of the scores. "noaux_tc" (DeepSeek-V3, aux-loss-free balancing): top-k of
   // scores + e_score_correction_bias, a per-expert fp32 state (not a parameter) that the trainer
   // moves by bias_update_speed · sign(mean load - load) after each step. noaux_tc <=> sigmoid.
+  // "group_limited_greedy" (DeepSeek-V2, softmax): greedy within the token's topk_group groups.
   std::string topk_method = "greedy";
-  float routed_scaling_factor = 1.0f;  // noaux_tc: multiplies the k gate values
+  // Group-limited (node-limited) routing: the experts form n_group groups of E / n_group
+  // consecutive experts and a token picks its k experts inside its topk_group best groups
+  // (group_limited_greedy: by the max score of a group; noaux_tc: by the sum of its two largest
+  // biased scores). n_group 1 = no limit. Names as in HF DeepSeek-V2/V3 config.json.
+  int n_group = 1;
+  int topk_group = 1;
+  // Multiplies the k gate values: always with sigmoid (V3); with softmax (V2) unless
+  // norm_topk_prob renormalises them.
+  float routed_scaling_factor = 1.0f;
   float bias_update_speed = 1e-3f;     // noaux_tc: gamma (moetrain's field; --balance.bias-rate)
   float aux_loss_alpha = 0.0f;
   bool seq_aux = false;

@@ -30,6 +30,9 @@ mx::MoeConfig inference_moe_config(const ModelConfig& c, MemTracker* scratch) {
   m.norm_topk_prob = c.norm_topk_prob;
   m.aux_loss_alpha = c.aux_loss_alpha;
   m.seq_aux = c.seq_aux;
+  m.routed_scaling_factor = c.routed_scaling_factor;
+  m.n_group = c.n_group;
+  m.topk_group = c.topk_group;
   m.scratch_tracker = scratch;
   return m;
 }
@@ -62,8 +65,7 @@ Decoder::Decoder(const Model& model, int max_len)
   const StageSpec& st = model.stage();
   MOE_CHECK(st.embedding && st.head && st.first_layer == 0 && st.end_layer(c_) == c_.num_hidden_layers,
             "decoding needs a model holding every layer, the embedding and the head");
-  const ExpertShard& shard = model.layout().shard();
-  MOE_CHECK(shard.count < 0 || (shard.begin == 0 && shard.count == c_.n_routed_experts),
+  MOE_CHECK(model.layout().shard().holds_all(c_.n_routed_experts),
             "decoding needs every routed expert on this process (no expert parallelism)");
   MOE_CHECK(dev_ == k::active_device(), "decoding: the model lives on another device than the "
             "active one");

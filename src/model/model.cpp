@@ -68,7 +68,8 @@ const char* recompute_name(Recompute r) {
 namespace {
 
 mx::MoeConfig moe_config(const ModelConfig& c, const MoeOptions& o, const mx::ExpertParallel* ep,
-                         MemTracker* scratch, const float* score_bias_E) {
+                         const balance::LayerPlacement* placement, MemTracker* scratch,
+                         const float* score_bias_E) {
   mx::MoeConfig m;
   m.hidden = c.hidden_size;
   m.ffn = c.moe_intermediate_size;
@@ -81,9 +82,12 @@ mx::MoeConfig moe_config(const ModelConfig& c, const MoeOptions& o, const mx::Ex
   m.sigmoid = c.scoring_func == "sigmoid";
   m.score_bias_E = score_bias_E;
   m.routed_scaling_factor = c.routed_scaling_factor;
+  m.n_group = c.n_group;
+  m.topk_group = c.topk_group;
   m.capacity_factor = o.capacity_factor;
   m.padded = o.padded;
   m.ep = ep;
+  m.placement = placement;
   m.scratch_tracker = scratch;
   return m;
 }
@@ -107,14 +111,15 @@ mx::MoeGrads moe_grads(const LayerTensors& L) {
 }  // namespace
 
 namespace {
-ExpertShard shard_of(const ModelConfig& c, const mx::ExpertParallel* ep) {
+balance::Placement placement_of(const ModelConfig& c, const mx::ExpertParallel* ep) {
   if (!ep) return {};
   MOE_CHECK(ep->size >= 1 && c.n_routed_experts % ep->size == 0, "expert parallelism over ",
             ep->size, " ranks does not divide n_routed_experts (", c.n_routed_experts, ")");
-  return {ep->expert_begin(c.n_routed_experts), ep->num_local_experts(c.n_routed_experts)};
+  std::vector<bool> is_moe(c.num_hidden_layers);
+  for (int l = 0; l < c.num_hidden_layers; ++l) is_moe[l] = c.is_moe_layer(l);
+  return balance::Placement::contiguous(is_moe, c.n_routed_experts, ep->size);
 }
 }  // namespace
-
 
 Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::ExpertParallel* ep,
              StageSpec stage, Recompute recompute)
@@ -123,7 +128,8 @@ Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::Expert
       ep_(ep),
       recompute_(recompute),
       dev_(kernels::active_device()),
-      layout_(config, shard_of(config, ep), stage) {
+      placement_(placement_of(config, ep)),
+      layout_(config, ep ? ExpertShard::of(placement_, ep->rank) : ExpertShard{}, stage) {
   config_.validate();
   act_mem_.set_parent(&total_mem_);
   work_mem_.set_parent(&total_mem_);
@@ -137,6 +143,22 @@ Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::Expert
                        &total_mem_, dev_);
     score_bias_.zero();
   }
+}
+
+void Model::set_placement(const balance::Placement& placement) {
+  MOE_CHECK(ep_, "set_placement: the model has no expert parallelism");
+  MOE_CHECK(placement.layers.size() == placement_.layers.size(), "set_placement: a placement of ",
+            placement.layers.size(), " layers for a model of ", placement_.layers.size());
+  for (size_t l = 0; l < placement.layers.size(); ++l)
+    MOE_CHECK(placement.layers[l].num_experts() == placement_.layers[l].num_experts() &&
+                  placement.layers[l].ep_size() == placement_.layers[l].ep_size(),
+              "set_placement: layer ", l, " places ", placement.layers[l].num_experts(), " experts over ",
+              placement.layers[l].ep_size(), " ranks, the model has ", placement_.layers[l].num_experts(),
+              " over ", placement_.layers[l].ep_size());
+  ParamLayout renamed(config_, ExpertShard::of(placement, ep_->rank), layout_.stage());
+  MOE_CHECK(renamed.total() == layout_.total(), "set_placement: the layout changed size");
+  placement_ = placement;
+  layout_ = std::move(renamed);  // same offsets and shapes: the bound tensors stay valid
 }
 
 const float* Model::layer_score_bias(int layer) const {
@@ -237,7 +259,7 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
   k::rmsnorm_forward(a.ln2.data(), a.rstd2.data(), a.h.data(), W.post_norm, N, H, c.rms_norm_eps);
   if (c.is_moe_layer(l)) {
     kernels::fill_zero(out, NH);
-    mx::moe_forward(out, a.moe, a.ln2.data(), moe_weights(W), moe_config(c, moe_options_, ep_, &work_mem_, layer_score_bias(l)), N, B,
+    mx::moe_forward(out, a.moe, a.ln2.data(), moe_weights(W), moe_config(c, moe_options_, ep_, layer_placement(l), &work_mem_, layer_score_bias(l)), N, B,
                     mem);
     k::add_inplace(out, a.h.data(), NH);
   } else {
@@ -284,7 +306,7 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
     } else {
       MOE_CHECK(moe, "internal: layer ", l, " lost activations it cannot recompute");
       mx::moe_forward(out.data(), a.moe, a.ln2.data(), moe_weights(W),
-                      moe_config(c, moe_options_, ep_, &work_mem_, layer_score_bias(l)), N, B, work);
+                      moe_config(c, moe_options_, ep_, layer_placement(l), &work_mem_, layer_score_bias(l)), N, B, work);
       a.complete = true;
     }
     if (moe) {
@@ -299,7 +321,7 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
   // FFN branch: out = h + ffn(ln2(h)); dx holds d(out).
   if (moe) {
     mx::moe_backward(dln.data(), moe_grads(G), dx, /*aux_grad=*/loss_scale, a.moe, a.ln2.data(),
-                     moe_weights(W), moe_config(c, moe_options_, ep_, &work_mem_, layer_score_bias(l)), N, B);
+                     moe_weights(W), moe_config(c, moe_options_, ep_, layer_placement(l), &work_mem_, layer_score_bias(l)), N, B);
   } else {
     Buffer<float> scratch(2 * static_cast<size_t>(N) * I, work, dev_);
     k::swiglu_mlp_backward(dln.data(), {G.mlp_gate, G.mlp_up, G.mlp_down}, dx, a.ln2.data(),

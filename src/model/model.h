@@ -55,8 +55,9 @@ class Model {
   };
   using MicroBatchPtr = std::unique_ptr<MicroBatch, MicroBatchDeleter>;
 
-  // ep: expert parallelism (this rank holds experts [ep->expert_begin, +num_local_experts) and
-  // its MoE layers exchange tokens); null = one process holding every expert.
+  // ep: expert parallelism (this rank holds the experts its placement map gives rank ep->rank,
+  // contiguous at construction, and its MoE layers exchange tokens); null = one process holding
+  // every expert.
   explicit Model(const ModelConfig& config, MoeOptions moe_options = {},
                  const mixture::ExpertParallel* ep = nullptr, StageSpec stage = {},
                  Recompute recompute = Recompute::kNone);
@@ -111,6 +112,13 @@ class Model {
   void set_score_bias(int layer, const float* bias_E);  // host values for MoE layer `layer`
   std::vector<float> score_bias(int layer) const;       // host copy [E]
 
+  // Where every MoE layer's experts live in the EP group (expert parallelism only; contiguous at
+  // construction). set_placement renames the expert slots of this rank's layout to the experts
+  // the new map puts there; the values in params()/grads() are the caller's to move first
+  // (train/migration.h). Shapes and offsets never change: every rank holds E/ep experts.
+  const balance::Placement& placement() const { return placement_; }
+  void set_placement(const balance::Placement& placement);
+
   MemTracker& activation_memory() { return act_mem_; }
   MemTracker& work_memory() { return work_mem_; }
   // Everything this rank holds that is tracked: parameters, gradients, activations, workspace,
@@ -125,6 +133,9 @@ class Model {
   enum class Keep { kAll, kNoMoe, kInput };
   Keep keep_mode(int layer) const;
   const float* layer_score_bias(int layer) const;  // null: no bias for this layer
+  const balance::LayerPlacement* layer_placement(int layer) const {  // null: no expert parallelism
+    return ep_ ? &placement_.layers[layer] : nullptr;
+  }
   // Layer l on a.x (already set): writes out [N,H]; `a` then holds every activation.
   void layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTracker* mem);
   // Releases what the keep mode does not keep (recomputed in backward).
@@ -137,6 +148,7 @@ class Model {
   const mixture::ExpertParallel* ep_ = nullptr;
   Recompute recompute_;
   Device dev_;  // where params, grads and activations live: the active kernel device at creation
+  balance::Placement placement_;  // empty layers without expert parallelism
   ParamLayout layout_;
   Buffer<float> params_, grads_;
   ModelTensors w_, g_;

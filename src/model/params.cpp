@@ -32,13 +32,49 @@ void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool decay, 
   specs_.push_back(std::move(s));
 }
 
+ExpertShard ExpertShard::of(const balance::Placement& placement, int ep_rank) {
+  ExpertShard s;
+  s.per_layer.resize(placement.layers.size());
+  for (size_t l = 0; l < placement.layers.size(); ++l)
+    if (!placement.layers[l].empty()) s.per_layer[l] = placement.layers[l].experts_of(ep_rank);
+  return s;
+}
+
+std::vector<int> ExpertShard::experts(int layer, int num_experts) const {
+  if (!per_layer.empty()) {
+    MOE_CHECK(layer >= 0 && layer < static_cast<int>(per_layer.size()) &&
+                  static_cast<int>(per_layer[layer].size()) == num_local(num_experts),
+              "expert shard: layer ", layer, " has no placement of ", num_local(num_experts), " experts");
+    return per_layer[layer];
+  }
+  std::vector<int> out(num_local(num_experts));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = begin + static_cast<int>(i);
+  return out;
+}
+
+int ExpertShard::num_local(int num_experts) const {
+  if (!per_layer.empty())
+    for (const auto& l : per_layer)
+      if (!l.empty()) return static_cast<int>(l.size());
+  return count < 0 ? num_experts : count;
+}
+
+bool ExpertShard::holds_all(int num_experts) const {
+  if (per_layer.empty()) return count < 0 || (begin == 0 && count == num_experts);
+  for (const auto& l : per_layer)
+    for (size_t i = 0; i < l.size(); ++i)
+      if (l.size() != static_cast<size_t>(num_experts) || l[i] != static_cast<int>(i)) return false;
+  return true;
+}
+
 ParamLayout::ParamLayout(const ModelConfig& c, ExpertShard shard, StageSpec stage)
-    : shard_(shard), stage_(stage) {
+    : shard_(std::move(shard)), stage_(stage) {
   const int64_t H = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
   const int64_t F = c.moe_intermediate_size, E = c.n_routed_experts;
-  if (shard_.count < 0) shard_ = {0, static_cast<int>(E)};
-  MOE_CHECK(shard_.begin >= 0 && shard_.begin + shard_.count <= E, "expert shard [", shard_.begin,
-            ", ", shard_.begin + shard_.count, ") is outside the ", E, " routed experts");
+  if (shard_.per_layer.empty() && shard_.count < 0) shard_.count = static_cast<int>(E);
+  MOE_CHECK(!shard_.per_layer.empty() || (shard_.begin >= 0 && shard_.begin + shard_.count <= E),
+            "expert shard [", shard_.begin, ", ", shard_.begin + shard_.count, ") is outside the ", E,
+            " routed experts");
   const int64_t Fs = F * c.n_shared_experts;
   const int l_end = stage_.end_layer(c);
   MOE_CHECK(stage_.first_layer >= 0 && stage_.first_layer <= l_end && l_end <= c.num_hidden_layers,
@@ -59,9 +95,10 @@ ParamLayout::ParamLayout(const ModelConfig& c, ExpertShard shard, StageSpec stag
     }
     add(p + "mlp.gate.weight", {E, H}, true);
     // Stacked by projection, so each projection of all experts is one [E, ...] array.
+    const std::vector<int> held = shard_.experts(l, static_cast<int>(E));
     for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
       bool down = std::string(m) == "down_proj";
-      for (int64_t e = shard_.begin; e < shard_.begin + shard_.count; ++e)
+      for (int e : held)
         add(p + "mlp.experts." + std::to_string(e) + "." + m + ".weight",
             down ? std::vector<int64_t>{H, F} : std::vector<int64_t>{F, H}, true, true);
     }
@@ -109,8 +146,9 @@ ModelTensors bind_tensors(const ParamLayout& layout, const ModelConfig& c, float
       continue;
     }
     L.router = at(p + "mlp.gate.weight");
-    const std::string first = p + "mlp.experts." + std::to_string(layout.shard().begin) + ".";
-    if (layout.shard().count > 0) {
+    const std::vector<int> held = layout.shard().experts(l, c.n_routed_experts);
+    if (!held.empty()) {  // the stacked arrays start at the first slot's expert
+      const std::string first = p + "mlp.experts." + std::to_string(held[0]) + ".";
       L.experts_gate = at(first + "gate_proj.weight");
       L.experts_up = at(first + "up_proj.weight");
       L.experts_down = at(first + "down_proj.weight");

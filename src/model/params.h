@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "balance/placement.h"
 #include "model/config.h"
 
 namespace moe::model {
@@ -23,11 +24,18 @@ struct ParamSpec {
   bool is_expert = false;       // a routed expert's weight (sharded by expert parallelism later)
 };
 
-// Which routed experts a rank holds: [begin, begin + count). Expert parallelism gives each rank of
-// an EP group a contiguous share; one process holds them all (count = -1 means all).
+// Which routed experts a rank holds, in slot order (the stacking order of its [El, ...] arrays).
+// By default a contiguous share [begin, begin + count) in every layer (count = -1: all, one
+// process); from a placement map (balance/placement.h), each layer's own list.
 struct ExpertShard {
   int begin = 0;
   int count = -1;
+  std::vector<std::vector<int>> per_layer;  // non-empty: [model layer] logical experts, slot order
+
+  static ExpertShard of(const balance::Placement& placement, int ep_rank);
+  std::vector<int> experts(int layer, int num_experts) const;  // slot order
+  int num_local(int num_experts) const;
+  bool holds_all(int num_experts) const;  // every expert, in order, in every layer
 };
 
 // Which layers a pipeline stage holds: [first_layer, first_layer + num_layers), plus the

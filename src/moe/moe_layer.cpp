@@ -60,6 +60,8 @@ RouterConfig router_config(const MoeConfig& cfg) {
   r.sigmoid = cfg.sigmoid;
   r.score_bias_E = cfg.score_bias_E;
   r.routed_scaling_factor = cfg.routed_scaling_factor;
+  r.n_group = cfg.n_group;
+  r.topk_group = cfg.topk_group;
   if (cfg.ep) r.reduce_stats = cfg.ep->reduce_aux_stats;
   return r;
 }

@@ -9,6 +9,7 @@
 #include <functional>
 #include <vector>
 
+#include "balance/placement.h"
 #include "comm/exchange.h"
 #include "core/buffer.h"
 #include "kernels/swiglu_mlp.h"
@@ -17,18 +18,22 @@
 
 namespace moe::mixture {
 
-// Expert parallelism: the routed experts are split evenly over the `size` ranks of an EP group
-// (rank r holds experts [r·E/size, (r+1)·E/size)); dispatch and combine exchange rows with
-// `exchange`. Everything else in the layer (router, shared experts) is replicated. With size 1 and
-// no exchange (data parallelism alone) only the aux statistics are reduced.
+// Expert parallelism: the routed experts are split evenly over the `size` ranks of an EP group,
+// where each layer's placement map says (MoeConfig::placement; by default rank r holds experts
+// [r·E/size, (r+1)·E/size)); dispatch and combine exchange rows with `exchange`. Everything else in
+// the layer (router, shared experts) is replicated. With size 1 and no exchange (data parallelism
+// alone) only the aux statistics are reduced.
 struct ExpertParallel {
   const comm::TokenExchange* exchange = nullptr;  // over the EP group
   int rank = 0;
   int size = 1;
   // Sums the router's batch-level aux statistics over all data-parallel ranks (EP × DP).
   std::function<void(std::vector<double>&)> reduce_aux_stats;
+  // Combine sums each token's expert outputs in logical-expert order, whatever rank holds them
+  // (the exchange's fold key): then moving experts between ranks never changes the math. Off, the
+  // sum follows the network (per rank, then per node), as rbd's in-network sums need.
+  bool placement_independent_sum = false;
   int num_local_experts(int E) const { return E / size; }
-  int expert_begin(int E) const { return rank * (E / size); }
 };
 
 struct MoeConfig {
@@ -42,10 +47,12 @@ struct MoeConfig {
   bool seq_aux = false;     // aux loss per sequence (DeepSeek's seq_aux) instead of per batch
   bool sigmoid = false;     // DeepSeek-V3 router (noaux_tc): see router.h
   const float* score_bias_E = nullptr;  // sigmoid: [E] selection bias on the active device, or null
-  float routed_scaling_factor = 1.0f;   // sigmoid only
+  float routed_scaling_factor = 1.0f;   // see RouterConfig
+  int n_group = 1, topk_group = 1;      // group-limited routing (router.h); n_group 1 = none
   float capacity_factor = 0.0f;  // 0 = dropless
   bool padded = false;      // capacity-padded baseline instead of padding-free
   const ExpertParallel* ep = nullptr;  // null: all experts local, nothing communicates
+  const balance::LayerPlacement* placement = nullptr;  // ep only: where this layer's experts live
   MemTracker* scratch_tracker = nullptr;  // charged with backward's temporary buffers
 };
 
@@ -72,13 +79,15 @@ struct MoeActivations {
   double aux_loss = 0.0;           // alpha-scaled auxiliary loss of this layer
   // Expert parallelism only: the dispatch handle (reused by backward), where each received pair
   // sits in the local-expert-contiguous buffers (on the active device, for the kernels), the
-  // pairs' combine weights there, the local experts' segment offsets, and a host copy of the
-  // layout's pair order (the exchange's metadata is built on the host).
+  // pairs' combine weights there, the local experts' segment offsets (local slots), and each sent
+  // pair's [T,k] slot on the host (the exchange's metadata is built there). Pairs are sent in the
+  // layout's order grouped by destination rank (stable: the layout order when the placement is
+  // contiguous).
   comm::ExchangePlan plan;
   Buffer<int32_t> local_row_of_recv;  // [num_recv] active device
   Buffer<float> recv_value;           // [num_recv] active device: plan.recv_value
   std::vector<int32_t> local_offsets; // [El+1] host
-  std::vector<int32_t> slot_of_row;   // [num_rows] host copy of layout.slot_of_row_R
+  std::vector<int32_t> slot_of_pair;  // [num_rows] host: the layout slot of each sent pair
 };
 
 // y[T,H] = sum_k w_tk · expert_k(x_t) + shared(x_t). num_seqs splits the T tokens into equal

@@ -17,14 +17,26 @@ namespace {
 
 bool renormalises(const RouterConfig& cfg) { return cfg.top_k > 1 && cfg.norm_topk_prob; }
 
-// The row kernels' scoring options. Softmax leaves routed_scaling_factor out (as HF DeepSeek V1/V2
-// with norm_topk_prob; their configs have 1.0).
+// The row kernels' scoring options. routed_scaling_factor as HF DeepSeek-V3 (sigmoid: always) and
+// V2 (softmax: only weights that are not renormalised; V1 configs have no factor, i.e. 1.0).
 kernels::math::RouterScoring scoring(const RouterConfig& cfg) {
   kernels::math::RouterScoring s;
   s.sigmoid = cfg.sigmoid;
   s.bias_E = cfg.sigmoid ? cfg.score_bias_E : nullptr;
-  s.scale = cfg.sigmoid ? cfg.routed_scaling_factor : 1.0f;
+  s.scale = cfg.sigmoid || !renormalises(cfg) ? cfg.routed_scaling_factor : 1.0f;
+  s.groups = {cfg.n_group, cfg.topk_group, /*top2_sum=*/cfg.sigmoid};
   return s;
+}
+
+// The group limit must leave k experts to choose from; sigmoid's group score needs two per group.
+void check_groups(const RouterConfig& cfg) {
+  const int E = cfg.num_experts, n = cfg.n_group, g = cfg.topk_group;
+  MOE_CHECK(n >= 1 && E % n == 0, "router: n_group=", n, " must divide num_experts=", E);
+  MOE_CHECK(g >= 1 && g <= n, "router: topk_group=", g, " must be in [1, n_group=", n, "]");
+  MOE_CHECK(n == 1 || static_cast<long long>(g) * (E / n) >= cfg.top_k, "router: topk_group=", g,
+            " groups of ", E / n, " experts cannot hold top_k=", cfg.top_k);
+  MOE_CHECK(n == 1 || !cfg.sigmoid || E / n >= 2, "router: sigmoid group scores sum the top 2 of ",
+            "a group, but n_group=", n, " leaves ", E / n, " expert per group");
 }
 
 void check_config(const RouterConfig& cfg, int T, int H) {
@@ -36,6 +48,7 @@ void check_config(const RouterConfig& cfg, int T, int H) {
             cfg.aux_loss_alpha);
   MOE_CHECK(!cfg.score_bias_E || cfg.sigmoid,
             "router: a selection bias (e_score_correction_bias) needs sigmoid scoring");
+  check_groups(cfg);
 }
 
 

@@ -3,7 +3,11 @@
 // optional auxiliary load-balancing loss (per batch or per sequence). DeepSeek-V3's variant
 // (scoring_func sigmoid, topk_method noaux_tc): sigmoid scores, top-k of scores + a per-expert
 // bias (e_score_correction_bias, selection only), weights = the chosen unbiased scores, renormalised
-// if asked, times routed_scaling_factor. Local math only: no step here ever communicates.
+// if asked, times routed_scaling_factor. Group-limited routing (n_group > 1; DeepSeek-V2's
+// group_limited_greedy with softmax, V3's noaux_tc with sigmoid): each token keeps its topk_group
+// best groups of E/n_group consecutive experts (group score: the max score for softmax, the sum of
+// the two largest biased scores for sigmoid) and picks its k experts inside them; the weights are
+// unchanged otherwise. Local math only: no step here ever communicates.
 // Legend: T tokens, H hidden, E routed experts, k experts per token, B sequences (for seq_aux).
 #pragma once
 #include <cstdint>
@@ -24,7 +28,10 @@ struct RouterConfig {
   // Sigmoid only: [E] on the active device, added to the scores for the top-k choice and nowhere
   // else (no gradient). Null = no bias. Owned by the caller (the model's balancing state).
   const float* score_bias_E = nullptr;
-  float routed_scaling_factor = 1.0f;  // sigmoid only: multiplies the k weights
+  // Multiplies the k weights: always with sigmoid (V3), without renormalisation with softmax (V2).
+  float routed_scaling_factor = 1.0f;
+  int n_group = 1;               // groups of E/n_group consecutive experts; 1 = no group limit
+  int topk_group = 1;            // groups a token may use (n_group > 1)
   // Data parallelism: sums the batch-level aux statistics [count_e (E), score_sum_e (E), tokens]
   // over every rank that holds part of the global batch, so the aux loss is the global batch's
   // (as on one process). The one communicating hook of the router; empty = local batch only.

@@ -66,50 +66,68 @@ class LocalDispatcher final : public TokenDispatcher {
   const MoeConfig& cfg_;
 };
 
-// Expert parallelism over the token exchange. Pairs leave in layout order (sorted by expert, so
-// grouped by destination rank ascending) and arrive in canonical order (source rank, then the
-// source's pair order). The experts need them grouped by local expert: local_row_of_recv maps a
-// received pair to its row in that order (stable, so rows of one expert keep the canonical order).
-// The combine weights travel with the pairs: combine weights rows on the expert side, and
-// combine_backward returns dLoss/dw to the token owners (one float per pair).
+// Expert parallelism over the token exchange. The placement map says where each expert lives
+// (rank, local slot). Pairs leave in layout order (sorted by expert) regrouped by destination rank
+// ascending (stable), and arrive in canonical order (source rank, then the source's pair order):
+// whatever the placement, an expert's rows arrive by (source rank, token). The experts need them
+// grouped by local slot: local_row_of_recv maps a received pair to its row in that order (stable,
+// so rows of one expert keep the canonical order). The combine weights travel with the pairs:
+// combine weights rows on the expert side, and combine_backward returns dLoss/dw to the token
+// owners (one float per pair). With ep.placement_independent_sum each token's outputs are summed
+// in layout (logical expert) order, the fold key, not by rank: moving experts keeps the math.
 class ExchangeDispatcher final : public TokenDispatcher {
  public:
   explicit ExchangeDispatcher(const MoeConfig& cfg)
-      : cfg_(cfg), ep_(*cfg.ep), El_(cfg.ep->num_local_experts(cfg.num_experts)) {}
+      : cfg_(cfg), ep_(*cfg.ep), El_(cfg.ep->num_local_experts(cfg.num_experts)) {
+    MOE_CHECK(cfg.placement && cfg.placement->num_experts() == cfg.num_experts &&
+                  cfg.placement->ep_size() == cfg.ep->size,
+              "expert parallelism: the MoE layer has no placement of its ", cfg.num_experts, " experts over ",
+              cfg.ep->size, " ranks");
+  }
 
   void plan(MoeActivations& act, int T) const override {  // communicates (counts + metadata)
-    const int E = cfg_.num_experts, k = cfg_.top_k;
+    const int E = cfg_.num_experts, k = cfg_.top_k, n = ep_.size;
     const DispatchLayout& L = act.layout;
+    const balance::LayerPlacement& P = *cfg_.placement;
     const Device dev = kernels::active_device();
     // On a GPU the layout's pair order and the combine weights live there: one explicit copy of
     // each to the host per layer (a synchronisation), since the exchange's metadata is host data.
-    act.slot_of_row.resize(L.num_rows);
+    std::vector<int32_t> slot_of_row(L.num_rows);
     std::vector<float> wt(static_cast<size_t>(T) * k);
-    device_copy(Device::kCpu, act.slot_of_row.data(), L.slot_of_row_R.device(),
-                L.slot_of_row_R.data(), act.slot_of_row.size() * sizeof(int32_t));
+    device_copy(Device::kCpu, slot_of_row.data(), L.slot_of_row_R.device(), L.slot_of_row_R.data(),
+                slot_of_row.size() * sizeof(int32_t));
     device_copy(Device::kCpu, wt.data(), act.routing.topk_weight_TK.device(),
                 act.routing.topk_weight_TK.data(), wt.size() * sizeof(float));
-    std::vector<int32_t> src_row(L.num_rows), dst_rank(L.num_rows), tag(L.num_rows);
+    // Send position of each layout row: a stable counting sort by destination rank.
+    std::vector<int32_t> pos(L.num_rows), next(n + 1, 0);
+    for (int e = 0; e < E; ++e) next[P.rank_of(e) + 1] += L.offsets_E1[e + 1] - L.offsets_E1[e];
+    for (int d = 0; d < n; ++d) next[d + 1] += next[d];
+    for (int e = 0; e < E; ++e)
+      for (int r = L.offsets_E1[e]; r < L.offsets_E1[e + 1]; ++r) pos[r] = next[P.rank_of(e)]++;
+    std::vector<int32_t> src_row(L.num_rows), dst_rank(L.num_rows), tag(L.num_rows), fold_key(L.num_rows);
     std::vector<float> value(L.num_rows);
+    act.slot_of_pair.resize(L.num_rows);
     for (int e = 0; e < E; ++e) {
       for (int r = L.offsets_E1[e]; r < L.offsets_E1[e + 1]; ++r) {
-        const int32_t slot = act.slot_of_row[r];
-        src_row[r] = slot / k;
-        dst_rank[r] = e / El_;
-        tag[r] = e - (e / El_) * El_;  // local expert id on the destination
-        value[r] = wt[slot];
+        const int32_t slot = slot_of_row[r], q = pos[r];
+        act.slot_of_pair[q] = slot;
+        src_row[q] = slot / k;
+        dst_rank[q] = P.rank_of(e);
+        tag[q] = P.slot_of(e);  // local slot on the destination
+        value[q] = wt[slot];
+        fold_key[q] = r;        // layout order: logical expert, then token
       }
     }
-    act.plan = ep_.exchange->plan(T, L.num_rows, src_row.data(), dst_rank.data(), tag.data(),
-                                  value.data());
+    act.plan = ep_.exchange->plan(T, L.num_rows, src_row.data(), dst_rank.data(), tag.data(), value.data(),
+                                  ep_.placement_independent_sum ? fold_key.data() : nullptr);
     const int R = act.plan.num_recv;
-    // Regroup: counting sort of the received pairs by local expert.
+    // Regroup: counting sort of the received pairs by local slot.
     act.local_offsets.assign(El_ + 1, 0);
     for (int i = 0; i < R; ++i) act.local_offsets[act.plan.recv_tag[i] + 1]++;
     for (int e = 0; e < El_; ++e) act.local_offsets[e + 1] += act.local_offsets[e];
-    std::vector<int32_t> next(act.local_offsets.begin(), act.local_offsets.end() - 1);
+    std::vector<int32_t> fill(act.local_offsets.begin(), act.local_offsets.end() - 1);
     std::vector<int32_t> row_of_recv(R);
-    for (int i = 0; i < R; ++i) row_of_recv[i] = next[act.plan.recv_tag[i]]++;
+    for (int i = 0; i < R; ++i) row_of_recv[i] = fill[act.plan.recv_tag[i]]++;
     // Where the kernels read them (small metadata, not charged, like the host vectors it was).
     act.local_row_of_recv.resize(R, nullptr, dev);
     act.recv_value.resize(R, nullptr, dev);
@@ -157,7 +175,7 @@ class ExchangeDispatcher final : public TokenDispatcher {
     ep_.exchange->return_values(act.plan, dweight_recv.data(), dweight_src.data());
     // Back into [T,k] slots on the host (dropped pairs keep 0), then one copy to the device.
     std::vector<float> dw(static_cast<size_t>(L.T) * L.k, 0.0f);
-    for (int r = 0; r < L.num_rows; ++r) dw[act.slot_of_row[r]] = dweight_src[r];
+    for (int q = 0; q < L.num_rows; ++q) dw[act.slot_of_pair[q]] = dweight_src[q];
     device_copy(dev, dweight_TK, Device::kCpu, dw.data(), dw.size() * sizeof(float));
   }
   void dispatch_backward(float* dx, const float* dx_rows,

@@ -47,6 +47,13 @@ std::string secs(double s) {
   return fmt("%.4f", s);
 }
 
+// Where a plan's routing imbalance came from, for format_evaluation.
+const char* imbalance_source(const ReportContext& ctx, const Candidate& c) {
+  if (c.layout.ep == 1) return " (ep=1: every rank holds every expert)";
+  if (ctx.routing) return " (measured, --loads)";
+  return c.imbalance_time > 1 ? " (--imbalance)" : " (assumed balanced: --loads or --imbalance to change)";
+}
+
 }  // namespace
 
 std::string train_command(const ReportContext& ctx, const Layout& l) {
@@ -98,6 +105,10 @@ std::string format_header(const ReportContext& ctx) {
       s += str_cat("  note: ", odd, n_odd > 1 ? " are not multiples" : " is not a multiple", " of 8: tensor-core GEMMs of such shapes can run several times "
                    "slower than the tables assume (3-7x measured on an H200); pad them (Megatron pads the vocabulary to a multiple of 128)\n");
   }
+  if (ctx.routing && m.num_moe_layers() > 0)
+    s += str_cat("  routing: measured expert loads of ", ctx.routing->source, " (", ctx.routing->steps.size(),
+                 " steps, ", ctx.routing->steps.front().size(), " MoE layers, E=", ctx.routing->experts,
+                 "), contiguous placement; imb = busiest EP rank's rows / mean, per step and layer, averaged\n");
   if (m.train_model_flag.empty())
     s += "  note: moetrain train runs model_type deepseek only; the flags below give the layout\n";
   return s;
@@ -112,7 +123,7 @@ std::string format_plans(const ReportContext& ctx, const SearchResult& r) {
     return s;
   }
   const Units u = units_for(ctx, r.best.front().memory.worst_stage().total);
-  s += str_cat("\n  #  pp  dp  ep tp   mb recompute a2a  | worst stage ", u.name,
+  s += str_cat("\n  #  pp  dp  ep tp   mb recompute a2a   imb | worst stage ", u.name,
                ": total = params grads optim activ work comm rsv  of cap | step s = compute a2a p2p bubble allreduce optim |   tok/s    MFU\n");
   int i = 0;
   for (const Candidate& c : r.best) {
@@ -120,9 +131,9 @@ std::string format_plans(const ReportContext& ctx, const SearchResult& r) {
     const TimeBreakdown& t = c.time;
     char line[512];
     std::snprintf(line, sizeof line,
-                  "%3d %3d %3d %3d %2d %4d %-9s %-4s | %6.1f = %6.1f %5.1f %5.1f %5.1f %5.1f %4.1f %3.1f of %4.0f | %7s = %s %s %s %s %s %s | %7s %5.1f%%\n",
+                  "%3d %3d %3d %3d %2d %4d %-9s %-4s %5.2f | %6.1f = %6.1f %5.1f %5.1f %5.1f %5.1f %4.1f %3.1f of %4.0f | %7s = %s %s %s %s %s %s | %7s %5.1f%%\n",
                   ++i, c.layout.pp, c.layout.dp, c.layout.ep, c.layout.tp, c.layout.micro_batches,
-                  c.layout.recompute.c_str(), c.layout.a2a.c_str(), w.total / u.div, w.params / u.div,
+                  c.layout.recompute.c_str(), c.layout.a2a.c_str(), c.imbalance_time, w.total / u.div, w.params / u.div,
                   w.grads / u.div, w.optimizer / u.div, w.activations / u.div, w.workspace / u.div,
                   w.comm / u.div, w.reserved / u.div, c.capacity / u.div, secs(t.step).c_str(), secs(t.compute).c_str(),
                   secs(t.a2a).c_str(), secs(t.p2p).c_str(), secs(t.bubble).c_str(),
@@ -149,6 +160,10 @@ std::string format_evaluation(const ReportContext& ctx, const Candidate& c) {
                   st.stage == c.memory.worst ? "  <- worst" : "");
     s += line;
   }
+  if (ctx.model->num_moe_layers() > 0)
+    s += str_cat("  routing imbalance (busiest EP rank's rows / mean): ", fmt("%.3f", c.imbalance_time),
+                 " per step and layer, averaged (expert compute and a2a); ", fmt("%.3f", c.imbalance_memory),
+                 " worst step (memory)", imbalance_source(ctx, c), "\n");
   s += str_cat("  time per step: ", secs(t.step), " s = compute ", secs(t.compute), " + a2a ", secs(t.a2a),
                " + p2p ", secs(t.p2p), " + bubble ", secs(t.bubble), " + allreduce ", secs(t.allreduce),
                " + optimizer ", secs(t.optimizer), "\n");
@@ -235,6 +250,7 @@ json candidate_json(const ReportContext& ctx, const Candidate& c) {
                           {"a2a", l.a2a}, {"zero1", l.zero1}, {"schedule", l.schedule},
                           {"batch_per_rank", rs.batch_per_rank}, {"text", l.describe()}}},
               {"fits", c.fits},
+              {"routing_imbalance", {{"time", c.imbalance_time}, {"memory", c.imbalance_memory}}},
               {"memory", {{"capacity_bytes", c.capacity}, {"worst_stage", c.memory.worst},
                           {"peak_bytes", c.memory.worst_stage().total}, {"stages", stages}}},
               {"time", {{"step_s", t.step}, {"compute_s", t.compute}, {"a2a_s", t.a2a},
@@ -258,6 +274,10 @@ json padded_json(const ReportContext& ctx, const Candidate& c) {
               {"padded_stage_bytes", pc.padded_total}};
 }
 
+json loads_json(const RoutingStats& r) {
+  return json{{"file", r.source}, {"steps", r.steps.size()}, {"experts", r.experts}};
+}
+
 json search_json(const ReportContext& ctx, const SearchResult& r, bool explain) {
   const ModelParams p = count_params(*ctx.model);
   json plans = json::array();
@@ -272,6 +292,7 @@ json search_json(const ReportContext& ctx, const SearchResult& r, bool explain) 
             {"feasible", r.feasible},
             {"search_seconds", r.seconds},
             {"plans", plans}};
+  if (ctx.routing) j["loads"] = loads_json(*ctx.routing);
   if (explain) {
     json rej = json::array();
     for (const Rejection& x : r.rejected)

@@ -16,6 +16,7 @@ struct ReportContext {
   const ClusterProfile* cluster = nullptr;
   TrainShape shape;
   int gpus = 0;
+  const RoutingStats* routing = nullptr;  // --loads: the header names the file the imbalance came from
 };
 
 // "mpirun -np 8 moetrain train --preset tiny --pp 2 --dp 1 --ep 4 --micro-batches 4 ..."
@@ -30,5 +31,7 @@ std::string format_explain(const ReportContext& ctx, const SearchResult& r, cons
 nlohmann::json candidate_json(const ReportContext& ctx, const Candidate& c);
 nlohmann::json search_json(const ReportContext& ctx, const SearchResult& r, bool explain);
 nlohmann::json padded_json(const ReportContext& ctx, const Candidate& c);
+// --loads: the file, its steps and experts (search_json and --evaluate --json carry it).
+nlohmann::json loads_json(const RoutingStats& r);
 
 }  // namespace moe::plan

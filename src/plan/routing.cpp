@@ -5,8 +5,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <nlohmann/json.hpp>
 
+#include "balance/placement.h"
 #include "core/error.h"
 #include "io/json_file.h"
 
@@ -38,6 +40,7 @@ RoutingStats read_routing_stats(const std::string& path) {
   std::error_code ec;
   MOE_CHECK(!std::filesystem::is_directory(path, ec), path, ": is a folder, not a metrics file");
   RoutingStats s;
+  s.source = path;
   std::string line;
   int n = 0;
   while (read_line(f, line, path, n + 1)) {
@@ -72,33 +75,32 @@ RoutingStats read_routing_stats(const std::string& path) {
 Imbalance routing_imbalance(const RoutingStats& s, int ep) {
   Imbalance im;
   if (ep <= 1 || s.steps.empty()) return im;
-  MOE_CHECK(s.experts % ep == 0, "routing statistics: ep(", ep, ") does not divide the ", s.experts, " experts");
-  const int per = s.experts / ep;
+  MOE_CHECK(s.experts % ep == 0, s.source, ": ep(", ep, ") does not divide the ", s.experts,
+            " experts of the expert loads");
+  const balance::LayerPlacement place = balance::LayerPlacement::contiguous(s.experts, ep);
   double time_sum = 0;
   int time_n = 0;
-  im.memory = 0;
   for (const auto& step : s.steps) {
-    std::vector<double> rank_rows(ep, 0.0);
-    double total = 0;
+    std::vector<double> step_rows(ep, 0.0);  // summed over the step's layers (memory)
     for (const auto& layer : step) {
-      std::vector<double> r(ep, 0.0);
-      double t = 0;
-      for (int e = 0; e < s.experts; ++e) {
-        r[e / per] += layer[e];
-        t += layer[e];
-      }
-      for (int i = 0; i < ep; ++i) rank_rows[i] += r[i];
-      total += t;
-      if (t > 0) {
-        time_sum += *std::max_element(r.begin(), r.end()) / (t / ep);
-        ++time_n;
-      }
+      const std::vector<double> rows = balance::rank_loads(place, layer);
+      const double total = std::accumulate(rows.begin(), rows.end(), 0.0);
+      if (total <= 0) continue;
+      time_sum += balance::imbalance(place, layer);
+      ++time_n;
+      for (int r = 0; r < ep; ++r) step_rows[r] += rows[r];
     }
-    if (total > 0) im.memory = std::max(im.memory, *std::max_element(rank_rows.begin(), rank_rows.end()) / (total / ep));
+    const double total = std::accumulate(step_rows.begin(), step_rows.end(), 0.0);
+    if (total > 0) im.memory = std::max(im.memory, *std::max_element(step_rows.begin(), step_rows.end()) / (total / ep));
   }
-  if (im.memory <= 0) im.memory = 1.0;
   im.time = time_n > 0 ? time_sum / time_n : 1.0;
   return im;
+}
+
+void check_routing_matches(const RoutingStats& s, int model_experts, const std::string& model_name) {
+  MOE_CHECK(s.experts == model_experts, s.source, ": the expert loads have ", s.experts,
+            " experts per MoE layer, model ", model_name, " has ", model_experts,
+            " (loads of another model?)");
 }
 
 }  // namespace moe::plan

@@ -13,6 +13,7 @@ namespace moe::plan {
 struct RoutingStats {
   std::vector<std::vector<std::vector<double>>> steps;  // [step][moe layer][expert] tokens
   int experts = 0;
+  std::string source;  // the file read, for errors and the plan's report
 };
 
 // Reads expert_loads from every line of a metrics.jsonl. Errors name the file and line.
@@ -22,7 +23,14 @@ struct Imbalance {
   double memory = 1.0;  // max over steps of (busiest rank's rows summed over layers) / mean
   double time = 1.0;    // mean over steps and layers of (busiest rank's rows) / mean
 };
-// For an EP group of `ep` ranks holding experts [r·E/ep, (r+1)·E/ep).
+// For an EP group of `ep` ranks in the placement the loads imply: the contiguous one
+// (balance::LayerPlacement::contiguous, rank r holds experts [r·E/ep, (r+1)·E/ep)), as moetrain
+// train starts every run; balance::imbalance gives each layer's busiest rank / mean. Layers
+// without load are skipped. Throws naming both when ep does not divide the experts.
 Imbalance routing_imbalance(const RoutingStats& stats, int ep);
+
+// The loads must come from a model with the same routed-expert count: otherwise every
+// per-rank sum is of another model's experts. Throws one line naming the file and both counts.
+void check_routing_matches(const RoutingStats& stats, int model_experts, const std::string& model_name);
 
 }  // namespace moe::plan

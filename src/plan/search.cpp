@@ -82,12 +82,12 @@ Candidate evaluate_layout(const PlanModel& m, const ClusterProfile& c, const Lay
                           const TrainShape& shape, const RoutingStats* routing, double imbalance) {
   const std::string why = check_layout(m, c, l, shape);
   MOE_CHECK(why.empty(), "layout ", l.describe(), ": ", why);
-  if (routing && m.num_moe_layers() > 0)
-    MOE_CHECK(routing->experts == m.experts, "the expert loads have ", routing->experts,
-              " experts per layer, the model ", m.experts);
+  if (routing && m.num_moe_layers() > 0) check_routing_matches(*routing, m.experts, m.name);
   Candidate cand;
   cand.layout = l;
   const MemoryOptions mo = layout_options(c, l, shape, routing, imbalance);
+  cand.imbalance_memory = mo.routing_imbalance;
+  cand.imbalance_time = mo.time_imbalance;
   cand.memory = estimate_memory(m, l, shape, mo);
   cand.time = estimate_time(m, l, shape, c, mo);
   cand.capacity = c.rank_memory(ranks_on_node(c, l));
@@ -107,6 +107,7 @@ SearchResult search_plans(const PlanModel& m, const ClusterProfile& c, const Sea
               c.name, " nodes of ", c.ranks_per_node, " GPUs");
   MOE_CHECK(o.shape.seq_len > 0, "--seq-len must be positive, got ", o.shape.seq_len);
   MOE_CHECK(o.shape.global_batch > 0, "--global-batch must be positive, got ", o.shape.global_batch);
+  if (o.routing && m.num_moe_layers() > 0) check_routing_matches(*o.routing, m.experts, m.name);
 
   SearchResult res;
   res.memory_options = memory_options(c, o.shape.precision, o.zero1);
@@ -183,6 +184,8 @@ SearchResult search_plans(const PlanModel& m, const ClusterProfile& c, const Sea
               cand.memory = me;
               cand.time = estimate_time(m, cand.layout, o.shape, c, mo);
               cand.capacity = cap;
+              cand.imbalance_memory = mo.routing_imbalance;
+              cand.imbalance_time = mo.time_imbalance;
               all.push_back(std::move(cand));
               ++res.feasible;
             }

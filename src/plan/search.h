@@ -36,6 +36,9 @@ struct Candidate {
   TimeBreakdown time;
   double capacity = 0;            // bytes per rank
   bool fits = true;
+  // The routing imbalance the estimates used (busiest EP rank's rows / the mean; 1 without EP):
+  // per step and layer, averaged (time), and the worst step summed over layers (memory).
+  double imbalance_time = 1.0, imbalance_memory = 1.0;
 };
 
 // One rejected family (pp, ep, tp; dp follows): which constraint, and by how much.

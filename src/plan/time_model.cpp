@@ -40,6 +40,22 @@ double pass_seconds(const PassOps& ops, const ClusterProfile& c, double elem_s) 
   return t;
 }
 
+namespace {
+// The FFN pass of a layer. Under routing imbalance the busiest EP rank holds more rows than the
+// mean, so its expert GEMMs take no less time than the balanced rank's: that time is the floor.
+// A measured GEMM table can say otherwise where the time is flat in m (launch-bound shapes: the
+// H200's is ~14 µs ± 1 µs from m = 16 to 65536), and a busier rank would come out faster.
+double ffn_seconds(const LayerOps& o, const PlanModel& m, int l, const Layout& lay, const RankShape& rs, int T,
+                   const MemoryOptions& mo, const ClusterProfile& c, double elem_s, bool backward) {
+  const double t = pass_seconds(backward ? o.ffn_bwd : o.ffn_fwd, c, elem_s);
+  if (!o.moe || mo.time_imbalance <= 1) return t;
+  MemoryOptions balanced = mo;
+  balanced.time_imbalance = 1;
+  const LayerOps b = layer_ops(m, l, lay, rs, T, balanced);
+  return std::max(t, pass_seconds(backward ? b.ffn_bwd : b.ffn_fwd, c, elem_s));
+}
+}  // namespace
+
 double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, int ep, int tp,
                    double bytes, int k) {
   if (ep <= 1 || bytes <= 0) return 0;
@@ -190,7 +206,8 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& lay, const TrainSh
     for (int l = first; l < first + split[s]; ++l) {
       const LayerOps o = layer_ops(m, l, lay, rs, T, mo);
       const double attn_f = pass_seconds(o.attn_fwd, c, ef) + tp_comm, attn_b = pass_seconds(o.attn_bwd, c, eb) + tp_comm;
-      const double ffn_f = pass_seconds(o.ffn_fwd, c, ef), ffn_b = pass_seconds(o.ffn_bwd, c, eb);
+      const double ffn_f = ffn_seconds(o, m, l, lay, rs, T, mo, c, ef, false);
+      const double ffn_b = ffn_seconds(o, m, l, lay, rs, T, mo, c, eb, true);
       const double a2a = o.moe ? a2a_seconds(c, lay.a2a, world, lay.ep, tp, o.rows * H * mo.act_bytes, m.top_k) : 0;
       w.fwd_compute += attn_f + ffn_f + rf * o.dropped;
       w.bwd_compute += attn_b + ffn_b + rb * o.dropped;

@@ -30,6 +30,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/zero1.h"
 #include "train/checkpoint.h"
+#include "train/migration.h"
 #include "train/run_guard.h"
 #include "train/run_memory.h"
 #include "train/score_bias.h"
@@ -105,6 +106,13 @@ void validate_options(const TrainOptions& o) {
             o.precision, "'");
   MOE_CHECK(o.precision == "fp32" || o.device == "cuda", "--precision bf16: the CPU backend computes in "
             "fp32 only (bf16 GEMM inputs need --device cuda)");
+  MOE_CHECK(o.migrate_every >= 0, "--balance.migrate-every must be >= 0 (0 = never), got ", o.migrate_every);
+  MOE_CHECK(finite(o.migrate_threshold) && o.migrate_threshold > 1, "--balance.threshold must be a max/mean "
+            "rank load > 1 (1 is perfect balance), got ", o.migrate_threshold);
+  MOE_CHECK(o.migrate_every == 0 || !o.zero1, "--balance.migrate-every with --zero1: moving experts with a "
+            "sharded AdamW state is not supported; use one of them");
+  MOE_CHECK(o.migrate_every == 0 || !o.moe.padded, "--balance.migrate-every with --padded: migration needs "
+            "the padding-free layout");
   MOE_CHECK(finite(o.comm_timeout_s) && o.comm_timeout_s >= 0 && o.comm_timeout_s < 1e9,
             "--comm.timeout must be a number of seconds >= 0 (0 = wait forever), got ", o.comm_timeout_s);
   MOE_CHECK(!o.out_dir.empty(), "--out must not be empty");
@@ -254,7 +262,6 @@ void save_full_weights(const model::Model& model, const model::ModelConfig& cfg,
   const HostParams m(model);
   // What rank (pp, ep) contributes: everything on ep 0, only its experts on the others.
   auto owned = [](const model::ParamSpec& s, int ep_rank) { return ep_rank == 0 || s.is_expert; };
-  const int El = g.dims.ep > 0 ? cfg.n_routed_experts / g.dims.ep : 0;
   if (g.world.rank() != 0) {
     std::vector<float> mine;
     for (const model::ParamSpec& s : model.layout().specs())
@@ -267,7 +274,7 @@ void save_full_weights(const model::Model& model, const model::ModelConfig& cfg,
   for (int pp = 0; pp < g.dims.pp; ++pp) {
     for (int ep = 0; ep < g.dims.ep; ++ep) {
       const int src = parallel::rank_of(g.dims, {pp, 0, ep, 0});
-      model::ExpertShard shard = g.dims.ep > 1 ? model::ExpertShard{ep * El, El} : model::ExpertShard{};
+      model::ExpertShard shard = g.dims.ep > 1 ? model::ExpertShard::of(model.placement(), ep) : model::ExpertShard{};
       model::ParamLayout theirs(cfg, shard, parallel::stage_spec(layers_per_stage, pp));
       std::vector<float> buf;
       if (src == 0) {
@@ -291,6 +298,96 @@ void save_full_weights(const model::Model& model, const model::ModelConfig& cfg,
   w.set_metadata("format", "pt");
   for (const model::ParamSpec& s : full.specs()) w.add_f32(s.name, s.shape, all.data() + s.offset);
   w.write(path);
+}
+
+// Per-stage figures of a step: the worst rank of each stage (collective over the world).
+std::vector<StageStats> gather_stage_stats(const parallel::Grid& grid, const parallel::PipelineTimes& pt,
+                                           double a2a_seconds, model::Model& model) {
+  const int kStat = 7;
+  std::vector<double> mine = {pt.compute_s, pt.wait_s, a2a_seconds, pt.total_s,
+                              static_cast<double>(model.activation_memory().peak()),
+                              static_cast<double>(model.total_memory().peak()),
+                              static_cast<double>(pt.max_in_flight)};
+  std::vector<double> everyone(static_cast<size_t>(kStat) * grid.world.size());
+  if (grid.world.size() > 1)
+    grid.world.allgather(mine.data(), everyone.data(), kStat);
+  else
+    everyone = mine;
+  std::vector<StageStats> stages(grid.dims.pp);
+  for (int r = 0; r < grid.world.size(); ++r) {
+    StageStats& st = stages[parallel::coords_of(grid.dims, r).pp];
+    const double* v = everyone.data() + static_cast<size_t>(r) * kStat;
+    st.compute_s = std::max(st.compute_s, v[0]);
+    st.bubble_s = std::max(st.bubble_s, v[1]);
+    st.a2a_s = std::max(st.a2a_s, v[2]);
+    st.step_s = std::max(st.step_s, v[3]);
+    st.activation_peak_bytes = std::max(st.activation_peak_bytes, v[4]);
+    st.total_peak_bytes = std::max(st.total_peak_bytes, v[5]);
+    st.max_in_flight = std::max(st.max_in_flight, static_cast<int>(v[6]));
+  }
+  return stages;
+}
+
+// The step's tokens per expert of every MoE layer of the model: this stage's layers (`mine`,
+// summed over micro-batches) summed over the data ranks, then placed among all MoE layers (the first
+// `offset` entries belong to earlier stages) and summed over the pipeline. The same on every rank.
+std::vector<int64_t> global_expert_loads(const parallel::Grid& grid, std::vector<int64_t> mine, size_t all,
+                                         size_t offset) {
+  if (grid.data.size() > 1 && !mine.empty())
+    grid.data.allreduce_sum(mine.data(), static_cast<int64_t>(mine.size()));
+  if (grid.pp.size() <= 1 || all == 0) return mine;
+  std::vector<int64_t> out(all, 0);
+  std::copy(mine.begin(), mine.end(), out.begin() + offset);
+  grid.pp.allreduce_sum(out.data(), static_cast<int64_t>(out.size()));
+  return out;
+}
+
+// What a step did for expert balance: each MoE layer's tokens per EP rank and their max/mean under
+// the placement of this step, and the migration after it ({} when none).
+struct StepBalance {
+  json rank_loads = json::array();
+  std::vector<double> imbalance;
+  json migration;
+};
+
+// Expert parallelism, after the update: the step's global loads (every MoE layer's, the same on
+// every rank) give each layer's EP-rank loads; every --balance.migrate-every steps, the layers above
+// the threshold migrate (train/migration.h), the same on every rank. Not after the last step
+// (nothing would run on the new map) nor after a skipped one. Collective over the world.
+StepBalance balance_step(model::Model& model, const TrainOptions& opts, const parallel::Grid& grid,
+                         const std::vector<int>& moe_layer_ids, const std::vector<int64_t>& flat_loads, int step,
+                         bool skipped, const std::vector<float*>& moving, bool report, bool tty) {
+  StepBalance out;
+  const int E = model.config().n_routed_experts;
+  if (grid.dims.ep <= 1 || flat_loads.size() != moe_layer_ids.size() * E) return out;
+  std::vector<std::vector<double>> loads(moe_layer_ids.size());
+  for (size_t i = 0; i < moe_layer_ids.size(); ++i) {
+    loads[i].assign(flat_loads.begin() + i * E, flat_loads.begin() + (i + 1) * E);
+    const balance::LayerPlacement& where = model.placement().layers[moe_layer_ids[i]];
+    out.rank_loads.push_back(balance::rank_loads(where, loads[i]));
+    out.imbalance.push_back(balance::imbalance(where, loads[i]));
+  }
+  if (opts.migrate_every == 0 || skipped || (step + 1) % opts.migrate_every != 0 || step + 1 >= opts.steps)
+    return out;
+  const double t0 = now_seconds();
+  std::vector<LayerMigration> changed;
+  const balance::Placement next = plan_migration(model.placement(), moe_layer_ids, loads, opts.migrate_threshold, &changed);
+  if (changed.empty()) return out;
+  double moved = move_experts(model, next, grid.ep, moving);
+  double seconds = now_seconds() - t0;
+  grid.world.allreduce_sum(&moved, 1);
+  grid.world.allreduce_max(&seconds, 1);
+  json layers = json::array();
+  for (const LayerMigration& lm : changed)
+    layers.push_back({{"layer", lm.layer}, {"swaps", lm.swaps}, {"imbalance_before", lm.imbalance_before},
+                      {"imbalance_after", lm.imbalance_after}});
+  out.migration = {{"layers", layers}, {"bytes_moved", moved}, {"seconds", seconds}};
+  if (report)
+    for (const LayerMigration& lm : changed)
+      std::fprintf(stderr, "%sstep %d: layer %d migrated %d expert swap(s), rank imbalance %.3f -> %.3f "
+                   "(%s moved in %.1f ms, all layers)\n", tty ? "\n" : "", step + 1, lm.layer, lm.swaps,
+                   lm.imbalance_before, lm.imbalance_after, format_bytes(moved).c_str(), 1e3 * seconds);
+  return out;
 }
 
 }  // namespace
@@ -346,6 +443,8 @@ TrainResult run_training(const TrainOptions& opts) {
     MOE_CHECK(indexed || cfg.vocab_size >= 256, "byte-level data needs vocab_size >= 256, the config has ",
               cfg.vocab_size);
     opts.dims.validate(world.size(), cfg);
+    MOE_CHECK(opts.migrate_every == 0 || opts.dims.ep > 1, "--balance.migrate-every ", opts.migrate_every,
+              " needs expert parallelism (--ep > 1): with --ep ", opts.dims.ep, " every expert is on every rank");
     parallel::split_layers(cfg, opts.dims.pp, opts.pp_layers);
     if (opts.data_path.empty() && !fs::exists(data_path))
       throw Error(str_cat(data_path, ": built-in corpus not found; run scripts/setup.sh first"));
@@ -517,6 +616,8 @@ TrainResult run_training(const TrainOptions& opts) {
   ep_ctx.reduce_aux_stats = [&grid](std::vector<double>& v) {
     grid.data.allreduce_sum(v.data(), static_cast<int64_t>(v.size()));
   };
+  // Experts that may move are summed in logical order (train/migration.h): the math stays the same.
+  ep_ctx.placement_independent_sum = opts.migrate_every > 0;
   model::Model model(cfg, opts.moe, D > 1 ? &ep_ctx : nullptr, stage,
                      model::parse_recompute(opts.recompute));
   // noaux_tc: every MoE layer's selection bias, the same on every rank (train/score_bias.h).
@@ -560,13 +661,6 @@ TrainResult run_training(const TrainOptions& opts) {
   json parallel_json = {{"pp", grid.dims.pp}, {"dp", grid.dims.dp}, {"ep", grid.dims.ep},
                         {"tp", grid.dims.tp}, {"layers_per_stage", layers_per_stage},
                         {"micro_batches", M}, {"a2a", opts.a2a}, {"batch_per_rank", B}};
-  json placement_json = json::object();
-  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
-    if (!cfg.is_moe_layer(l)) continue;
-    std::vector<int> where;
-    for (int e = 0; e < cfg.n_routed_experts; ++e) where.push_back(e / (cfg.n_routed_experts / grid.dims.ep));
-    placement_json[std::to_string(l)] = where;
-  }
   int step0 = 0, bad_steps = 0, bad_in_a_row = 0, good_steps = 0, steps_run = 0, bad_steps_at_start = 0;
   std::string last_checkpoint;
   // Whether weights and AdamW moments are finite on every rank (a collective).
@@ -585,6 +679,18 @@ TrainResult run_training(const TrainOptions& opts) {
   if (!resume_path.empty()) {
     CheckpointMeta meta = read_checkpoint_meta(resume_path, /*verify=*/false);  // verified in setup
     {
+      // The experts' places first (the tensors are loaded by name into them): kept when the EP
+      // group has the size that wrote them; a reshard starts from the contiguous placement.
+      if (D > 1 && meta.parallel.is_object() && meta.parallel.value("ep", 0) == grid.dims.ep &&
+          !meta.expert_placement.empty()) {
+        std::vector<bool> is_moe(cfg.num_hidden_layers);
+        for (int l = 0; l < cfg.num_hidden_layers; ++l) is_moe[l] = cfg.is_moe_layer(l);
+        model.set_placement(balance::Placement::from_json(meta.expert_placement, is_moe, cfg.n_routed_experts,
+                                                          grid.dims.ep, resume_path +
+                                                          "/manifest.json: field \"expert_placement\""));
+        // A moved placement keeps summing in logical order, as the run that moved it did.
+        if (!model.placement().is_contiguous()) ep_ctx.placement_independent_sum = true;
+      }
       HostState h(model, opt, /*copy=*/false, shard);
       load_checkpoint_tensors(resume_path, model.layout(), h.params(), h.m(), h.v());
       h.to_device(model, opt);
@@ -727,44 +833,20 @@ TrainResult run_training(const TrainOptions& opts) {
     const double dt = now_seconds() - t0;
     std::vector<int64_t> bytes;
     for (int c = 0; c < comm::kNumLinkClasses; ++c) bytes.push_back(static_cast<int64_t>(traffic.bytes[c]));
-    if (grid.data.size() > 1 && !flat_loads.empty())
-      grid.data.allreduce_sum(flat_loads.data(), static_cast<int64_t>(flat_loads.size()));
-    if (grid.pp.size() > 1 && !moe_layer_ids.empty()) {
-      std::vector<int64_t> all(moe_layer_ids.size() * cfg.n_routed_experts, 0);
-      std::copy(flat_loads.begin(), flat_loads.end(), all.begin() + moe_before_stage * cfg.n_routed_experts);
-      grid.pp.allreduce_sum(all.data(), static_cast<int64_t>(all.size()));
-      flat_loads = std::move(all);
-    }
+    flat_loads = global_expert_loads(grid, std::move(flat_loads), moe_layer_ids.size() * cfg.n_routed_experts,
+                                     moe_before_stage * cfg.n_routed_experts);
     // Aux-loss-free balancing: the step's global loads move the selection bias (not on a skipped
     // step: its update did not happen either).
     if (score_bias.active() && !skipped) {
       score_bias.update(flat_loads);
       score_bias.apply(model);
     }
+    // Expert parallelism: rank loads, and every --balance.migrate-every steps a migration.
+    const StepBalance balance = balance_step(model, opts, grid, moe_layer_ids, flat_loads, step, skipped,
+                                             {model.params(), opt.m().data(), opt.v().data()},
+                                             root && opts.progress, tty);
     if (grid.world.size() > 1) grid.world.allreduce_sum(bytes.data(), static_cast<int64_t>(bytes.size()));
-    // Per-stage figures: the worst rank of each stage.
-    const int kStat = 7;
-    std::vector<double> mine = {pt.compute_s, pt.wait_s, traffic.seconds, pt.total_s,
-                                static_cast<double>(model.activation_memory().peak()),
-                                static_cast<double>(model.total_memory().peak()),
-                                static_cast<double>(pt.max_in_flight)};
-    std::vector<double> everyone(static_cast<size_t>(kStat) * grid.world.size());
-    if (grid.world.size() > 1)
-      grid.world.allgather(mine.data(), everyone.data(), kStat);
-    else
-      everyone = mine;
-    std::vector<StageStats> stages(grid.dims.pp);
-    for (int r = 0; r < grid.world.size(); ++r) {
-      StageStats& st = stages[parallel::coords_of(grid.dims, r).pp];
-      const double* v = everyone.data() + static_cast<size_t>(r) * kStat;
-      st.compute_s = std::max(st.compute_s, v[0]);
-      st.bubble_s = std::max(st.bubble_s, v[1]);
-      st.a2a_s = std::max(st.a2a_s, v[2]);
-      st.step_s = std::max(st.step_s, v[3]);
-      st.activation_peak_bytes = std::max(st.activation_peak_bytes, v[4]);
-      st.total_peak_bytes = std::max(st.total_peak_bytes, v[5]);
-      st.max_in_flight = std::max(st.max_in_flight, static_cast<int>(v[6]));
-    }
+    const std::vector<StageStats> stages = gather_stage_stats(grid, pt, traffic.seconds, model);
     double t_a2a = 0, bubble = 0;
     for (const StageStats& st : stages) {
       t_a2a = std::max(t_a2a, st.a2a_s);
@@ -826,6 +908,11 @@ TrainResult run_training(const TrainOptions& opts) {
                   {"stages", stages_json},
                   {"expert_loads", loads_json},
                   {"expert_loads_layers", moe_layer_ids}};
+      if (!balance.imbalance.empty()) {  // per MoE layer: tokens per EP rank, and their max/mean
+        rec["rank_loads"] = balance.rank_loads;
+        rec["load_imbalance"] = balance.imbalance;
+      }
+      if (!balance.migration.is_null()) rec["migration"] = balance.migration;
       if (!std::isnan(vl)) rec["val_loss"] = vl;
       // Tokenized data: the held-out loss per byte of text as well, comparable with a byte model's.
       if (!std::isnan(vl) && tokenized && bytes_per_token > 0) rec["val_loss_nats_per_byte"] = vl / bytes_per_token;
@@ -878,7 +965,7 @@ TrainResult run_training(const TrainOptions& opts) {
       meta.bad_steps = bad_steps;
       meta.config = model::config_to_json(cfg);
       meta.parallel = parallel_json;
-      meta.expert_placement = placement_json;
+      meta.expert_placement = model.placement().to_json();
       meta.router_bias = score_bias.to_json();
       HostState h(model, opt, /*copy=*/true, shard);
       last_checkpoint = save_checkpoint(grid.world, ckpt_dir, opts.checkpoint_keep, meta,

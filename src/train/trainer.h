@@ -45,6 +45,10 @@ struct TrainOptions {
   // --balance.bias-rate: gamma of aux-loss-free balancing (topk_method noaux_tc); unset = the
   // config's bias_update_speed (default 1e-3).
   std::optional<float> bias_rate;
+  // Expert migration (train/migration.h): every N steps (0 = never), the layers whose max/mean
+  // EP-rank load exceeds the threshold (> 1) move experts between the ranks of their EP group.
+  int migrate_every = 0;
+  double migrate_threshold = 1.1;
   // Checkpoints (train/checkpoint.h): folder (default <out>/checkpoints), every N steps (0: only
   // at the end and on SIGTERM/SIGINT), how many to keep; resume from "latest" or a folder.
   std::string checkpoint_dir;

@@ -718,7 +718,8 @@ void add_router(std::vector<OpCase>& ops) {
                      IVec idx(w.size(), -1);
                      auto d_scores = dev(scores), d_w = dev(w), d_bias = dev(bias);
                      auto d_idx = dev(idx);
-                     math::RouterScoring hs{true, bias.data(), 2.5f}, ds{true, d_bias.data(), 2.5f};
+                     math::RouterScoring hs{true, bias.data(), 2.5f, {}},
+                         ds{true, d_bias.data(), 2.5f, {}};
                      router_topk(scores.data(), idx.data(), w.data(), s.T, s.E, s.k, s.renorm, hs);
                      cuda::router_topk(d_scores.data(), d_idx.data(), d_w.data(), s.T, s.E, s.k,
                                        s.renorm, ds);
@@ -745,6 +746,30 @@ void add_router(std::vector<OpCase>& ops) {
                                                 s.T / B, 0.01f, ds);
                      c.close("dlogits", host(d_dlogits), dlogits);
                    }});
+    // Group-limited selection (4 groups; enough kept for k): softmax scores the groups by their
+    // max (DeepSeek-V2), sigmoid + bias by their top-2 sum (V3).
+    const int G = s.E / 4, topk_group = std::min(4, std::max(2, (s.k + G - 1) / G));
+    for (bool sig : {false, true}) {
+      ops.push_back({sig ? "router_topk groups sigmoid+bias" : "router_topk groups softmax",
+                     str_cat(shape, " n_group=4 topk_group=", topk_group), 1e-10, [=](Checker& c) {
+                       Rng rng(150 + s.E + sig);
+                       Vec scores = randn(rng, static_cast<size_t>(s.T) * s.E, 2.0),
+                           w(static_cast<size_t>(s.T) * s.k), bias = randn(rng, s.E, 0.5);
+                       IVec idx(w.size(), -1);
+                       auto d_scores = dev(scores), d_w = dev(w), d_bias = dev(bias);
+                       auto d_idx = dev(idx);
+                       const math::GroupLimit groups{4, topk_group, sig};
+                       math::RouterScoring hs{sig, sig ? bias.data() : nullptr, sig ? 2.5f : 1.0f,
+                                              groups},
+                           ds{sig, sig ? d_bias.data() : nullptr, sig ? 2.5f : 1.0f, groups};
+                       router_topk(scores.data(), idx.data(), w.data(), s.T, s.E, s.k, s.renorm, hs);
+                       cuda::router_topk(d_scores.data(), d_idx.data(), d_w.data(), s.T, s.E, s.k,
+                                         s.renorm, ds);
+                       c.same("topk_idx", host(d_idx), idx);
+                       c.close("scores", host(d_scores), scores);
+                       c.close("weights", host(d_w), w);
+                     }});
+    }
   }
 }
 

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
@@ -565,8 +566,80 @@ Pairs topk_pairs(Rng rng, int T, int k, int n, int experts_per_rank) {
   return P;
 }
 
+// The fold key (plan's fold_key, used by expert migration): whichever ranks hold the experts, and
+// whichever algorithm moves the rows, reduce sums each token's expert outputs in key order, so the
+// result is the same bits as the naive left fold in expert order at the source.
+void test_keyed_fold(const Group& g, const Topology& topo) {
+  const int n = g.size(), me = g.rank(), per = 3, E = per * n, k = 4, T = 24, H = 5;
+  // Each token's k distinct experts, in ascending order (the layout order of the model).
+  Rng rng = derive_rng(11, me);
+  std::vector<std::vector<int>> experts(T);
+  for (int t = 0; t < T; ++t) {
+    while (static_cast<int>(experts[t].size()) < std::min(k, E)) {
+      const int e = static_cast<int>(rng.below(E));
+      if (std::find(experts[t].begin(), experts[t].end(), e) == experts[t].end()) experts[t].push_back(e);
+    }
+    std::sort(experts[t].begin(), experts[t].end());
+  }
+  // An expert's output for token t of rank s: values whose sum depends on the order of addition.
+  auto out = [](int s, int t, int e, int h) {
+    return static_cast<float>(std::sin(1.0 + s * 977 + t * 131 + e * 17 + h) * std::pow(10.0, (e * 7 + h) % 9 - 4));
+  };
+  // Placements: contiguous, and every rank's experts shuffled over the ranks (the same on all).
+  std::vector<int> identity(E), shuffled(E);
+  for (int e = 0; e < E; ++e) identity[e] = e / per;
+  std::vector<int> perm(E);
+  std::iota(perm.begin(), perm.end(), 0);
+  Rng shared = derive_rng(12, 0);
+  for (int i = E - 1; i > 0; --i) std::swap(perm[i], perm[shared.below(i + 1)]);
+  for (int e = 0; e < E; ++e) shuffled[perm[e]] = e / per;
+  std::vector<float> want(static_cast<size_t>(T) * H, 0.0f);
+  for (int t = 0; t < T; ++t)
+    for (int e : experts[t])
+      for (int h = 0; h < H; ++h) want[t * H + h] = want[t * H + h] + out(me, t, e, h);
+  for (const auto* where : {&identity, &shuffled}) {
+    // Pairs in layout order (expert, then token) regrouped by destination rank, stable.
+    std::vector<std::pair<int, int>> layout;  // (expert, token)
+    for (int t = 0; t < T; ++t)
+      for (int e : experts[t]) layout.push_back({e, t});
+    std::sort(layout.begin(), layout.end());
+    std::vector<int> order(layout.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return (*where)[layout[a].first] < (*where)[layout[b].first]; });
+    std::vector<int32_t> src_row, dst, tag, key;
+    std::vector<float> val;
+    for (int q : order) {
+      src_row.push_back(layout[q].second);
+      dst.push_back((*where)[layout[q].first]);
+      tag.push_back(layout[q].first);
+      key.push_back(q);
+      val.push_back(1.0f);
+    }
+    for (int a = 0; a < 3; ++a) {
+      TokenExchange ex(g, topo, parse_a2a_algorithm(kAlgos[a]), nullptr);
+      ExchangePlan plan = ex.plan(T, static_cast<int>(src_row.size()), src_row.data(), dst.data(), tag.data(),
+                                  val.data(), key.data());
+      // Which (source, token) each received pair is: stamped rows through the multicast.
+      std::vector<float> stamp(T), got(plan.num_recv);
+      for (int t = 0; t < T; ++t) stamp[t] = static_cast<float>(t);
+      ex.multicast(plan, stamp.data(), got.data(), 1);
+      std::vector<float> rows(static_cast<size_t>(plan.num_recv) * H);
+      for (int i = 0; i < plan.num_recv; ++i)
+        for (int h = 0; h < H; ++h)
+          rows[i * H + h] = out(plan.recv_src_rank[i], static_cast<int>(got[i]), plan.recv_tag[i], h);
+      std::vector<float> dst_rows(static_cast<size_t>(T) * H, 0.0f);
+      ex.reduce(plan, rows.data(), dst_rows.data(), H);
+      CHECK(std::memcmp(dst_rows.data(), want.data(), want.size() * sizeof(float)) == 0, "keyed fold (",
+            kAlgos[a], where == &identity ? ", contiguous" : ", shuffled", " placement, group rank ", me,
+            "): reduce is not the left fold in expert order");
+    }
+  }
+}
+
 void test_exchange(const Group& world, const Topology& topo) {
   const int n = world.size(), r = world.rank();
+  test_keyed_fold(world, topo);
 
   // uniform top-k, enough rows that every rank has rows for every node
   run_scenario("uniform", world, topo, topk_pairs(derive_rng(1, r), 64, 4, n, 4), 16, true);

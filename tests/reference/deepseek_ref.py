@@ -129,6 +129,8 @@ class Config:
         self.scoring_func = d.get("scoring_func", "softmax")
         self.topk_method = d.get("topk_method", "greedy")
         self.routed_scaling_factor = float(d.get("routed_scaling_factor", 1.0))
+        self.n_group = int(d.get("n_group") or 1)
+        self.topk_group = int(d.get("topk_group") or 1)
         self.bias_update_speed = float(d.get("bias_update_speed", 1e-3))
         self.aux_loss_alpha = float(d.get("aux_loss_alpha", 0.001))
         self.seq_aux = bool(d.get("seq_aux", True))
@@ -141,9 +143,17 @@ class Config:
                             f"num_attention_heads {self.num_heads}")
         if self.num_kv_heads != self.num_heads:
             problems.append("num_key_value_heads != num_attention_heads is not supported")
-        if (self.scoring_func, self.topk_method) not in (("softmax", "greedy"), ("sigmoid", "noaux_tc")):
+        if (self.scoring_func, self.topk_method) not in (
+                ("softmax", "greedy"), ("softmax", "group_limited_greedy"), ("sigmoid", "noaux_tc")):
             problems.append(f"scoring_func {self.scoring_func!r} with topk_method {self.topk_method!r} "
-                            "is not supported (softmax + greedy, or sigmoid + noaux_tc)")
+                            "is not supported (softmax + greedy or group_limited_greedy, "
+                            "or sigmoid + noaux_tc)")
+        if self.n_group > 1 and self.topk_method == "greedy":
+            problems.append(f"n_group {self.n_group} with topk_method 'greedy'")
+        if self.n_group > 1 and (int(self.n_routed_experts) % self.n_group
+                                 or not 1 <= self.topk_group <= self.n_group):
+            problems.append(f"n_group {self.n_group} / topk_group {self.topk_group} do not fit "
+                            f"n_routed_experts {self.n_routed_experts}")
         if self.tie_word_embeddings:
             problems.append("tie_word_embeddings = true is not supported")
         if d.get("rope_scaling"):
@@ -237,12 +247,37 @@ def bias_name(p):
     return p + "gate.e_score_correction_bias"
 
 
+def group_limit(choice, cfg, diag, name):
+    """Group-limited routing, the torch way (HF modeling_deepseek MoEGate, DeepSeek-V2's
+    group_limited_greedy and V3's noaux_tc): the experts form n_group groups of consecutive experts;
+    a group's score is its max choice value (V2) or the sum of its top-2 (V3); the token keeps its
+    topk_group best groups. Returns choice [N, E] with the other groups' experts at -inf (DeepSeek-V3's
+    inference code; HF's remote code fills 0.0, the same whenever the kept values are >= 0)."""
+    if cfg.n_group <= 1:
+        return choice
+    N, E = choice.shape
+    grouped = choice.view(N, cfg.n_group, E // cfg.n_group)
+    if cfg.topk_method == "noaux_tc":
+        group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)  # [N, n_group]
+    else:
+        group_scores = grouped.max(dim=-1).values
+    group_idx = torch.topk(group_scores, k=cfg.topk_group, dim=-1, sorted=False)[1]
+    if cfg.topk_group < cfg.n_group:  # a near-tie between groups can flip routing too
+        top = torch.topk(group_scores, cfg.topk_group + 1, dim=-1).values
+        diag["margins"].append((name + " groups", float((top[:, -2] - top[:, -1]).min())))
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1.0)
+    score_mask = group_mask.unsqueeze(-1).expand(N, cfg.n_group, E // cfg.n_group).reshape(N, E)
+    return choice.masked_fill(~score_mask.bool(), float("-inf"))
+
+
 def moe(x, P, p, cfg, diag, biases=None, loads=None):
-    """Returns (y [B,T,H], aux loss scalar). diag collects the top-k routing margin per layer.
+    """Returns (y [B,T,H], aux loss scalar). diag["margins"] collects the top-k routing margin per
+    layer, diag["rerouted"] how many tokens the group limit gave other experts.
     noaux_tc (DeepSeek-V3 MoEGate): scores = sigmoid(logits); the experts are the top-k of
     scores + e_score_correction_bias (biases[bias_name(p)], no gradient); the gate values are the
-    chosen unbiased scores, renormalised if norm_topk_prob, times routed_scaling_factor. loads, if
-    given, collects this layer's per-expert pair counts [E]."""
+    chosen unbiased scores, renormalised if norm_topk_prob, times routed_scaling_factor. With
+    n_group > 1 the choice is limited to each token's topk_group best groups (group_limit). loads,
+    if given, collects this layer's per-expert pair counts [E]."""
     B, T, H = x.shape
     E, k = int(cfg.n_routed_experts), cfg.top_k
     xf = x.reshape(B * T, H)
@@ -253,18 +288,26 @@ def moe(x, P, p, cfg, diag, biases=None, loads=None):
                              "(an exported model does not carry it yet)")
         scores = logits.sigmoid()
         choice = scores.detach() + biases[bias_name(p)].to(scores.dtype).unsqueeze(0)
-        _, topk_idx = torch.topk(choice, k, dim=-1, sorted=True)
-        topk_w = scores.gather(1, topk_idx)
     else:
         scores = logits.softmax(dim=-1)
         choice = scores.detach()
-        topk_w, topk_idx = torch.topk(scores, k, dim=-1, sorted=True)  # [N, k]
+    limited = group_limit(choice, cfg, diag, p + "gate")
+    _, topk_idx = torch.topk(limited, k, dim=-1, sorted=True)  # [N, k]
+    topk_w = scores.gather(1, topk_idx)
     if k < E:  # how close the k-th choice came to losing its place (a near-tie can flip routing)
-        top = torch.topk(choice, k + 1, dim=-1).values
-        diag.append((p + "gate", float((top[:, k - 1] - top[:, k]).min())))
+        top = torch.topk(limited, k + 1, dim=-1).values
+        diag["margins"].append((p + "gate", float((top[:, k - 1] - top[:, k]).min())))
+    if cfg.n_group > 1:  # tokens whose experts the group limit changed (none: it went untested)
+        free = torch.topk(choice, k, dim=-1).indices.sort(dim=-1).values
+        moved = int((free != topk_idx.sort(dim=-1).values).any(dim=-1).sum())
+        diag["rerouted"].append((p + "gate", moved, B * T))
+    # routed_scaling_factor: V3 (noaux_tc) scales always; V2 (softmax) only weights it does not
+    # renormalise (HF modeling_deepseek's if/else); V1 configs have no factor (1.0).
     if k > 1 and cfg.norm_topk_prob:
         topk_w = topk_w / (topk_w.sum(dim=-1, keepdim=True) + 1e-20)
-    if cfg.topk_method == "noaux_tc":
+        if cfg.topk_method == "noaux_tc":
+            topk_w = topk_w * cfg.routed_scaling_factor
+    else:
         topk_w = topk_w * cfg.routed_scaling_factor
     if loads is not None:
         loads[bias_name(p)] = torch.bincount(topk_idx.reshape(-1), minlength=E)
@@ -306,7 +349,7 @@ def forward(P, cfg, tokens, biases=None, loads=None):
     eps = cfg.rms_norm_eps
     x = F.embedding(inputs, P["model.embed_tokens.weight"])
     aux_total = torch.zeros((), dtype=x.dtype)
-    diag = []
+    diag = {"margins": [], "rerouted": []}
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         h = x + attention(rmsnorm(x, P[p + "input_layernorm.weight"], eps), P, p + "self_attn.", cfg)
@@ -499,7 +542,11 @@ def main(argv=None):
 
     # One forward/backward on "tokens".
     P = make_params(weights, names, dtype)
-    logits, loss, ce, aux, margins = forward(P, cfg, tokens, biases)
+    logits, loss, ce, aux, diag = forward(P, cfg, tokens, biases)
+    for name, moved, total in diag["rerouted"]:
+        if moved == 0:
+            rep.fail(name, f"the group limit changed no token's experts (of {total}): "
+                     "the group-limited path went untested")
     grads = torch.autograd.grad(loss, [P[n] for n in names], allow_unused=True)
     rep.compare("logits", expected.get("logits"), logits)
     rep.compare("loss", expected.get("loss"), loss.reshape(1))
@@ -551,9 +598,11 @@ def main(argv=None):
           f"{float(expected['loss'][0]) if 'loss' in expected else float('nan'):.7f}")
     if ref_losses is not None:
         print("train losses (torch): " + " ".join(f"{v:.5f}" for v in ref_losses))
-    for name, m in margins:
+    for name, m in diag["margins"]:
         warn = "  <- near-tie: routing may legitimately differ" if m < 1e-5 else ""
         print(f"routing margin (k-th minus (k+1)-th score, min over tokens) {name}: {m:.3e}{warn}")
+    for name, moved, total in diag["rerouted"]:
+        print(f"group limit {name}: {moved} of {total} tokens routed to other experts than plain top-k")
     passed, failed = rep.counts()
     print(f"torch reference: {passed} checks passed, {failed} failed")
     return 0 if failed == 0 else 1
