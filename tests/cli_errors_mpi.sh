@@ -52,6 +52,18 @@ expect all-steps-skipped 2 'every step of this run was skipped (2 non-finite' --
 expect bad-steps-in-a-row 4 '2 non-finite steps in a row (--max-bad-steps 2)' --ep 2 --pp 2 --steps 4 \
   --fault.nan-steps 2,3 --max-bad-steps 2
 expect final-weights-not-finite 2 'the final weights are not finite' --pp 2 --fault.inf-weight-steps 1
+# A checkpoint whose expert placement is damaged (expert 0 twice, expert 1 nowhere): the resume on the
+# EP size that wrote it refuses it in setup, naming the field, the layer and the expert.
+timeout 60 mpirun --oversubscribe --bind-to none -np 2 "$bin" train --steps 2 --quiet --preset test-moe \
+  --seq-len 16 --batch 2 --data "$corpus" --ep 2 --out "$dir/ep2run" >/dev/null 2>&1
+/usr/bin/python3 - "$dir/ep2run/checkpoints/step-2/manifest.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+m["expert_placement"]["1"][0][1] = 0
+open(sys.argv[1], "w").write(json.dumps(m))
+PY
+expect bad-expert-placement 2 'manifest.json: field "expert_placement", layer 1: expert 0 is placed twice' \
+  --ep 2 --steps 4 --resume "$dir/ep2run/checkpoints/step-2"
 # export is one process: under mpirun it refuses (once), instead of every rank writing one folder.
 out="$(timeout 60 mpirun --oversubscribe --bind-to none -np 2 "$bin" export "$dir/nockpt" "$dir/exp" 2>&1)"
 rc=$?

@@ -300,6 +300,19 @@ void save_full_weights(const model::Model& model, const model::ModelConfig& cfg,
   w.write(path);
 }
 
+// The expert placement a resume restores: the checkpoint's, when it was written by an EP group of
+// this size (another size reshards from the contiguous placement: none). Errors name the field.
+std::optional<balance::Placement> restored_placement(const CheckpointMeta& meta, const model::ModelConfig& cfg,
+                                                     int ep, const std::string& path) {
+  const json& p = meta.parallel;
+  const bool same_ep = p.is_object() && p.contains("ep") && p["ep"].is_number_integer() && p["ep"] == ep;
+  if (ep <= 1 || !same_ep || meta.expert_placement.empty()) return std::nullopt;
+  std::vector<bool> is_moe(cfg.num_hidden_layers);
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) is_moe[l] = cfg.is_moe_layer(l);
+  return balance::Placement::from_json(meta.expert_placement, is_moe, cfg.n_routed_experts, ep,
+                                       path + "/manifest.json: field \"expert_placement\"");
+}
+
 // Per-stage figures of a step: the worst rank of each stage (collective over the world).
 std::vector<StageStats> gather_stage_stats(const parallel::Grid& grid, const parallel::PipelineTimes& pt,
                                            double a2a_seconds, model::Model& model) {
@@ -517,6 +530,7 @@ TrainResult run_training(const TrainOptions& opts) {
                   value.dump(), ")");
       MOE_CHECK(meta.step <= opts.steps, resume_path, ": checkpoint is at step ", meta.step,
                 ", beyond --steps ", opts.steps);
+      static_cast<void>(restored_placement(meta, cfg, opts.dims.ep, resume_path));  // checked before any output
     }
   } catch (const std::bad_alloc&) {
     setup_error = "out of memory during setup (std::bad_alloc): the memory estimate fitted, the machine did not";
@@ -681,13 +695,8 @@ TrainResult run_training(const TrainOptions& opts) {
     {
       // The experts' places first (the tensors are loaded by name into them): kept when the EP
       // group has the size that wrote them; a reshard starts from the contiguous placement.
-      if (D > 1 && meta.parallel.is_object() && meta.parallel.value("ep", 0) == grid.dims.ep &&
-          !meta.expert_placement.empty()) {
-        std::vector<bool> is_moe(cfg.num_hidden_layers);
-        for (int l = 0; l < cfg.num_hidden_layers; ++l) is_moe[l] = cfg.is_moe_layer(l);
-        model.set_placement(balance::Placement::from_json(meta.expert_placement, is_moe, cfg.n_routed_experts,
-                                                          grid.dims.ep, resume_path +
-                                                          "/manifest.json: field \"expert_placement\""));
+      if (std::optional<balance::Placement> p = restored_placement(meta, cfg, grid.dims.ep, resume_path)) {
+        model.set_placement(*p);
         // A moved placement keeps summing in logical order, as the run that moved it did.
         if (!model.placement().is_contiguous()) ep_ctx.placement_independent_sum = true;
       }
