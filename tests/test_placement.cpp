@@ -6,6 +6,7 @@
 #include <functional>
 #include <numeric>
 
+#include "test_util.h"
 #include "balance/placement.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -19,14 +20,7 @@ using balance::Placement;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_util::error_of;
 
 TEST(Placement, ContiguousIsTheOldFormula) {
   const LayerPlacement p = LayerPlacement::contiguous(12, 4);

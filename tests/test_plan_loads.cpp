@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "test_util.h"
 #include "core/error.h"
 #include "plan/cluster.h"
 #include "plan/plan_model.h"
@@ -25,14 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_util::error_of;
 
 // A metrics.jsonl of `steps` identical steps whose every MoE layer has `loads`.
 plan::RoutingStats loads_file(const std::string& name, const std::vector<double>& loads, int layers = 3,

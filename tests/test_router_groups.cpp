@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "test_util.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/config.h"
@@ -40,14 +41,7 @@ Vec randn(size_t n, uint64_t seed, float stddev) {
   return v;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_util::error_of;
 
 // Indices [0, n) sorted by value descending, ties to the lower index.
 IVec ranked(const std::vector<float>& value) {
