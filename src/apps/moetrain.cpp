@@ -244,6 +244,7 @@ int run_a2a_bench_cli(int* argc, char*** argv, A2aCli& a) {
 int main(int argc, char** argv) {
   // A file-size limit (ulimit -f) must make a write fail with an error we report, not kill us.
   std::signal(SIGXFSZ, SIG_IGN);
+  kernels::ensure_blas_kernels(argv);  // may re-execute this program with OPENBLAS_CORETYPE set
   CLI::App app{"moetrain: train DeepSeek-style Mixture-of-Experts models"};
   app.require_subcommand(0, 1);
   train::TrainOptions train_opts;

@@ -3,8 +3,14 @@
 
 #include <cblas.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -45,6 +51,50 @@ void linear_backward(float* dx, float* dw, const float* dy, const float* x, cons
   if (dx) gemm(false, false, T, in, out, 1.0f, dy, 0, w, 0, 1.0f, dx, 0);
   // dw[out,in] += dy^T[out,T] · x[T,in]
   if (dw) gemm(true, false, out, in, T, 1.0f, dy, 0, x, 0, 1.0f, dw, 0);
+}
+
+namespace {
+// Set (to "1") in the environment of the re-executed program, so that it never loops.
+constexpr const char* kReexecMark = "MOETRAIN_BLAS_CORE_SET";
+
+// The OpenBLAS cores without AVX2 kernels: the generic fallback and older microarchitectures.
+bool is_pre_avx2_core(const char* core) {
+  static const char* const kOld[] = {"prescott", "core2", "penryn", "dunnington", "nehalem",
+                                     "atom", "sandybridge", "katmai", "coppermine", "northwood",
+                                     "banias", "opteron", "barcelona", "bobcat", "bulldozer",
+                                     "piledriver", "steamroller", "excavator"};
+  for (const char* old : kOld)
+    if (strcasecmp(core, old) == 0) return true;
+  return false;
+}
+}  // namespace
+
+void ensure_blas_kernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv(kReexecMark) != nullptr) return;
+  const char* core = openblas_get_corename();
+  if (core == nullptr || !is_pre_avx2_core(core)) return;
+  const char* want = nullptr;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    want = "SkylakeX";
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    want = "Haswell";
+  if (want == nullptr) return;
+  setenv("OPENBLAS_CORETYPE", want, 1);
+  setenv(kReexecMark, "1", 1);
+  execv("/proc/self/exe", argv);
+  // No /proc (or no permission): run on with the slow kernels, and say so once.
+  std::fprintf(stderr, "moetrain: warning: OpenBLAS chose its generic '%s' kernels for this CPU and "
+               "re-executing with OPENBLAS_CORETYPE=%s failed (%s); set it in the environment\n",
+               core, want, std::strerror(errno));
+  unsetenv("OPENBLAS_CORETYPE");
+}
+
+std::string blas_core_description() {
+  const char* core = openblas_get_corename();
+  std::string s = core != nullptr ? core : "unknown";
+  if (std::getenv(kReexecMark) != nullptr) s += " (set by moetrain)";
+  return s;
 }
 
 void set_blas_threads(int n) {

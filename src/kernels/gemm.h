@@ -4,6 +4,7 @@
 // so residual branches and micro-batch accumulation need no copies. Callers zero them.
 #pragma once
 #include <cstddef>
+#include <string>
 
 namespace moe::kernels {
 
@@ -18,6 +19,17 @@ void linear_forward(float* y, const float* x, const float* w, int T, int in, int
 // dx[T,in] += dy · w ; dw[out,in] += dy^T · x. Either output may be nullptr to skip it.
 void linear_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, int T,
                      int in, int out);
+
+// OpenBLAS picks its kernels from the CPU model at load time; a CPU whose model it does not know
+// (a virtual machine reporting "Intel(R) Xeon(R) Processor", say) gets its generic x86-64 kernels
+// (core "Prescott"), about 5x slower than the AVX-512 ones on the same core. Called first thing
+// in main: when OPENBLAS_CORETYPE is unset, OpenBLAS chose a pre-AVX2 core and the CPU has AVX2
+// (Haswell kernels) or AVX-512 (SkylakeX kernels), it sets OPENBLAS_CORETYPE and re-executes the
+// program (same pid, same arguments; OpenBLAS reads the variable only when it loads). Returns
+// normally otherwise. An explicit OPENBLAS_CORETYPE (scripts/golden.sh pins Prescott) is kept.
+void ensure_blas_kernels(char** argv);
+// The OpenBLAS core in use (e.g. "SkylakeX") and, when moetrain chose it, " (set by moetrain)".
+std::string blas_core_description();
 
 // Sets the BLAS thread count (OpenBLAS); 1 is the project default (one thread per rank).
 void set_blas_threads(int n);

@@ -734,13 +734,15 @@ TrainResult run_training(const TrainOptions& opts) {
     std::fprintf(stderr,
                  "moetrain: %s, %.2fM params (%.2fM active), %d layers, E=%d k=%d, global batch "
                  "%dx%d in %d micro-batch(es), %d steps, %d rank(s) [%s, layers %s, %s, a2a %s, "
-                 "recompute %s, %s], %d BLAS thread(s) per rank, peak %.1f GFLOP/s per rank\n",
+                 "recompute %s, %s], %d BLAS thread(s) per rank (%s), peak %.1f GFLOP/s per rank\n",
                  opts.config_path.empty() ? opts.preset.c_str() : opts.config_path.c_str(),
                  pc.total / 1e6, pc.active / 1e6, cfg.num_hidden_layers, cfg.n_routed_experts,
                  cfg.num_experts_per_tok, B_global, T, M, opts.steps, grid.world.size(),
                  grid.dims.describe().c_str(), split.c_str(), parallel::schedule_name(schedule),
                  comm::a2a_algorithm_name(algo), opts.recompute.c_str(),
-                 grid.topo.describe().c_str(), opts.threads, res.peak_gflops);
+                 grid.topo.describe().c_str(), opts.threads,
+                 opts.device == "cuda" ? "cuBLAS" : ("OpenBLAS " + kernels::blas_core_description()).c_str(),
+                 res.peak_gflops);
   }
 
   std::vector<model::Model::MicroBatchPtr> mbs;
