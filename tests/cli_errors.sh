@@ -378,6 +378,13 @@ expect generate-temperature-negative '`generate --temperature -0.5`' \
 expect generate-temperature-nan '`generate --temperature nan`' \
   '--temperature must be a finite number >= 0 (0 = greedy), got nan' generate "$dir/genmodel" --prompt x --temperature nan
 expect generate-tokens-negative '`generate --tokens -3`' '--tokens must be >= 0, got -3' generate "$dir/genmodel" --prompt x --tokens -3
+expect eval-seq-len-too-long '`eval` with --seq-len beyond max_position_embeddings (8)' \
+  '--seq-len 16 exceeds the model'"'"'s max_position_embeddings 8' eval "$dir/genmodel" --seq-len 16
+expect eval-no-model '`eval` of a folder that does not exist' \
+  'no such folder' eval "$dir/no-such-model"
+expect eval-batch-zero '`eval --batch 0`' '--batch must be in [1, 1048576], got 0' eval "$dir/genmodel" --batch 0
+expect eval-data-missing '`eval --data` of a file that does not exist' \
+  "$dir/no-such.txt" eval "$dir/genmodel" --seq-len 4 --data "$dir/no-such.txt"
 expect generate-prompt-empty '`generate --prompt ""`' '--prompt is empty' generate "$dir/genmodel" --prompt ""
 expect generate-no-model '`generate` from a folder that does not exist' \
   'nomodel: no such folder' generate "$dir/nomodel" --prompt x

@@ -16,4 +16,16 @@ test -f "$work/hf-sharded/model.safetensors.index.json"
 "$tool" "$ckpt" "$work/batch.safetensors"
 "$py" "$here/reference/eval_hf.py" "$work/hf" "$work/batch.safetensors"
 "$py" "$here/reference/eval_hf.py" "$work/hf-sharded" "$work/batch.safetensors"
-echo "2 passed, 0 failed"
+# moetrain eval scores the exported folder on the trainer's own held-out windows (global batch
+# 4 x EP 2): its figure is the run's final val_loss, and PyTorch recomputes it from the export.
+"$bin" eval "$work/hf" --data "$corpus" --batch 8 --seq-len 32 --dump "$work/val.safetensors" | tee "$work/eval.txt"
+"$py" - "$work/run/metrics.jsonl" "$work/eval.txt" <<'PY'
+import json, re, sys
+val = [json.loads(l)["val_loss"] for l in open(sys.argv[1]) if "val_loss" in json.loads(l)][-1]
+got = float(re.search(r"held-out loss ([0-9.]+)", open(sys.argv[2]).read()).group(1))
+err = abs(got - val) / val
+print(f"eval {got:.6f} vs the run's final val_loss {val:.6f}: relative {err:.1e}")
+sys.exit(0 if err <= 1e-6 else 1)
+PY
+"$py" "$here/reference/eval_hf.py" "$work/hf" "$work/val.safetensors"
+echo "4 passed, 0 failed"

@@ -24,6 +24,7 @@
 #include "apps/inspect_cmd.h"
 #include "apps/report_cmd.h"
 #include "apps/generate_cmd.h"
+#include "apps/eval_cmd.h"
 #include "apps/tokenize_cmd.h"
 
 using namespace moe;
@@ -264,6 +265,8 @@ int main(int argc, char** argv) {
   apps::add_inspect_command(app, inspect_cli);
   apps::GenerateCli generate_cli;
   apps::add_generate_command(app, generate_cli);
+  apps::EvalCli eval_cli;
+  apps::add_eval_command(app, eval_cli);
   apps::TokenizeCli tokenize_cli;
   apps::add_tokenize_command(app, tokenize_cli);
   std::string export_ckpt, export_out;
@@ -287,6 +290,7 @@ int main(int argc, char** argv) {
     if (int rc = apps::run_report_command(app, report_cli); rc >= 0) return rc;
     if (int rc = apps::run_inspect_command(app, inspect_cli); rc >= 0) return rc;
     if (int rc = apps::run_generate_command(app, generate_cli); rc >= 0) return rc;
+    if (int rc = apps::run_eval_command(app, eval_cli); rc >= 0) return rc;
     if (int rc = apps::run_tokenize_command(app, tokenize_cli); rc >= 0) return rc;
     if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("a2a"))
       return run_a2a_bench_cli(&argc, &argv, a2a_cli);

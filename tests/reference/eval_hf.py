@@ -2,7 +2,9 @@
 
 Usage: eval_hf.py HF_DIR BATCH.safetensors  -- loads config.json and model.safetensors (or the
 shards named by model.safetensors.index.json), computes the loss of BATCH's "tokens" and compares
-it with BATCH's "loss" (written by the C++ side from the checkpoint); relative error <= 1e-5.
+it with BATCH's "loss" (total, written by tests/tool_eval_loss from a checkpoint) or "ce" (the
+mean cross-entropy over every window, written by `moetrain eval --dump`: the trainer's held-out
+figure); relative error <= 1e-5.
 """
 import json
 import os
@@ -39,8 +41,15 @@ def main():
         return 1
     batch = load_safetensors(batch_path)[0]
     with torch.no_grad():
-        _, loss, _, _, _ = forward(weights, cfg, batch["tokens"])
-    want = float(batch["loss"][0])
+        if "ce" in batch:  # every window has T targets: the mean over windows is the mean over tokens
+            tokens = batch["tokens"]
+            ces = [forward(weights, cfg, tokens[i:i + 16])[2] for i in range(0, tokens.shape[0], 16)]
+            sizes = [min(16, tokens.shape[0] - i) for i in range(0, tokens.shape[0], 16)]
+            loss = sum(float(c) * n for c, n in zip(ces, sizes)) / tokens.shape[0]
+            want = float(batch["ce"][0])
+        else:
+            _, loss, _, _, _ = forward(weights, cfg, batch["tokens"])
+            want = float(batch["loss"][0])
     err = abs(float(loss) - want) / abs(want)
     ok = err <= 1e-5
     print(f"{d}: torch loss {float(loss):.7f}, C++ {want:.7f}, relative error {err:.2e} "
