@@ -340,13 +340,20 @@ std::string format_breakdown(const MoeBenchResult& r) {
 std::string format_moe_bench_table(const MoeBenchResult& r) {
   const MoeBenchOptions& o = r.opts;
   std::ostringstream os;
+  std::string sizes = std::to_string(r.blas_n);  // CUDA: one size; the CPU peak: best of several
+  if (o.device != Device::kCuda) {
+    sizes.clear();
+    for (int n : kernels::peak_sizes()) sizes += (sizes.empty() ? "" : ",") + std::to_string(n);
+  }
   char line[320];
   std::snprintf(line, sizeof line,
                 "# moe-layer  T=%d H=%d E=%d k=%d F=%d shared=%d  padded cf=%.2f  device %s %s  "
-                "%s %d^3: %.1f GFLOP/s\n",
+                "%s %s^3: %.1f GFLOP/s\n",
                 o.tokens, o.hidden, o.experts, o.topk, o.ffn, o.shared, o.capacity_factor,
                 device_name(o.device), o.bf16 ? "bf16" : "fp32",
-                o.device == Device::kCuda ? "cuBLAS" : "BLAS", r.blas_n, r.blas_gflops_1024);
+                o.device == Device::kCuda ? "cuBLAS" : "BLAS fp32 peak, best of",
+                sizes.c_str(),
+                r.blas_gflops_1024);
   os << line;
   std::snprintf(line, sizeof line, "%-13s %9s %9s %9s %10s %9s %9s %7s %7s %10s %8s %8s %7s\n",
                 "path", "fwd(ms)", "bwd(ms)", "total(ms)", "expert(ms)", "GF/s", "GF/s-exp",
@@ -387,7 +394,8 @@ std::string moe_bench_json(const MoeBenchResult& r) {
                   {"shared", o.shared},       {"warmup", o.warmup},
                   {"iters", o.iters},         {"seed", o.seed},
                   {"device", device_name(o.device)}, {"precision", o.bf16 ? "bf16" : "fp32"}};
-  j["blas_n"] = r.blas_n;
+  j["blas_n"] = r.blas_n;  // CPU: the largest of the peak's sizes (kernels/peak_rate.h)
+  j["peak_precision"] = o.device == Device::kCuda && o.bf16 ? "bf16" : "fp32";
   j["blas_gflops_1024"] = r.blas_gflops_1024;
   j["rows"] = nlohmann::json::array();
   for (const MoeBenchRow& row : r.rows) {

@@ -818,7 +818,8 @@ TrainResult run_training(const TrainOptions& opts) {
     double t_sync = 0, t_opt = 0;
     traffic.reset();
     mixture::MoeStepTimes moe_times;
-    const MoeStepRecorder moe_recorder(opts.profile ? &moe_times : nullptr);
+    std::optional<MoeStepRecorder> moe_recorder;  // forward and backward only (not validation)
+    if (opts.profile) moe_recorder.emplace(&moe_times);
     const double t0 = now_seconds();
     // Every rank draws the same global batch and keeps its share, so any layout sees the same
     // data as one process.
@@ -845,6 +846,7 @@ TrainResult run_training(const TrainOptions& opts) {
     const size_t act_floats = static_cast<size_t>(Bm) * T * cfg.hidden_size;
     parallel::PipelineTimes pt = parallel::run_pipeline(grid.pp, schedule, M, act_floats, cb, &pipe_mem,
                                                        device);
+    moe_recorder.reset();
     {
       ScopedTimer t(t_sync);
       if (shard.sharded())
