@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/timer.h"
 #include "kernels/peak_rate.h"
 
 namespace {
@@ -24,7 +25,7 @@ TEST(PeakRate, BestOfRunsIsTheFastestRunAtEverySize) {
     const bool fast = c == 2;  // call 0 is the untimed one
     std::this_thread::sleep_for(std::chrono::milliseconds(fast ? 2 : 30));
   };
-  const double best = best_gemm_gflops(product, {100, 200}, 4);
+  const double best = best_gemm_gflops(product, {100, 200}, 4, moe::now_seconds);
   EXPECT_EQ(calls[100], 5);
   EXPECT_EQ(calls[200], 5);
   const double fastest = 2.0 * 200 * 200 * 200 / 2e-3 * 1e-9;  // 200³ in 2 ms: 8 GFLOP/s
@@ -41,7 +42,17 @@ TEST(PeakRate, Fp32MeasuresAndOtherPrecisionsAreRefused) {
   } catch (const moe::Error& e) {
     EXPECT_NE(std::string(e.what()).find("'fp8'"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(best_gemm_gflops([](int) {}, {}, 3), moe::Error);
+  EXPECT_THROW(best_gemm_gflops([](int) {}, {}, 3, moe::now_seconds), moe::Error);
+}
+
+TEST(PeakRate, ThreadCpuTimeDoesNotCountWaiting) {
+  // A preempted (here: sleeping) thread is not charged for the wait: what keeps the peak steady
+  // on a shared machine.
+  const double t0 = moe::kernels::thread_cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const double slept = moe::kernels::thread_cpu_seconds() - t0;
+  EXPECT_GE(slept, 0.0);
+  EXPECT_LT(slept, 0.025);
 }
 
 }  // namespace
