@@ -60,6 +60,13 @@ def main():
     gate = param(E, H)
     wg, wu, wd = param(E, F, H), param(E, F, H), param(E, H, F)
     grouped = hasattr(torch, "_grouped_mm") and dev.type == "cuda" and dt == torch.bfloat16
+    # The loop path keeps one leaf tensor per expert, as a PyTorch MoE holds its experts (HF's
+    # nn.ModuleList, Megatron's SequentialMLP). Indexing the stacked [E,F,H] tensor instead makes
+    # autograd build a full-size zero gradient for every wg[e] (select_backward): E x 3 stacks of
+    # E*F*H floats zeroed per step, most of the step at E64 and slower than any MoE layer is.
+    if not grouped:
+        experts = [[w[e].detach().clone().requires_grad_(True) for e in range(E)] for w in (wg, wu, wd)]
+    leaves = (x, gate, wg, wu, wd) if grouped else (x, gate, *experts[0], *experts[1], *experts[2])
 
     def layer():
         # router in fp32 (as moetrain), experts in dt
@@ -76,12 +83,15 @@ def main():
             hh = torch.nn.functional.silu(gg) * uu
             out_rows = torch._grouped_mm(hh, wd.to(dt).transpose(1, 2), offs=offs)
         else:
-            outs, start = [], 0
-            for e, n in enumerate(counts.tolist()):
-                r = rows[start:start + n]
-                start += n
-                h = torch.nn.functional.silu(r @ wg[e].to(dt).t()) * (r @ wu[e].to(dt).t())
-                outs.append(h @ wd[e].to(dt).t())
+            # split, not a slice per expert: a slice's backward zero-fills a gradient the size of
+            # all rows for each expert (E fills and adds of T*k*H floats); split's is one cat.
+            outs = []
+            for e, r in enumerate(rows.split(counts.tolist())):
+                if r.shape[0] == 0:
+                    continue
+                eg, eu, ed = experts[0][e], experts[1][e], experts[2][e]
+                h = torch.nn.functional.silu(r @ eg.to(dt).t()) * (r @ eu.to(dt).t())
+                outs.append(h @ ed.to(dt).t())
             out_rows = torch.cat(outs)
         weighted = out_rows.float() * w.reshape(-1)[order].unsqueeze(1)
         y = torch.zeros(T, H, device=dev, dtype=torch.float32)
@@ -89,7 +99,7 @@ def main():
         return y
 
     def step():
-        for p in (x, gate, wg, wu, wd):
+        for p in leaves:
             p.grad = None
         y = layer()
         y.backward(dy)

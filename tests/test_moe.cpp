@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -14,6 +15,7 @@
 #include "core/rng.h"
 #include "kernels/swiglu_mlp.h"
 #include "moe/dispatch.h"
+#include "moe/bench_moe_layer.h"
 #include "moe/layout.h"
 #include "moe/moe_layer.h"
 #include "moe/router.h"
@@ -677,6 +679,44 @@ TEST(MoeLayer, RejectsBadConfig) {
   c.aux_loss_alpha = 0.1f;
   c.seq_aux = true;
   EXPECT_THROW(moe_forward(y.data(), act, m.x.data(), m.weights(), c, 4, 3, nullptr), moe::Error);
+}
+
+// The per-step breakdown (bench moe-layer --breakdown): recording changes no result, the steps
+// add up to the layer's wall time (nothing big goes untimed), the expert parts sit inside their
+// steps, and nothing is recorded once the recorder is removed.
+TEST(MoeStepTimes, BreakdownAddsUpAndRecordsOnlyWhileInstalled) {
+  MoeConfig c = tiny_config(4, 2, 48);
+  c.hidden = 64;
+  c.ffn = 96;
+  const Model m = make_model(c, 512, 1, 91, 0.7f, 0.05f);
+  const Vec dy = randn(m.x.size(), 92, 1.0f);
+  const std::pair<RunResult, Grads> plain = run_both(m, dy, 1.0f);
+
+  MoeStepTimes times;
+  ASSERT_EQ(set_moe_step_times(&times), nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::pair<RunResult, Grads> timed = run_both(m, dy, 1.0f);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(set_moe_step_times(nullptr), &times);
+  EXPECT_EQ(kernels::set_mlp_step_times(nullptr), nullptr);  // the parts recorder was removed too
+  EXPECT_EQ(timed.first.y, plain.first.y);
+  EXPECT_EQ(timed.second.dx, plain.second.dx);
+  EXPECT_EQ(timed.second.deg, plain.second.deg);
+
+  const kernels::MlpStepTimes& p = times.expert_parts;
+  for (double part : {p.gate_up, p.down, p.down_bwd, p.gate_up_bwd, times.route, times.experts,
+                      times.shared, times.experts_bwd, times.shared_bwd})
+    EXPECT_GT(part, 0.0);
+  EXPECT_LE(p.gate_up + p.swiglu + p.down, times.experts);
+  EXPECT_LE(p.down_bwd + p.swiglu_bwd + p.gate_up_bwd, times.experts_bwd);
+  const double steps = times.forward() + times.backward();
+  EXPECT_LE(steps, wall);
+  EXPECT_GT(steps, 0.5 * wall) << "more than half of the layer's time is in no step";
+
+  const MoeStepTimes before = times;
+  run_both(m, dy, 1.0f);
+  EXPECT_EQ(times.forward() + times.backward(), before.forward() + before.backward());
+  EXPECT_EQ(times.expert_parts.gemm(), before.expert_parts.gemm());
 }
 
 }  // namespace

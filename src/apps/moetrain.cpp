@@ -115,6 +115,7 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
               "ZeRO-1: split the AdamW state over the data ranks (reduce-scatter, sliced update, "
               "all-gather); with one data rank a no-op");
   t->add_flag("--quiet", quiet, "no progress output");
+  t->add_flag("--profile", o.profile, "time the MoE layers' steps: time_s.moe in metrics.jsonl, a summary at the end");
 }
 
 void add_a2a_bench(CLI::App* bench, A2aCli& a);
@@ -146,6 +147,8 @@ void add_bench_command(CLI::App& app, mixture::MoeBenchOptions& b, bool& json, i
       ->capture_default_str();
   m->add_option("--precision", bench_precision, "fp32, or bf16 GEMM inputs (cuda only)")->capture_default_str();
   m->add_flag("--json", json, "print JSON instead of a table");
+  m->add_flag("!--no-padded", b.run_padded, "skip the capacity-padded baseline");
+  m->add_flag("--breakdown", b.breakdown, "also print each step's forward and backward time");
 }
 
 // "64K" / "8M" / "1G" / "4096" -> bytes; the error names the flag and the value.

@@ -3,6 +3,7 @@
 #include "kernels/element_math.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "core/error.h"
@@ -10,24 +11,102 @@
 
 namespace moe::kernels {
 
+namespace {
+
+// SwiGLU's CPU loops, four lanes at a time (GCC/Clang vector extensions: SSE on any x86-64, a
+// generic lowering elsewhere). libm's expf is one call per element and kept these passes at ~7%
+// of an E8 k2 F3584 MoE layer (bench moe-layer --breakdown); this form runs near memory speed.
+typedef float F4 __attribute__((vector_size(16)));
+typedef int32_t I4 __attribute__((vector_size(16)));
+constexpr size_t kLanes = 4;
+
+template <class F>
+inline F splat(float c) {
+  return F{} + c;
+}
+
+// e^x, Cephes' expf: x = n·ln2 + f with n = round(x/ln2) (the 1.5·2^23 rounding trick), a degree-6
+// polynomial in f, times 2^n built in the exponent bits. Relative error below 1e-7 on [-87, 88],
+// where x is clamped (so e^x stays a normal float; -inf/+inf give e^-87/e^88); NaN stays NaN.
+// F is float (I int32_t) or F4 (I I4): the same arithmetic per lane.
+template <class F, class I>
+inline F exp_lanes(F x) {
+  x = x < splat<F>(-87.0f) ? splat<F>(-87.0f) : x;
+  x = x > splat<F>(88.0f) ? splat<F>(88.0f) : x;
+  const F r = x * 1.44269504088896341f + 12582912.0f;
+  const F n = r - 12582912.0f;
+  const F two_n = __builtin_bit_cast(F, (__builtin_bit_cast(I, r) - 0x4B400000 + 127) << 23);
+  const F f = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  F p = splat<F>(1.9875691500e-4f);
+  p = p * f + 1.3981999507e-3f;
+  p = p * f + 8.3334519073e-3f;
+  p = p * f + 4.1665795894e-2f;
+  p = p * f + 1.6666665459e-1f;
+  p = p * f + 5.0000001201e-1f;
+  return (p * (f * f) + f + 1.0f) * two_n;
+}
+
+template <class F, class I>
+inline F sigmoid_lanes(F z) {
+  return 1.0f / (exp_lanes<F, I>(-z) + 1.0f);
+}
+
+inline F4 load4(const float* p) {
+  F4 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store4(float* p, F4 v) { std::memcpy(p, &v, sizeof v); }
+
+// h = silu(g)·u
+template <class F, class I>
+inline F swiglu_lanes(F g, F u) {
+  return g * sigmoid_lanes<F, I>(g) * u;
+}
+// dg += dh·u·silu'(g), du += dh·silu(g), silu'(z) = s·(1 + z·(1 - s))  (math::swiglu_backward)
+template <class F, class I>
+inline void swiglu_backward_lanes(F& dg, F& du, F dh, F g, F u) {
+  const F s = sigmoid_lanes<F, I>(g);
+  dg += dh * u * (s * (g * (1.0f - s) + 1.0f));
+  du += dh * (g * s);
+}
+
+}  // namespace
+
 void swiglu_forward(float* h, const float* g, const float* u, size_t n) {
   MOE_CUDA_DISPATCH(swiglu_forward, h, g, u, n);
-  for (size_t i = 0; i < n; ++i) h[i] = math::swiglu(g[i], u[i]);
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) store4(h + i, swiglu_lanes<F4, I4>(load4(g + i), load4(u + i)));
+  for (; i < n; ++i) h[i] = swiglu_lanes<float, int32_t>(g[i], u[i]);
 }
 
 void swiglu_backward(float* dg, float* du, const float* dh, const float* g, const float* u,
                      size_t n) {
   MOE_CUDA_DISPATCH(swiglu_backward, dg, du, dh, g, u, n);
-  for (size_t i = 0; i < n; ++i) math::swiglu_backward(dg[i], du[i], dh[i], g[i], u[i]);
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    F4 dgv = load4(dg + i), duv = load4(du + i);
+    swiglu_backward_lanes<F4, I4>(dgv, duv, load4(dh + i), load4(g + i), load4(u + i));
+    store4(dg + i, dgv);
+    store4(du + i, duv);
+  }
+  for (; i < n; ++i) swiglu_backward_lanes<float, int32_t>(dg[i], du[i], dh[i], g[i], u[i]);
 }
 
 void swiglu_backward_inplace(float* dg, float* du, const float* g, const float* u, size_t n) {
   MOE_CUDA_DISPATCH(swiglu_backward_inplace, dg, du, g, u, n);
-  for (size_t i = 0; i < n; ++i) {
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    F4 dgv{}, duv{};
+    swiglu_backward_lanes<F4, I4>(dgv, duv, load4(dg + i), load4(g + i), load4(u + i));
+    store4(dg + i, dgv);
+    store4(du + i, duv);
+  }
+  for (; i < n; ++i) {
     const float dh = dg[i];
     dg[i] = 0.0f;
     du[i] = 0.0f;
-    math::swiglu_backward(dg[i], du[i], dh, g[i], u[i]);
+    swiglu_backward_lanes<float, int32_t>(dg[i], du[i], dh, g[i], u[i]);
   }
 }
 

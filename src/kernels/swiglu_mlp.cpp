@@ -9,11 +9,35 @@
 #include <cstddef>
 
 #include "core/error.h"
+#include "core/timer.h"
+#include "kernels/device_select.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 
 namespace moe::kernels {
 namespace {
+
+thread_local MlpStepTimes* g_mlp_times = nullptr;
+
+// Adds the wall time of one part to a field of the installed recorder (no-op without one).
+class PartTimer {
+ public:
+  explicit PartTimer(double MlpStepTimes::*field)
+      : field_(field), start_(g_mlp_times ? synced_now() : 0.0) {}
+  ~PartTimer() {
+    if (g_mlp_times) g_mlp_times->*field_ += synced_now() - start_;
+  }
+  PartTimer(const PartTimer&) = delete;
+  PartTimer& operator=(const PartTimer&) = delete;
+
+ private:
+  static double synced_now() {
+    device_synchronize();
+    return now_seconds();
+  }
+  double MlpStepTimes::*field_;
+  double start_;
+};
 
 void check_sizes(const char* who, int N, int H, int F) {
   MOE_CHECK(N >= 0 && H > 0 && F > 0, who, ": bad sizes N=", N, " H=", H, " F=", F);
@@ -25,10 +49,23 @@ void swiglu_mlp_forward(float* y, float* g, float* u, float* h, const float* x, 
                         int N, int H, int F, bool accumulate) {
   check_sizes("swiglu_mlp_forward", N, H, F);
   if (N == 0) return;
-  linear_forward(g, x, w.gate, N, H, F);
-  linear_forward(u, x, w.up, N, H, F);
-  swiglu_forward(h, g, u, static_cast<size_t>(N) * F);
+  {
+    PartTimer t(&MlpStepTimes::gate_up);
+    linear_forward(g, x, w.gate, N, H, F);
+    linear_forward(u, x, w.up, N, H, F);
+  }
+  {
+    PartTimer t(&MlpStepTimes::swiglu);
+    swiglu_forward(h, g, u, static_cast<size_t>(N) * F);
+  }
+  PartTimer t(&MlpStepTimes::down);
   linear_forward(y, h, w.down, N, F, H, accumulate);
+}
+
+MlpStepTimes* set_mlp_step_times(MlpStepTimes* times) {
+  MlpStepTimes* old = g_mlp_times;
+  g_mlp_times = times;
+  return old;
 }
 
 void swiglu_mlp_backward(float* dx, const MlpGrads& dw, const float* dy, const float* x,
@@ -39,11 +76,18 @@ void swiglu_mlp_backward(float* dx, const MlpGrads& dw, const float* dy, const f
   MOE_CHECK(scratch != nullptr, "swiglu_mlp_backward: scratch (2·N·F floats) is null");
   float* dg = scratch;                               // [N,F]
   float* du = scratch + static_cast<size_t>(N) * F;  // [N,F]
-  // dh[N,F] = dy[N,H] · down[H,F], written where dg will be
-  gemm(false, false, N, F, H, 1.0f, dy, 0, w.down, 0, 0.0f, dg, 0);
-  // dW_down[H,F] += dy^T · h
-  if (dw.down) gemm(true, false, H, F, N, 1.0f, dy, 0, h, 0, 1.0f, dw.down, 0);
-  swiglu_backward_inplace(dg, du, g, u, static_cast<size_t>(N) * F);
+  {
+    PartTimer t(&MlpStepTimes::down_bwd);
+    // dh[N,F] = dy[N,H] · down[H,F], written where dg will be
+    gemm(false, false, N, F, H, 1.0f, dy, 0, w.down, 0, 0.0f, dg, 0);
+    // dW_down[H,F] += dy^T · h
+    if (dw.down) gemm(true, false, H, F, N, 1.0f, dy, 0, h, 0, 1.0f, dw.down, 0);
+  }
+  {
+    PartTimer t(&MlpStepTimes::swiglu_bwd);
+    swiglu_backward_inplace(dg, du, g, u, static_cast<size_t>(N) * F);
+  }
+  PartTimer t(&MlpStepTimes::gate_up_bwd);
   // dW_gate[F,H] += dg^T · x ; dW_up[F,H] += du^T · x
   if (dw.gate) gemm(true, false, F, H, N, 1.0f, dg, 0, x, 0, 1.0f, dw.gate, 0);
   if (dw.up) gemm(true, false, F, H, N, 1.0f, du, 0, x, 0, 1.0f, dw.up, 0);

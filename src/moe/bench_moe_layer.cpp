@@ -15,6 +15,7 @@
 #include "core/timer.h"
 #include "kernels/device_select.h"
 #include "kernels/gemm.h"
+#include "kernels/peak_rate.h"
 #include "moe/moe_layer.h"
 
 namespace moe::mixture {
@@ -83,7 +84,60 @@ std::vector<double> naive_token_output(const BenchData& d, const MoeActivations&
   return out;
 }
 
+// Every step's field (and the expert parts), as named in the breakdown, in step order.
+struct NamedStep {
+  const char* name;
+  double MoeStepTimes::*field;
+  double kernels::MlpStepTimes::*part;  // set for an expert part (field is then null)
+};
+const std::vector<NamedStep>& named_steps() {
+  using S = MoeStepTimes;
+  using P = kernels::MlpStepTimes;
+  static const std::vector<NamedStep> steps = {
+      {"route", &S::route, nullptr},          {"layout", &S::layout, nullptr},
+      {"buffers", &S::buffers, nullptr},      {"dispatch", &S::dispatch, nullptr},
+      {"experts", &S::experts, nullptr},      {"  gate+up gemm", nullptr, &P::gate_up},
+      {"  swiglu", nullptr, &P::swiglu},      {"  down gemm", nullptr, &P::down},
+      {"combine", &S::combine, nullptr},      {"shared", &S::shared, nullptr},
+      {"buffers'", &S::buffers_bwd, nullptr}, {"shared'", &S::shared_bwd, nullptr},
+      {"combine'", &S::combine_bwd, nullptr}, {"experts'", &S::experts_bwd, nullptr},
+      {"  down' gemms", nullptr, &P::down_bwd}, {"  swiglu'", nullptr, &P::swiglu_bwd},
+      {"  gate+up' gemms", nullptr, &P::gate_up_bwd}, {"dispatch'", &S::dispatch_bwd, nullptr},
+      {"route'", &S::route_bwd, nullptr}};
+  return steps;
+}
+double step_seconds(const MoeStepTimes& t, const NamedStep& s) {
+  return s.field ? t.*s.field : t.expert_parts.*s.part;
+}
+
+double& step_field(MoeStepTimes& t, const NamedStep& s) {
+  return s.field ? t.*s.field : t.expert_parts.*s.part;
+}
+
+MoeStepTimes mean_step_times(const std::vector<MoeStepTimes>& all) {
+  MoeStepTimes mean;
+  for (const MoeStepTimes& t : all)
+    for (const NamedStep& s : named_steps()) {
+      step_field(mean, s) += step_seconds(t, s) / static_cast<double>(all.size());
+    }
+  return mean;
+}
+
 }  // namespace
+
+std::vector<std::pair<std::string, double>> moe_step_times_ms(const MoeStepTimes& t) {
+  std::vector<std::pair<std::string, double>> out;
+  for (const NamedStep& s : named_steps()) {
+    std::string name = s.name;
+    name.erase(0, name.find_first_not_of(' '));
+    out.emplace_back(name, step_seconds(t, s) * 1e3);
+  }
+  return out;
+}
+
+void add_step_times(MoeStepTimes& a, const MoeStepTimes& b) {
+  for (const NamedStep& s : named_steps()) step_field(a, s) += step_seconds(b, s);
+}
 
 double moe_layer_useful_flops(const MoeBenchOptions& o, size_t real_rows) {
   const double T = o.tokens, H = o.hidden, E = o.experts, F = o.ffn;
@@ -103,12 +157,13 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
   kernels::set_gemm_bf16(opts.bf16);
   // The roofline: the best GEMM of the run, measured before and after the layer (on a shared
   // machine the best is the honest denominator; a single measurement can catch a busy moment).
-  res.blas_n = on_gpu ? 4096 : 1024;
+  // On the CPU each measurement is itself the best of several runs at 1024³ and 1536³.
+  res.blas_n = on_gpu ? 4096 : kernels::peak_sizes().back();
   auto roofline = [&] {
 #ifdef MOETRAIN_HAVE_CUDA
     if (on_gpu) return kernels::cuda::measure_gemm_gflops(res.blas_n, 5, opts.bf16);
 #endif
-    return kernels::measure_gemm_gflops(res.blas_n);
+    return kernels::measure_peak_gflops("fp32");  // best of a few sizes and runs
   };
   res.blas_gflops_1024 = roofline();
 
@@ -153,7 +208,7 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
   Buffer<float> y(static_cast<size_t>(T) * H, nullptr, opts.device);
 
   for (bool padded : {false, true}) {
-    if (padded && on_gpu) continue;  // the padded baseline is a CPU comparison
+    if (padded && (on_gpu || !opts.run_padded)) continue;  // the padded baseline: a CPU comparison
     MoeConfig cfg;
     cfg.hidden = H;
     cfg.ffn = F;
@@ -166,6 +221,7 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
     MemTracker tracker;
     MoeActivations act;
     std::vector<double> fwd, bwd, tot, expert;
+    std::vector<MoeStepTimes> steps;
     size_t act_bytes = 0;
     for (int it = 0; it < opts.warmup + opts.iters; ++it) {
       MoeStepTimes times;
@@ -185,6 +241,7 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
       bwd.push_back(t2 - t1);
       tot.push_back(t2 - t0);
       expert.push_back(times.experts + times.experts_bwd);
+      steps.push_back(times);
     }
 
     MoeBenchRow row;
@@ -193,6 +250,7 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
     row.bwd_ms = median(bwd) * 1e3;
     row.total_ms = median(tot) * 1e3;
     row.expert_gemm_ms = median(expert) * 1e3;
+    row.steps = mean_step_times(steps);
     const int dropped = padded ? act.padded_layout.num_dropped : act.layout.num_dropped;
     const size_t real_rows = static_cast<size_t>(T) * k - static_cast<size_t>(dropped);
     const double expert_flops = 18.0 * static_cast<double>(real_rows) * H * F;
@@ -239,16 +297,63 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
   return res;
 }
 
+namespace {
+
+// One line per step: ms (mean over iters) of each path, and its share of that path's total.
+// The rows that are not experts' GEMMs are what keeps the layer from the sgemm rate.
+std::string format_breakdown(const MoeBenchResult& r) {
+  std::ostringstream os;
+  char line[200];
+  os << "# per-step ms (mean of iters; indented rows are parts of the step above)\n";
+  std::snprintf(line, sizeof line, "%-18s", "step");
+  os << line;
+  for (const MoeBenchRow& row : r.rows) {
+    std::snprintf(line, sizeof line, " %13s %6s", row.path.c_str(), "%");
+    os << line;
+  }
+  os << "\n";
+  for (const NamedStep& s : named_steps()) {
+    std::snprintf(line, sizeof line, "%-18s", s.name);
+    os << line;
+    for (const MoeBenchRow& row : r.rows) {
+      const double ms = step_seconds(row.steps, s) * 1e3;
+      const double total = (row.steps.forward() + row.steps.backward()) * 1e3;
+      std::snprintf(line, sizeof line, " %13.1f %6.1f", ms, total > 0 ? 100.0 * ms / total : 0.0);
+      os << line;
+    }
+    os << "\n";
+  }
+  std::snprintf(line, sizeof line, "%-18s", "non-GEMM");
+  os << line;
+  for (const MoeBenchRow& row : r.rows) {
+    const double total = (row.steps.forward() + row.steps.backward()) * 1e3;
+    const double other = total - row.steps.expert_parts.gemm() * 1e3;
+    std::snprintf(line, sizeof line, " %13.1f %6.1f", other, total > 0 ? 100.0 * other / total : 0.0);
+    os << line;
+  }
+  os << "\n";
+  return os.str();
+}
+
+}  // namespace
+
 std::string format_moe_bench_table(const MoeBenchResult& r) {
   const MoeBenchOptions& o = r.opts;
   std::ostringstream os;
+  std::string sizes = std::to_string(r.blas_n);  // CUDA: one size; the CPU peak: best of several
+  if (o.device != Device::kCuda) {
+    sizes.clear();
+    for (int n : kernels::peak_sizes()) sizes += (sizes.empty() ? "" : ",") + std::to_string(n);
+  }
   char line[320];
   std::snprintf(line, sizeof line,
                 "# moe-layer  T=%d H=%d E=%d k=%d F=%d shared=%d  padded cf=%.2f  device %s %s  "
-                "%s %d^3: %.1f GFLOP/s\n",
+                "%s %s^3: %.1f GFLOP/s\n",
                 o.tokens, o.hidden, o.experts, o.topk, o.ffn, o.shared, o.capacity_factor,
                 device_name(o.device), o.bf16 ? "bf16" : "fp32",
-                o.device == Device::kCuda ? "cuBLAS" : "BLAS", r.blas_n, r.blas_gflops_1024);
+                o.device == Device::kCuda ? "cuBLAS" : "BLAS fp32 peak, best of",
+                sizes.c_str(),
+                r.blas_gflops_1024);
   os << line;
   std::snprintf(line, sizeof line, "%-13s %9s %9s %9s %10s %9s %9s %7s %7s %10s %8s %8s %7s\n",
                 "path", "fwd(ms)", "bwd(ms)", "total(ms)", "expert(ms)", "GF/s", "GF/s-exp",
@@ -264,8 +369,19 @@ std::string format_moe_bench_table(const MoeBenchResult& r) {
                   row.checked_tokens);
     os << line;
   }
+  if (o.breakdown) os << format_breakdown(r);
   return os.str();
 }
+
+namespace {
+
+nlohmann::json steps_json(const MoeStepTimes& t) {
+  nlohmann::json j;
+  for (const auto& [name, ms] : moe_step_times_ms(t)) j[name] = ms;
+  return j;
+}
+
+}  // namespace
 
 std::string moe_bench_json(const MoeBenchResult& r) {
   const MoeBenchOptions& o = r.opts;
@@ -278,7 +394,8 @@ std::string moe_bench_json(const MoeBenchResult& r) {
                   {"shared", o.shared},       {"warmup", o.warmup},
                   {"iters", o.iters},         {"seed", o.seed},
                   {"device", device_name(o.device)}, {"precision", o.bf16 ? "bf16" : "fp32"}};
-  j["blas_n"] = r.blas_n;
+  j["blas_n"] = r.blas_n;  // CPU: the largest of the peak's sizes (kernels/peak_rate.h)
+  j["peak_precision"] = o.device == Device::kCuda && o.bf16 ? "bf16" : "fp32";
   j["blas_gflops_1024"] = r.blas_gflops_1024;
   j["rows"] = nlohmann::json::array();
   for (const MoeBenchRow& row : r.rows) {
@@ -295,7 +412,8 @@ std::string moe_bench_json(const MoeBenchResult& r) {
                          {"dropped_fraction", row.dropped_fraction},
                          {"padding_rows", row.padding_rows},
                          {"checked_tokens", row.checked_tokens},
-                         {"wrong_tokens", row.wrong_tokens}});
+                         {"wrong_tokens", row.wrong_tokens},
+                         {"steps_ms", steps_json(row.steps)}});
   }
   return j.dump(2);
 }

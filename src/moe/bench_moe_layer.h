@@ -6,20 +6,37 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/device.h"
+#include "kernels/swiglu_mlp.h"
 
 namespace moe::mixture {
 
 // Wall seconds of each named step of moe_forward / moe_backward, added up while installed
 // (implemented in moe_layer.cpp; benchmarks and profiling only).
+// experts/experts_bwd include expert_parts (the routed experts' GEMMs and SwiGLU elementwise,
+// kernels::MlpStepTimes); buffers/buffers_bwd are the expert-row buffers' allocation and zeroing
+// (forward: outside dispatch; backward: the scratch rows of combine', experts' and dispatch').
 struct MoeStepTimes {
-  double route = 0, layout = 0, dispatch = 0, experts = 0, combine = 0, shared = 0;  // forward
-  double route_bwd = 0, dispatch_bwd = 0, experts_bwd = 0, combine_bwd = 0, shared_bwd = 0;
+  double route = 0, layout = 0, buffers = 0, dispatch = 0, experts = 0, combine = 0,
+         shared = 0;  // forward
+  double route_bwd = 0, dispatch_bwd = 0, experts_bwd = 0, combine_bwd = 0, shared_bwd = 0,
+         buffers_bwd = 0;
+  kernels::MlpStepTimes expert_parts;
+  double forward() const { return route + layout + buffers + dispatch + experts + combine + shared; }
+  double backward() const {
+    return route_bwd + dispatch_bwd + experts_bwd + combine_bwd + shared_bwd + buffers_bwd;
+  }
 };
 // Installs the recorder of this thread (nullptr: none); returns the previous one.
 MoeStepTimes* set_moe_step_times(MoeStepTimes* times);
+// Every step and expert part by name ("route", ..., "gate+up gemm", ..., "route'"), in step
+// order, in milliseconds: the breakdown's rows (bench moe-layer --breakdown, train --profile).
+std::vector<std::pair<std::string, double>> moe_step_times_ms(const MoeStepTimes& times);
+// a += b, field by field.
+void add_step_times(MoeStepTimes& a, const MoeStepTimes& b);
 
 struct MoeBenchOptions {
   int tokens = 4096;              // T
@@ -36,12 +53,15 @@ struct MoeBenchOptions {
   // comparison), and the roofline is the same run's cuBLAS n³ GEMM (bf16 inputs when bf16).
   Device device = Device::kCpu;
   bool bf16 = false;              // GEMM inputs in bf16 (CUDA only), fp32 accumulation
+  bool run_padded = true;         // also the capacity-padded baseline (CPU only)
+  bool breakdown = false;         // the table adds each step's forward/backward ms
 };
 
 struct MoeBenchRow {
   std::string path;               // "padding-free" or "padded"
   double fwd_ms = 0, bwd_ms = 0, total_ms = 0;  // medians over iters
   double expert_gemm_ms = 0;      // inside grouped_swiglu forward + backward (median)
+  MoeStepTimes steps;             // each step's seconds, mean over iters (the breakdown)
   double gflops_layer = 0;        // useful layer FLOPs / total time
   double gflops_expert = 0;       // useful expert FLOPs / expert_gemm time
   double frac_of_blas_layer = 0, frac_of_blas_expert = 0;

@@ -42,6 +42,24 @@ class StepTimer {
   double start_;
 };
 
+// Installs the routed experts' part recorder (MoeStepTimes::expert_parts) for one scope, when a
+// step recorder is installed.
+class ExpertPartsTimer {
+ public:
+  ExpertPartsTimer()
+      : old_(g_step_times ? kernels::set_mlp_step_times(&g_step_times->expert_parts) : nullptr),
+        installed_(g_step_times != nullptr) {}
+  ~ExpertPartsTimer() {
+    if (installed_) kernels::set_mlp_step_times(old_);
+  }
+  ExpertPartsTimer(const ExpertPartsTimer&) = delete;
+  ExpertPartsTimer& operator=(const ExpertPartsTimer&) = delete;
+
+ private:
+  kernels::MlpStepTimes* old_;
+  bool installed_;
+};
+
 // Temporary buffers of backward and of the exchange steps are Buffers charged to
 // cfg.scratch_tracker, so a rank's measured peak includes them.
 struct Scratch : Buffer<float> {
@@ -130,16 +148,23 @@ void moe_forward(float* y, MoeActivations& act, const float* x, const MoeWeights
      //    the row exchange). Communicates only under expert parallelism.
     StepTimer st(&MoeStepTimes::dispatch);
     dispatcher->plan(act, T);
+  }
+  {  // The expert rows' buffers, kept for backward: reused when the row count is unchanged.
+    StepTimer st(&MoeStepTimes::buffers);
     const size_t N = dispatcher->num_rows(act);
     ensure_buffer(act.x_rows, N * H, tracker);
     ensure_buffer(act.g, N * F, tracker);
     ensure_buffer(act.u, N * F, tracker);
     ensure_buffer(act.h, N * F, tracker);
     ensure_buffer(act.y_rows, N * H, tracker);
+  }
+  {
+    StepTimer st(&MoeStepTimes::dispatch);
     dispatcher->dispatch(act.x_rows.data(), x, act);
   }
   {  // 4. experts: grouped SwiGLU over the (local) expert segments. Local (no communication).
     StepTimer st(&MoeStepTimes::experts);
+    ExpertPartsTimer parts;
     kernels::grouped_swiglu_forward(act.y_rows.data(), act.g.data(), act.u.data(), act.h.data(),
                                     act.x_rows.data(), dispatcher->expert_offsets(act),
                                     dispatcher->num_local_experts(), w.experts, H, F);
@@ -187,34 +212,41 @@ void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_g
   const std::unique_ptr<TokenDispatcher> dispatcher = make_token_dispatcher(cfg);
   const int F = cfg.ffn;
   const size_t N = dispatcher->num_rows(act);
-  Scratch dweight(static_cast<size_t>(T) * k, cfg.scratch_tracker);
+  const int32_t* offsets = dispatcher->expert_offsets(act);
+  const int El = dispatcher->num_local_experts();
+  // Backward's temporaries (zeroed: combine' and the experts' dx add into them), sized as the
+  // planner's memory model counts them (plan/memory_model.cpp: 2·R·H + 2·R·F).
+  std::unique_ptr<Scratch> dweight, dy_rows, dx_rows, scratch;
+  {
+    StepTimer st(&MoeStepTimes::buffers_bwd);
+    dweight = std::make_unique<Scratch>(static_cast<size_t>(T) * k, cfg.scratch_tracker);
+    dy_rows = std::make_unique<Scratch>(N * H, cfg.scratch_tracker);
+    dx_rows = std::make_unique<Scratch>(dx ? N * H : 0, cfg.scratch_tracker);
+    scratch = std::make_unique<Scratch>(2 * N * F, cfg.scratch_tracker);
+  }
   // 5'. combine': dy_rows = w · dy[t] (a dispatch of dy), dweight = dot(y_row, dy[t]).
-  Scratch dy_rows(N * H, cfg.scratch_tracker);
   {
     StepTimer st(&MoeStepTimes::combine_bwd);
-    dispatcher->combine_backward(dy_rows.data(), dweight.data(), dy, act);
+    dispatcher->combine_backward(dy_rows->data(), dweight->data(), dy, act);
   }
   // 4'. experts': dx_rows, expert weight gradients. Local.
-  Scratch dx_rows(dx ? N * H : 0, cfg.scratch_tracker);
   {
     StepTimer st(&MoeStepTimes::experts_bwd);
-    Scratch scratch(2 * N * F, cfg.scratch_tracker);
-    kernels::grouped_swiglu_backward(dx_rows.data(), grads.experts, dy_rows.data(),
+    ExpertPartsTimer parts;
+    kernels::grouped_swiglu_backward(dx_rows->data(), grads.experts, dy_rows->data(),
                                      act.x_rows.data(), act.g.data(), act.u.data(), act.h.data(),
-                                     dispatcher->expert_offsets(act),
-                                     dispatcher->num_local_experts(), w.experts, H, F,
-                                     scratch.data());
+                                     offsets, El, w.experts, H, F, scratch->data());
   }
   // 3'. dispatch': dx[t] += sum_j dx_rows[row(t,j)] (a combine without weights).
   if (dx) {
     StepTimer st(&MoeStepTimes::dispatch_bwd);
-    dispatcher->dispatch_backward(dx, dx_rows.data(), act);
+    dispatcher->dispatch_backward(dx, dx_rows->data(), act);
   }
 
   // 1'. route': through top-k weights, aux loss, softmax and the gate linear. Local.
   {
     StepTimer st(&MoeStepTimes::route_bwd);
-    router_backward(dx, grads.gate_EH, dweight.data(), aux_grad, act.routing, x, w.gate_EH, H,
+    router_backward(dx, grads.gate_EH, dweight->data(), aux_grad, act.routing, x, w.gate_EH, H,
                     router_config(cfg));
   }
 }

@@ -19,6 +19,7 @@
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
+#include "kernels/peak_rate.h"
 #include "model/model.h"
 #include "plan/cluster.h"
 #include "plan/memory_model.h"
@@ -388,14 +389,9 @@ void run_calibrate(const CalibrateOptions& o) {
       p.gemm_tn = measure_gemm(true, false, o.quick);
       say("attention table ...");
       p.attention = measure_attention(o.quick);
-      {  // the sgemm rate the trainer's MFU refers to (kernels::measure_gemm_gflops), in thread time
-        const int n1 = o.quick ? 256 : 1024;
-        std::vector<float> A(static_cast<size_t>(n1) * n1), B(A.size()), C(A.size());
-        fill(A, 1);
-        fill(B, 2);
-        const double s = per_call([&] { kernels::gemm(false, false, n1, n1, n1, 1.0f, A.data(), 0, B.data(), 0, 0.0f, C.data(), 0); }, 0.05);
-        p.peak_flops = 2.0 * n1 * n1 * static_cast<double>(n1) / s;
-      }
+      // The sgemm rate the trainer's MFU refers to: the same measurement (kernels/peak_rate.h).
+      p.peak_flops = 1e9 * (o.quick ? kernels::measure_peak_gflops("fp32", {256}, 3)
+                                    : kernels::measure_peak_gflops("fp32"));
       p.mem_bandwidth = measure_mem_bandwidth();
       p.optimizer_s_per_param = measure_optimizer(o.quick);
       say("memory-bound probe ...");

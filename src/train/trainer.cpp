@@ -25,7 +25,9 @@
 #include "kernels/adamw.h"
 #include "kernels/device_select.h"
 #include "kernels/gemm.h"
+#include "kernels/peak_rate.h"
 #include "model/weights_io.h"
+#include "moe/bench_moe_layer.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
 #include "parallel/zero1.h"
@@ -119,6 +121,48 @@ void validate_options(const TrainOptions& o) {
 }
 
 namespace {
+
+// --profile: installs the MoE step recorder (moe/bench_moe_layer.h) for one training step.
+class MoeStepRecorder {
+ public:
+  explicit MoeStepRecorder(mixture::MoeStepTimes* times)
+      : installed_(times != nullptr), old_(times ? mixture::set_moe_step_times(times) : nullptr) {}
+  ~MoeStepRecorder() {
+    if (installed_) mixture::set_moe_step_times(old_);
+  }
+  MoeStepRecorder(const MoeStepRecorder&) = delete;
+  MoeStepRecorder& operator=(const MoeStepRecorder&) = delete;
+
+ private:
+  bool installed_;
+  mixture::MoeStepTimes* old_;
+};
+
+// The MoE layers' step times in seconds, by step name (the metrics' time_s.moe).
+json moe_times_json(const mixture::MoeStepTimes& t) {
+  json j;
+  for (const auto& [name, ms] : mixture::moe_step_times_ms(t)) j[name] = ms * 1e-3;
+  return j;
+}
+
+// --profile's summary on stderr (rank 0's view): the steps' seconds split into the MoE layers'
+// steps, the rest of forward + backward (attention, dense GEMMs, norms, embedding, loss), the
+// gradient sync and the optimizer.
+void print_profile(const mixture::MoeStepTimes& moe, double compute, double opt, double sync,
+                   double steps) {
+  const double moe_s = moe.forward() + moe.backward();
+  auto line = [&](const char* name, double s) {
+    std::fprintf(stderr, "  %-22s %9.3f s %6.1f%%\n", name, s, steps > 0 ? 100.0 * s / steps : 0.0);
+  };
+  std::fprintf(stderr, "profile (rank 0, all steps): %.3f s\n", steps);
+  line("MoE layers", moe_s);
+  for (const auto& [name, ms] : mixture::moe_step_times_ms(moe)) line(("  " + name).c_str(), ms * 1e-3);
+  line("  expert GEMMs", moe.expert_parts.gemm());
+  line("rest of fwd+bwd", compute - moe_s);
+  line("grad sync", sync);
+  line("optimizer", opt);
+  line("other (data, metrics)", steps - compute - sync - opt);
+}
 
 std::string format_duration(double s) {
   int t = static_cast<int>(std::lround(s));
@@ -613,13 +657,18 @@ TrainResult run_training(const TrainOptions& opts) {
     }
   } cpu_again;
   TrainResult res;
+  // The MFU denominator: the same run's dense GEMM rate on the device in the run's precision
+  // (on the CPU the best of several sgemm runs, kernels/peak_rate.h: the fp32 peak).
+  std::string peak_precision = opts.precision;
 #ifdef MOETRAIN_HAVE_CUDA
-  // The MFU denominator: the same run's dense GEMM rate on the device in the run's precision.
   if (device == Device::kCuda)
     res.peak_gflops = kernels::cuda::measure_gemm_gflops(4096, 3, opts.precision == "bf16");
   else
 #endif
-    res.peak_gflops = kernels::measure_gemm_gflops(1024, 3);
+  {
+    peak_precision = "fp32";
+    res.peak_gflops = kernels::measure_peak_gflops(peak_precision);
+  }
 
   comm::TrafficStats traffic;
   comm::TokenExchange exchange(grid.ep, grid.topo, algo, &traffic);
@@ -734,7 +783,7 @@ TrainResult run_training(const TrainOptions& opts) {
     std::fprintf(stderr,
                  "moetrain: %s, %.2fM params (%.2fM active), %d layers, E=%d k=%d, global batch "
                  "%dx%d in %d micro-batch(es), %d steps, %d rank(s) [%s, layers %s, %s, a2a %s, "
-                 "recompute %s, %s], %d BLAS thread(s) per rank (%s), peak %.1f GFLOP/s per rank\n",
+                 "recompute %s, %s], %d BLAS thread(s) per rank (%s), peak %.1f GFLOP/s per rank (%s GEMM)\n",
                  opts.config_path.empty() ? opts.preset.c_str() : opts.config_path.c_str(),
                  pc.total / 1e6, pc.active / 1e6, cfg.num_hidden_layers, cfg.n_routed_experts,
                  cfg.num_experts_per_tok, B_global, T, M, opts.steps, grid.world.size(),
@@ -742,7 +791,7 @@ TrainResult run_training(const TrainOptions& opts) {
                  comm::a2a_algorithm_name(algo), opts.recompute.c_str(),
                  grid.topo.describe().c_str(), opts.threads,
                  opts.device == "cuda" ? "cuBLAS" : ("OpenBLAS " + kernels::blas_core_description()).c_str(),
-                 res.peak_gflops);
+                 res.peak_gflops, peak_precision.c_str());
   }
 
   std::vector<model::Model::MicroBatchPtr> mbs;
@@ -763,9 +812,14 @@ TrainResult run_training(const TrainOptions& opts) {
   const bool tokenized = corpus->tokenizer_kind() != "bytes" || bytes_per_token != 1.0;
   const double t_start = now_seconds();
   double ema_tps = 0.0;
+  mixture::MoeStepTimes profile_moe;  // --profile: totals over the run
+  double profile_compute = 0, profile_opt = 0, profile_sync = 0, profile_steps = 0;
   for (int step = step0; step < opts.steps; ++step) {
     double t_sync = 0, t_opt = 0;
     traffic.reset();
+    mixture::MoeStepTimes moe_times;
+    std::optional<MoeStepRecorder> moe_recorder;  // forward and backward only (not validation)
+    if (opts.profile) moe_recorder.emplace(&moe_times);
     const double t0 = now_seconds();
     // Every rank draws the same global batch and keeps its share, so any layout sees the same
     // data as one process.
@@ -792,6 +846,7 @@ TrainResult run_training(const TrainOptions& opts) {
     const size_t act_floats = static_cast<size_t>(Bm) * T * cfg.hidden_size;
     parallel::PipelineTimes pt = parallel::run_pipeline(grid.pp, schedule, M, act_floats, cb, &pipe_mem,
                                                        device);
+    moe_recorder.reset();
     {
       ScopedTimer t(t_sync);
       if (shard.sharded())
@@ -864,6 +919,13 @@ TrainResult run_training(const TrainOptions& opts) {
       bubble = std::max(bubble, st.step_s > 0 ? st.bubble_s / st.step_s : 0.0);
     }
 
+    if (opts.profile) {
+      mixture::add_step_times(profile_moe, moe_times);
+      profile_compute += pt.compute_s;
+      profile_opt += t_opt;
+      profile_sync += t_sync;
+      profile_steps += dt;
+    }
     const double tps = B_global * T / dt;
     ema_tps = step == 0 ? tps : 0.9 * ema_tps + 0.1 * tps;
     const double mfu = flops_per_step / dt / (res.peak_gflops * 1e9 * grid.world.size());
@@ -905,6 +967,7 @@ TrainResult run_training(const TrainOptions& opts) {
                   {"tokens", static_cast<long long>(B_global) * T},
                   {"tokens_per_s", tps},
                   {"mfu", mfu},
+                  {"mfu_peak", {{"gflops", res.peak_gflops}, {"precision", peak_precision}}},
                   {"step_time_s", dt},
                   {"elapsed_s", now_seconds() - t_start},  // wall time since this process started training
                   {"bubble_fraction", bubble},
@@ -919,6 +982,7 @@ TrainResult run_training(const TrainOptions& opts) {
                   {"stages", stages_json},
                   {"expert_loads", loads_json},
                   {"expert_loads_layers", moe_layer_ids}};
+      if (opts.profile) rec["time_s"]["moe"] = moe_times_json(moe_times);
       if (!balance.imbalance.empty()) {  // per MoE layer: tokens per EP rank, and their max/mean
         rec["rank_loads"] = balance.rank_loads;
         rec["load_imbalance"] = balance.imbalance;
@@ -1009,6 +1073,7 @@ TrainResult run_training(const TrainOptions& opts) {
   res.tokens_per_s = static_cast<double>(B_global) * T * ran / res.seconds;
   res.mfu = flops_per_step * ran / res.seconds / (res.peak_gflops * 1e9 * grid.world.size());
 
+  if (opts.profile && root) print_profile(profile_moe, profile_compute, profile_opt, profile_sync, profile_steps);
   if (root) model::save_config(cfg, opts.out_dir + "/config.json");
   save_full_weights(model, cfg, grid, layers_per_stage, opts.out_dir + "/model.safetensors");
   if (opts.progress && root) {

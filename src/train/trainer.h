@@ -33,6 +33,7 @@ struct TrainOptions {
   int eval_batches = 8;
   int threads = 1;              // BLAS threads
   bool progress = true;         // live progress line on stderr
+  bool profile = false;         // --profile: MoE step times in metrics.jsonl, a summary at the end
   model::MoeOptions moe;
   parallel::ParallelDims dims;  // --pp --dp --ep --tp
   std::string a2a = "flat";     // token exchange: flat | rbd | halo

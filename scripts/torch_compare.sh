@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One MoE layer (forward + backward, T4096 H1024) in moetrain and in a PyTorch dropless layer
+# (scripts/torch_moe_layer.py), side by side in one go at the three shapes of issue 13, one BLAS
+# thread each. Both link the same OpenBLAS, so both get the same kernels, set explicitly: without
+# OPENBLAS_CORETYPE PyTorch's OpenBLAS would pick its generic kernels on this CPU (moetrain would
+# re-execute itself with SkylakeX) and the comparison would measure that, not the layers.
+# Prints: moetrain ms, its % of its own same-run sgemm rate, PyTorch ms, speed-up, and the goals.
+#   scripts/torch_compare.sh [--precision fp32|bf16] [--iters N] [--build DIR]
+# --precision goes to the moetrain side only; the PyTorch peer stays fp32 (the issue's baseline).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+precision=fp32 iters=3 build="$root/build"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --precision) precision="$2"; shift 2 ;;
+    --iters) iters="$2"; shift 2 ;;
+    --build) build="$2"; shift 2 ;;
+    *) echo "torch_compare.sh: unknown argument '$1' (expected --precision, --iters, --build)" >&2; exit 2 ;;
+  esac
+done
+moetrain="$build/moetrain"
+[ -x "$moetrain" ] || { echo "torch_compare.sh: $moetrain not found (build it first, or pass --build DIR)" >&2; exit 2; }
+python=/usr/bin/python3  # PyTorch 1.13 (not the pyenv python3 on PATH)
+export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}" OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+
+# shape: E k F, and the goals (% of own sgemm, speed-up over PyTorch)
+shapes=("64 6 704 90 1.2" "128 8 256 85 1.4" "8 2 3584 95 1.05")
+for s in "${shapes[@]}"; do
+  read -r E k F _ _ <<<"$s"
+  tag="E${E}_k${k}_F${F}"
+  "$moetrain" bench moe-layer --tokens 4096 --hidden 1024 --experts "$E" --topk "$k" --ffn "$F" \
+    --warmup 1 --iters "$iters" --threads 1 --precision "$precision" --no-padded --json >"$out/m_$tag.json"
+  "$python" "$root/scripts/torch_moe_layer.py" --tokens 4096 --hidden 1024 --experts "$E" --topk "$k" \
+    --ffn "$F" --device cpu --dtype fp32 --warmup 1 --iters "$iters" --gemm-n 1024 >"$out/t_$tag.json"
+done
+
+"$python" - "$out" "$precision" "${shapes[@]}" <<'EOF'
+import json, sys
+out, precision, shapes = sys.argv[1], sys.argv[2], sys.argv[3:]
+print(f"# one MoE layer fwd+bwd, T4096 H1024, 1 thread, OPENBLAS_CORETYPE set; moetrain {precision}, PyTorch fp32 dropless")
+print(f"{'shape':<16}{'moetrain ms':>12}{'% sgemm':>9}{'(goal)':>8}{'sgemm GF/s':>11}"
+      f"{'PyTorch ms':>12}{'torch GF/s':>11}{'speed-up':>10}{'(goal)':>8}  check")
+ok = True
+for s in shapes:
+    E, k, F, goal_pct, goal_x = s.split()
+    tag = f"E{E}_k{k}_F{F}"
+    m = json.load(open(f"{out}/m_{tag}.json"))
+    t = json.load(open(f"{out}/t_{tag}.json"))
+    row = next(r for r in m["rows"] if r["path"] == "padding-free")
+    pct = 100 * row["frac_of_blas_layer"]
+    speed = t["total_ms"] / row["total_ms"]
+    met = pct >= float(goal_pct) and speed >= float(goal_x)
+    ok = ok and met
+    wrong = f"{row['wrong_tokens']}/{row['checked_tokens']} wrong"
+    print(f"{tag:<16}{row['total_ms']:>12.0f}{pct:>8.1f}%{'>=' + goal_pct:>8}{m['blas_gflops_1024']:>11.1f}"
+          f"{t['total_ms']:>12.0f}{t['gemm_gflops']:>11.1f}{speed:>9.2f}x{'>=' + goal_x:>8}  "
+          f"{'met' if met else 'NOT met'}, {wrong}")
+print("all goals met" if ok else "some goals not met")
+EOF

@@ -1,0 +1,59 @@
+// The GEMM peak of a precision: best of several short runs. See peak_rate.h.
+#include "kernels/peak_rate.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <cstddef>
+
+#include "core/error.h"
+#include "core/timer.h"
+#include "kernels/gemm.h"
+
+namespace moe::kernels {
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  MOE_CHECK(clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+double best_gemm_gflops(const std::function<void(int n)>& product, const std::vector<int>& sizes,
+                        int runs_per_size, const std::function<double()>& clock) {
+  MOE_CHECK(!sizes.empty() && runs_per_size >= 1, "best_gemm_gflops: ", sizes.size(),
+            " sizes, runs_per_size=", runs_per_size);
+  double best = 0;
+  for (int n : sizes) {
+    MOE_CHECK(n > 0, "best_gemm_gflops: size ", n, " must be > 0");
+    product(n);  // untimed
+    const double flops = 2.0 * n * static_cast<double>(n) * n;
+    for (int r = 0; r < runs_per_size; ++r) {
+      const double t0 = clock();
+      product(n);
+      const double dt = clock() - t0;
+      if (dt > 0) best = std::max(best, flops / dt * 1e-9);
+    }
+  }
+  return best;
+}
+
+double measure_peak_gflops(const std::string& precision, const std::vector<int>& sizes,
+                           int runs_per_size) {
+  MOE_CHECK(precision == "fp32", "measure_peak_gflops: precision '", precision,
+            "' has no CPU peak measurement (fp32 only)");
+  const int largest = *std::max_element(sizes.begin(), sizes.end());
+  const size_t cap = static_cast<size_t>(largest) * static_cast<size_t>(largest);
+  std::vector<float> a(cap), b(cap), c(cap);
+  // Deterministic, well-scaled inputs (values in [-0.5, 0.5)); the timing does not depend on them.
+  for (size_t i = 0; i < cap; ++i) {
+    a[i] = static_cast<float>((i * 7919) % 1000) * 1e-3f - 0.5f;
+    b[i] = static_cast<float>((i * 104729) % 1000) * 1e-3f - 0.5f;
+  }
+  auto sgemm = [&](int n) {
+    gemm(false, false, n, n, n, 1.0f, a.data(), 0, b.data(), 0, 0.0f, c.data(), 0);
+  };
+  if (blas_threads() == 1) return best_gemm_gflops(sgemm, sizes, runs_per_size, thread_cpu_seconds);
+  return best_gemm_gflops(sgemm, sizes, runs_per_size, now_seconds);
+}
+
+}  // namespace moe::kernels

@@ -1,0 +1,39 @@
+// The GEMM rate that MFU and the benchmarks' "% of sgemm" count against (the trainer's progress
+// line and metrics.jsonl, bench moe-layer, the planner's calibrated profile). One timed product
+// moves with the machine's load (67..91 GFLOP/s between runs on a shared 2-core machine, and an
+// E8 k2 F3584 layer then ran at 125% of it): the peak here is the best of several short runs at
+// a few sizes, i.e. what the core reaches when nothing else runs on it. Noise only slows a run
+// down, so the best is the stable figure. It is the peak of one precision, named by the caller.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace moe::kernels {
+
+// Seconds of CPU time this thread has used: a run preempted by another process is not charged
+// for the time it waited (wall time is, and on a shared machine that is most of the noise).
+double thread_cpu_seconds();
+
+// GFLOP/s of the fastest of `runs_per_size` calls of product(n) (one n×n×n product, 2n³ flops)
+// for each n of sizes, after one untimed call per size (page faults, BLAS buffers), timed by
+// `clock` (seconds).
+double best_gemm_gflops(const std::function<void(int n)>& product, const std::vector<int>& sizes,
+                        int runs_per_size, const std::function<double()>& clock);
+
+// The sizes and runs measure_peak_gflops uses: about 0.5 s at 100 GFLOP/s.
+inline const std::vector<int>& peak_sizes() {
+  static const std::vector<int> sizes = {1024, 1536};
+  return sizes;
+}
+constexpr int kPeakRunsPerSize = 5;
+
+// The CPU peak of `precision` ("fp32": sgemm through kernels::gemm, the trainer's kernel), in
+// GFLOP/s, on this thread's BLAS thread count: timed in thread CPU time with one BLAS thread (the
+// rate of the core while it runs), in wall time with more (the other threads' work is not this
+// thread's). Another precision: one line naming it, non-zero exit.
+double measure_peak_gflops(const std::string& precision = "fp32",
+                           const std::vector<int>& sizes = peak_sizes(),
+                           int runs_per_size = kPeakRunsPerSize);
+
+}  // namespace moe::kernels
