@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "kernels/attention.h"
 #include "kernels/gemm.h"
 #include "kernels/swiglu_mlp.h"
 
@@ -232,29 +231,6 @@ BENCHMARK(BM_GroupedSwigluFwdBwd)
     ->MeasureProcessCPUTime()
     ->MinTime(2.0);
 
-// --- causal attention, forward + backward --------------------------------------------------------
-// Counts the full T×T products the kernel computes (masked half included): 12·B·nh·T²·hd flops.
-void BM_AttentionFwdBwd(benchmark::State& state) {
-  const int B = int(state.range(0)), T = int(state.range(1)), nh = int(state.range(2)),
-            hd = int(state.range(3));
-  size_t n = size_t(B) * T * nh * hd;
-  Rng rng(5);
-  auto q = rand_uniform(rng, n, 1.0), k = rand_uniform(rng, n, 1.0), v = rand_uniform(rng, n, 1.0),
-       dout = rand_uniform(rng, n, 1.0);
-  std::vector<float> out(n), att(size_t(B) * nh * T * T), dq(n), dk(n), dv(n),
-      scratch(size_t(T) * T);
-  for (auto _ : state) {
-    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, nh, hd);
-    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
-                       att.data(), B, T, nh, hd, scratch.data());
-    benchmark::DoNotOptimize(dq.data());
-  }
-  set_gflops(state, 12.0 * B * nh * double(T) * T * hd);
-}
-BENCHMARK(BM_AttentionFwdBwd)
-    ->Args({2, 256, 8, 64})
-    ->ArgNames({"B", "T", "nh", "hd"})
-    ->Unit(benchmark::kMillisecond)
-    ->MeasureProcessCPUTime();
+// Causal attention (fused, against the unfused baseline it replaced): bench/bench_attention.cpp.
 
 }  // namespace

@@ -58,7 +58,7 @@ H, nh, I, F = c["hidden_size"], c["num_attention_heads"], c["intermediate_size"]
 E, k, Fs, V = c["n_routed_experts"], c["num_experts_per_tok"], F * c["n_shared_experts"], c["vocab_size"]
 Bm, T = 2, 32
 N, R = Bm * T, Bm * T * k
-attn = 8 * N * H + 2 * N + Bm * nh * T * T                 # x ln1 q k v attn_out h ln2, 2 rstd, probs
+attn = 8 * N * H + 2 * N + Bm * nh * T + N * H             # x ln1 q k v attn_out h ln2, 2 rstd, lse + out
 dense_ffn = 3 * N * I                                       # g u h
 moe_ffn = (N * E + 2 * N * k + E                            # scores, top-k ids and weights, aux coef
            + E + (E + 1) + R + N * k                        # layout: counts, offsets, row maps

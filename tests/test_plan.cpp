@@ -116,7 +116,7 @@ TEST(PlanMemory, ActivationsAreTheTrainersSizeFunctions) {
     const plan::PlanModel m = plan::from_model_config(cfg, "cfg", "--preset cfg");
     const plan::MemoryOptions o = plan::memory_options(plan::cluster_preset("frontier"), "fp32", false);
     plan::MemoryOptions cpu = o;
-    cpu.attention_s2 = true;  // the trainer keeps the probabilities
+    cpu.attention_s2 = false;  // the trainer's attention is fused (lse + out kept, no T×T)
     for (const char* rc : {"none", "moe", "full"}) {
       plan::Layout l;
       l.recompute = rc;
@@ -136,7 +136,7 @@ TEST(PlanMemory, ActivationsAreTheTrainersSizeFunctions) {
   l.pp = 2;
   l.micro_batches = 4;
   plan::MemoryOptions o = plan::memory_options(plan::cluster_preset("frontier"), "fp32", false);
-  o.attention_s2 = true;
+  o.attention_s2 = false;
   const plan::MemoryEstimate e = plan::estimate_memory(m, l, {64, 8, "fp32"}, o);
   const int Bm = 2, T = 64;
   const size_t R = static_cast<size_t>(Bm) * T * c.num_experts_per_tok;

@@ -145,7 +145,9 @@ TEST(PlanTerms, ZeroOneShardsReplicatedOverDataRanksExpertsOverDp) {
 // ---------------------------------------------------------------- memory: activations
 
 // One sequence of T = 4 (N = 4), in elements.
-//   attention: 8·N·H + 2·N + B·heads·T² = 128 + 8 + 1·2·16 = 168 (136 without the s² probabilities)
+//   attention (unfused): 8·N·H + 2·N + B·heads·T² = 128 + 8 + 1·2·16 = 168; fused (the trainer's
+//   kernel): the row lse B·heads·T = 8 and a copy of out N·H = 16 in place of the 32 probabilities
+//   = 160
 //   dense FFN: 3·N·I = 72
 //   MoE FFN (R = N·k = 8 rows): N·E 16 + 2·N·k 16 + (2E + 1) 9 + R 8 + N·k 8 + 2·R·H 64
 //     + 3·R·F 72 = 193
@@ -171,10 +173,10 @@ TEST(PlanTerms, LayerActivationsByRecomputeMode) {
     EXPECT_EQ(d.kept, w.dense_kept) << w.mode;
     EXPECT_EQ(e.kept, w.moe_kept) << w.mode;
   }
-  // Fused attention keeps no B·heads·T² = 32 probabilities.
+  // Fused attention keeps no B·heads·T² = 32 probabilities, but the lse (8) and out (16).
   plan::MemoryOptions fused = o;
   fused.attention_s2 = false;
-  EXPECT_EQ(plan::layer_activation(m, 0, 1, 4, layout(1, 1, 1, 1), fused).attention, 136);
+  EXPECT_EQ(plan::layer_activation(m, 0, 1, 4, layout(1, 1, 1, 1), fused).attention, 160);
 }
 
 // Shared experts 3·N·Fs, also when Fs (5) is not a multiple of F (3): 3·4·5 = 60 on top of 193;
@@ -194,7 +196,8 @@ TEST(PlanTerms, SharedExpertsAndTwoMatrixExperts) {
 
 // Tensor parallelism 2 (sequence-sharded MoE): attention loses half of q, k, v, attn_out (4·N·4 =
 // 64) and of the probabilities (32): 168 - (64 + 32)/2 = 120; the dense FFN halves: 36. The MoE
-// block routes Nm = 2 tokens, R = 4 rows: 8 + 8 + 9 + 4 + 4 + 32 + 36 = 101.
+// block routes Nm = 2 tokens, R = 4 rows: 8 + 8 + 9 + 4 + 4 + 32 + 36 = 101. Fused attention
+// splits its lse and out copy (8 + 16) instead: 160 - (64 + 24)/2 = 116.
 TEST(PlanTerms, TensorParallelActivations) {
   plan::Layout l = layout(1, 1, 1, 1);
   l.tp = 2;
@@ -202,6 +205,9 @@ TEST(PlanTerms, TensorParallelActivations) {
   const plan::LayerActivation d = plan::layer_activation(m, 0, 1, 4, l, bare());
   const plan::LayerActivation e = plan::layer_activation(m, 1, 1, 4, l, bare());
   EXPECT_EQ(d.attention, 120);
+  plan::MemoryOptions fused = bare();
+  fused.attention_s2 = false;
+  EXPECT_EQ(plan::layer_activation(m, 0, 1, 4, l, fused).attention, 116);
   EXPECT_EQ(d.ffn, 36);
   EXPECT_EQ(e.rows, 4);
   EXPECT_EQ(e.ffn, 101);
@@ -296,8 +302,8 @@ TEST(PlanTerms, WorkspaceMoeLayerBackwardPeak) {
 }
 
 // A dense layer (full 240): backward = 240 + 32 + max(2·N·I = 48, 64 + T² = 80) = 352 -> 112
-// elements = 224 bytes; with fused attention (no T² scratch, full 208): 208 + 32 + max(48, 64) =
-// 304 -> 96 elements = 192 bytes. Two dense layers: the second layer's backward sits on the first
+// elements = 224 bytes; with fused attention (no T² scratch, full 232): 232 + 32 + max(48, 64) =
+// 328 -> 96 elements = 192 bytes. Two dense layers: the second layer's backward sits on the first
 // one's kept 240: 240 + 352 = 592 over kept 480 -> still 112.
 TEST(PlanTerms, WorkspaceAttentionScratchAndPrefix) {
   plan::MemoryOptions o = bare();

@@ -23,14 +23,16 @@ using namespace moe;
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s OUT_DIR [preset]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s OUT_DIR [preset [seq_len]]\n", argv[0]);
     return 2;
   }
   try {
     const std::string dir = argv[1];
     const std::string preset = argc > 2 ? argv[2] : "test-moe";
     std::filesystem::create_directories(dir);
-    const int B = 2, T = 16, steps = 10;
+    // seq_len: 16 by default; a longer one (150) spans several of the CPU attention kernel's
+    // 64-row key blocks.
+    const int B = 2, T = argc > 3 ? std::stoi(argv[3]) : 16, steps = 10;
     model::ModelConfig cfg = model::preset(preset);
     model::Model m(cfg);
     m.init_weights(42);

@@ -57,13 +57,13 @@ run res.ep2dp2-z-to-ep2dp2-z 4 "${m[@]}" --batch 2 --ep 2 --dp 2 --topo.ranks-pe
 run res.ep2dp2-z-to-ep2dp2 4 "${m[@]}" --batch 2 --ep 2 --dp 2 --topo.ranks-per-node 4 \
   --resume "$work/ep2dp2-z/checkpoints/step-10"
 
-# The planner's prediction for the same layouts: a CPU cluster (no fused attention, nothing
-# reserved) at fp32; memory does not depend on the cluster's speeds.
+# The planner's prediction for the same layouts: a CPU cluster (fused attention as the CPU
+# kernel is, nothing reserved) at fp32; memory does not depend on the cluster's speeds.
 "$bin" plan --save-cluster "$work/cluster.json" --cluster dgx-h100 > /dev/null
 /usr/bin/env python3 - "$work/cluster.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
-c.update(name="cpu-fp32", kind="cpu", fused_attention=False, reserved_bytes=0, precision="fp32")
+c.update(name="cpu-fp32", kind="cpu", fused_attention=True, reserved_bytes=0, precision="fp32")
 json.dump(c, open(sys.argv[1], "w"))
 PY
 plan() {  # plan NAME MODEL LAYOUT

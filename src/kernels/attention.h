@@ -1,20 +1,21 @@
 // Causal multi-head scaled dot-product attention on [B, T, n_head·head_dim] buffers (the layout the
-// q/k/v projections produce). Probabilities att [B, n_head, T, T] are kept for backward; the s²
-// term of the memory model is exactly this buffer.
+// q/k/v projections produce), flash-style on both devices: no T×T probabilities are kept, backward
+// recomputes them block by block from the row log-sum-exp that forward saves.
 #pragma once
 #include <cstddef>
 
 namespace moe::kernels {
 
-// Floats of the `att` buffer forward keeps for backward, and of backward's scratch, on the active
-// device: the CPU keeps the probabilities [B,nh,T,T] and needs T·T scratch; the CUDA kernels are
-// flash-style (no T×T buffer) and keep the row log-sum-exp [B,nh,T] and a copy of out [B,T,nh·hd].
+// Floats of the `att` buffer forward keeps for backward, the same on every device:
+//   att = [ lse (B, nh, T) | out (B, T, nh·hd) ]   (row log-sum-exp, a copy of out)
+// and of backward's scratch: none (the CPU kernel's block tiles live on its stack, the CUDA
+// kernel's row dots in its own scratch), so this is 0 on both devices.
 size_t attention_saved_floats(int B, int T, int n_head, int head_dim);
 size_t attention_scratch_floats(int T);
 // out[b,t,h,:] = sum_{s<=t} softmax_s(q·k / sqrt(hd)) v[b,s,h,:]
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
                        int B, int T, int n_head, int head_dim);
-// dq, dk, dv += ... ; scratch needs T·T floats.
+// dq, dk, dv += ... ; att is forward's; scratch (attention_scratch_floats, 0) may be null.
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* att, int B, int T, int n_head,
                         int head_dim, float* scratch);

@@ -11,7 +11,8 @@ LayerActivationSizes layer_activation_elems(const ModelConfig& c, int B, int T, 
   const size_t E = c.n_routed_experts, k = c.num_experts_per_tok, F = c.moe_intermediate_size;
   const size_t Fs = F * c.n_shared_experts, I = c.intermediate_size;
   LayerActivationSizes s;
-  s.attention = 8 * N * H + 2 * N + static_cast<size_t>(B) * nh * T * T;
+  s.attention_state = static_cast<size_t>(B) * nh * T + N * H;
+  s.attention = 8 * N * H + 2 * N + s.attention_state;
   s.dense_ffn = 3 * N * I;
   const size_t aux = c.aux_loss_alpha > 0 ? (c.seq_aux ? static_cast<size_t>(B) * E : E) : 0;
   s.moe_ffn = N * E + 2 * N * k + aux + (2 * E + 1) + R + N * k + 2 * R * H + 3 * R * F + 3 * N * Fs;

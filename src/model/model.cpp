@@ -25,7 +25,7 @@ struct Model::LayerActs {
   Buffer<float> ln1;        // [N,H] rmsnorm(x)
   Buffer<float> rstd1;      // [N]
   Buffer<float> q, k, v;    // [N,H] after rope (q, k)
-  Buffer<float> att;        // attention_saved_floats: [B,nh,T,T] probabilities (CPU), LSE + out (CUDA)
+  Buffer<float> att;        // attention_saved_floats: row LSE [B,nh,T] + a copy of out [N,H]
   Buffer<float> attn_out;   // [N,H] heads concatenated, before o_proj
   Buffer<float> h;          // [N,H] x + attention
   Buffer<float> ln2;        // [N,H] rmsnorm(h): the FFN input

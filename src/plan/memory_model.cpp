@@ -78,13 +78,17 @@ LayerActivation layer_activation(const PlanModel& m, int l, long long Bm, int T,
   // The trainer's size function for this shape (its moe part on the MoE block's tokens).
   const model::LayerActivationSizes s = model::layer_activation_elems(shadow, static_cast<int>(Bm), T, 0);
   const double s2 = static_cast<double>(Bm) * m.heads * T * T;
-  // Attention: 8·N·H + 2·N + B·nh·T² in the trainer. Widths other than H (GQA k/v, MLA's
-  // q/k/v/out and latents, explicit head_dim) add their difference; TP splits q, k, v, attn_out
-  // and the probabilities.
+  // Attention: 8·N·H + 2·N + the flash kernel's state (row lse B·nh·T + a copy of out N·H) in
+  // the trainer. Widths other than H (GQA k/v, MLA's q/k/v/out and latents, explicit head_dim)
+  // add their difference; TP splits q, k, v, attn_out and the state. attention_s2 models an
+  // unfused kernel instead: the B·nh·T² probabilities in place of that state.
   const AttentionWidths w = attention_widths(m);
-  a.attention = static_cast<double>(s.attention) + N * (w.sum() - 4 * H) + N * w.latent;
-  a.attention -= (1 - 1 / tp) * (N * w.sum() + s2);
-  if (!o.attention_s2) a.attention -= s2 / tp;
+  const double lse = static_cast<double>(Bm) * m.heads * T;
+  const double state = lse + N * w.o;
+  a.attention = static_cast<double>(s.attention) + N * (w.sum() - 4 * H) + N * w.latent +
+                (state - static_cast<double>(s.attention_state));
+  a.attention -= (1 - 1 / tp) * (N * w.sum() + state);
+  if (o.attention_s2) a.attention += (s2 - state) / tp;
   if (moe) {
     const double R = a.rows;
     const double Fs_trainer = static_cast<double>(shadow.n_shared_experts) * m.moe_ffn;

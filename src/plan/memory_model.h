@@ -10,7 +10,7 @@
 //   head backward:        kept + N·H (dx) + N·V (dlogits) + N·H (dln)
 //   recompute of layer l: prefix_l + N·H (dx) + N·H (out) + (full_l − kept_l) [+ dispatch scratch]
 //   backward of layer l:  prefix_{<l} + full_l + N·H (dx) + N·H (dln)
-//                         + max(FFN scratch, 4·N·H + T² (attention grads))
+//                         + max(FFN scratch, 4·N·H (attention grads) [+ T² with attention_s2])
 //     FFN scratch: dense 2·N·I; MoE max(2·N·Fs, routed) with routed = 2·R·H + 2·R·F (one rank)
 //     or 2·R·H + max(2·R·F, R·H) (expert parallel: dy rows, dx rows, then the return rows)
 // The stage peak is (in_flight − 1) · kept + max over one micro-batch's forward and backward.
@@ -37,7 +37,8 @@ struct MemoryOptions {
   bool norms = true;                // RMSNorm weights
   bool router = true;               // gate weights
   bool shared_experts = true;
-  bool attention_s2 = true;         // B·heads·s² probabilities kept (not with fused attention)
+  bool attention_s2 = true;         // B·heads·s² probabilities kept (an unfused kernel; the
+                                    // trainer's is fused on both devices: false)
   bool workspace = true;            // temporaries above the kept activations
   bool pipeline_buffers = true;     // activation-sized send/receive slots between stages
   bool a2a_buffers = false;         // a communication library's dispatch send + receive buffers
@@ -63,7 +64,8 @@ AttentionWidths attention_widths(const PlanModel& m);
 
 // One layer, one micro-batch of `micro_batch` sequences of `seq_len` tokens, in elements.
 struct LayerActivation {
-  double attention = 0;  // attention part (x, ln1, q, k, v, attn_out, h, ln2, rstd, probs)
+  double attention = 0;  // attention part (x, ln1, q, k, v, attn_out, h, ln2, rstd, lse + out
+                         // copy, or the probabilities with attention_s2)
   double ffn = 0;        // dense FFN or MoE (router, layout, rows, experts, shared)
   double input = 0;      // N·H: what full recomputation keeps
   double full = 0;       // attention + ffn: what forward allocates

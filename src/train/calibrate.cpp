@@ -92,7 +92,8 @@ plan::AttentionTable measure_attention(bool quick) {
       const int T = static_cast<int>(Td), D = static_cast<int>(hd), C = nh * D;
       std::vector<float> q(static_cast<size_t>(T) * C), k(q.size()), v(q.size()), out(q.size());
       std::vector<float> dq(q.size()), dk(q.size()), dv(q.size()), dout(q.size());
-      std::vector<float> att(static_cast<size_t>(nh) * T * T), scratch(static_cast<size_t>(T) * T);
+      std::vector<float> att(kernels::attention_saved_floats(1, T, nh, D)),
+          scratch(kernels::attention_scratch_floats(T));
       fill(q, 3);
       fill(k, 4);
       fill(v, 5);
@@ -191,8 +192,8 @@ class Replay {
       const int nh = static_cast<int>(a.seq_heads + 0.5);
       const size_t n = static_cast<size_t>(T) * nh * D;
       for (auto* v : {&q_, &k_, &v_, &o_, &dq_, &dk_, &dv_}) fit(*v, n);
-      fit(att_, static_cast<size_t>(nh) * T * T);
-      fit(scratch_, static_cast<size_t>(T) * T);
+      fit(att_, kernels::attention_saved_floats(1, T, nh, D));
+      fit(scratch_, kernels::attention_scratch_floats(T));
       if (!a.backward)
         kernels::attention_forward(o_.data(), att_.data(), q_.data(), k_.data(), v_.data(), 1, T, nh, D);
       else
@@ -383,7 +384,7 @@ void run_calibrate(const CalibrateOptions& o) {
       p.name = o.out;
       p.kind = "cpu";
       p.precision = "fp32";
-      p.fused_attention = false;
+      p.fused_attention = true;  // kernels/attention.cpp keeps no T×T probabilities
       p.gemm_nt = measure_gemm(false, true, o.quick);
       p.gemm_nn = measure_gemm(false, false, o.quick);
       p.gemm_tn = measure_gemm(true, false, o.quick);

@@ -36,14 +36,14 @@ std::vector<RankMemory> estimate_run_memory(const model::ModelConfig& cfg, const
   shape.seq_len = opts.seq_len;
   shape.global_batch = static_cast<long long>(opts.batch) * lay.data_ranks();
   shape.precision = "fp32";
-  // The CPU trainer's accounting: fp32 weights, gradients, Adam m and v; fp32 activations; the
-  // attention probabilities are kept; no communication library buffers.
+  // The CPU trainer's accounting: fp32 weights, gradients, Adam m and v; fp32 activations; fused
+  // attention (no probabilities kept); no communication library buffers.
   plan::MemoryOptions mo;
   mo.weight_bytes = 4;
   mo.grad_bytes = 4;
   mo.optimizer_bytes = 8;
   mo.act_bytes = 4;
-  mo.attention_s2 = true;
+  mo.attention_s2 = false;
   mo.a2a_buffers = false;
   mo.padded = opts.moe.padded;
   if (opts.moe.capacity_factor > 0) mo.capacity_factor = opts.moe.capacity_factor;

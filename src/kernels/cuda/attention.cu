@@ -4,6 +4,8 @@
 // j + 32c owns output column j + 32c for the accumulation (so head_dim <= 32·kCols = 128).
 // Forward keeps the online-softmax row log-sum-exp and a copy of out in `att`:
 //   att = [ lse (B, nh, T) | out (B, T, nh·hd) ]
+// The softmax pieces (exp_poly, online_softmax_rescale, attention_dscore) are element_math.h's,
+// shared with the CPU kernel (kernels/attention.cpp).
 // Backward (deterministic, no atomics), with p = exp(scale·q_t·k_s - lse_t), D_t = dout_t·out_t:
 //   dq_t += Σ_{s<=t} ds_ts k_s ,  dk_s += Σ_{t>=s} ds_ts q_t ,  dv_s += Σ_{t>=s} p_ts dout_t ,
 //   ds_ts = scale · p_ts · (dout_t·v_s - D_t)
@@ -13,6 +15,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/element_math.h"
 
 namespace moe::kernels::cuda {
 namespace {
@@ -91,8 +94,8 @@ __global__ void attention_forward_kernel(float* out, float* lse, float* out_copy
     const float x = valid ? g.scale * dot(qw, Ks + lane * ldk, hd) : -INFINITY;
     // online softmax: lane 0 is always valid, so m_new is finite
     const float m_new = fmaxf(m, warp_max(x));
-    const float p = valid ? expf(x - m_new) : 0.0f;
-    const float corr = expf(m - m_new);
+    const float p = valid ? math::exp_poly(x - m_new) : 0.0f;
+    const float corr = math::online_softmax_rescale(m, m_new);
     l = l * corr + warp_sum(p);
 #pragma unroll
     for (int c = 0; c < kCols; ++c) acc[c] *= corr;
@@ -160,8 +163,8 @@ __global__ void attention_dq_kernel(float* dq, const float* dout, const float* q
     if (!active || s0 > t) continue;
     float ds = 0.0f;
     if (s0 + lane <= t) {
-      const float p = expf(g.scale * dot(qw, Ks + lane * ldk, hd) - lse_t);
-      ds = g.scale * p * (dot(ow, Vs + lane * ldk, hd) - D_t);
+      const float p = math::exp_poly(g.scale * dot(qw, Ks + lane * ldk, hd) - lse_t);
+      ds = math::attention_dscore(p, dot(ow, Vs + lane * ldk, hd), D_t, g.scale);
     }
     accumulate(acc, ds, Ks, ldk, 0, min(kTile, t - s0 + 1), hd, lane);
   }
@@ -213,8 +216,8 @@ __global__ void attention_dkv_kernel(float* dk, float* dv, const float* dout, co
     if (i0 >= n) continue;
     float p = 0.0f, ds = 0.0f;
     if (lane >= i0 && lane < n) {
-      p = expf(g.scale * dot(Qs + lane * ldq, kw, hd) - Ls[lane]);
-      ds = g.scale * p * (dot(Os + lane * ldq, vw, hd) - Ds[lane]);
+      p = math::exp_poly(g.scale * dot(Qs + lane * ldq, kw, hd) - Ls[lane]);
+      ds = math::attention_dscore(p, dot(Os + lane * ldq, vw, hd), Ds[lane], g.scale);
     }
     accumulate(acc_v, p, Os, ldq, i0, n, hd, lane);
     accumulate(acc_k, ds, Qs, ldq, i0, n, hd, lane);
