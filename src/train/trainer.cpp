@@ -25,6 +25,7 @@
 #include "kernels/adamw.h"
 #include "kernels/device_select.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16_cpu.h"
 #include "model/weights_io.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
@@ -104,8 +105,8 @@ void validate_options(const TrainOptions& o) {
   parse_device(o.device, "--device");
   MOE_CHECK(o.precision == "fp32" || o.precision == "bf16", "--precision: expected fp32 or bf16, got '",
             o.precision, "'");
-  MOE_CHECK(o.precision == "fp32" || o.device == "cuda", "--precision bf16: the CPU backend computes in "
-            "fp32 only (bf16 GEMM inputs need --device cuda)");
+  MOE_CHECK(o.precision == "fp32" || o.device == "cuda" || kernels::bf16_cpu_available(),
+            "--precision bf16 --device cpu: ", kernels::bf16_cpu_unavailable_reason());
   MOE_CHECK(o.migrate_every >= 0, "--balance.migrate-every must be >= 0 (0 = never), got ", o.migrate_every);
   MOE_CHECK(finite(o.migrate_threshold) && o.migrate_threshold > 1, "--balance.threshold must be a max/mean "
             "rank load > 1 (1 is perfect balance), got ", o.migrate_threshold);
@@ -619,7 +620,8 @@ TrainResult run_training(const TrainOptions& opts) {
     res.peak_gflops = kernels::cuda::measure_gemm_gflops(4096, 3, opts.precision == "bf16");
   else
 #endif
-    res.peak_gflops = kernels::measure_gemm_gflops(1024, 3);
+    res.peak_gflops = opts.precision == "bf16" ? kernels::measure_gemm_bf16_gflops(1024, 3)
+                                               : kernels::measure_gemm_gflops(1024, 3);
 
   comm::TrafficStats traffic;
   comm::TokenExchange exchange(grid.ep, grid.topo, algo, &traffic);
@@ -734,7 +736,7 @@ TrainResult run_training(const TrainOptions& opts) {
     std::fprintf(stderr,
                  "moetrain: %s, %.2fM params (%.2fM active), %d layers, E=%d k=%d, global batch "
                  "%dx%d in %d micro-batch(es), %d steps, %d rank(s) [%s, layers %s, %s, a2a %s, "
-                 "recompute %s, %s], %d BLAS thread(s) per rank (%s), peak %.1f GFLOP/s per rank\n",
+                 "recompute %s, %s], %d BLAS thread(s) per rank (%s), peak %.1f GFLOP/s per rank (%s GEMM)\n",
                  opts.config_path.empty() ? opts.preset.c_str() : opts.config_path.c_str(),
                  pc.total / 1e6, pc.active / 1e6, cfg.num_hidden_layers, cfg.n_routed_experts,
                  cfg.num_experts_per_tok, B_global, T, M, opts.steps, grid.world.size(),
@@ -742,7 +744,7 @@ TrainResult run_training(const TrainOptions& opts) {
                  comm::a2a_algorithm_name(algo), opts.recompute.c_str(),
                  grid.topo.describe().c_str(), opts.threads,
                  opts.device == "cuda" ? "cuBLAS" : ("OpenBLAS " + kernels::blas_core_description()).c_str(),
-                 res.peak_gflops);
+                 res.peak_gflops, opts.precision == "bf16" && opts.device != "cuda" ? "oneDNN bf16" : opts.precision.c_str());
   }
 
   std::vector<model::Model::MicroBatchPtr> mbs;
@@ -790,8 +792,11 @@ TrainResult run_training(const TrainOptions& opts) {
       model.backward(*mbs[m], dy_out, dx_in, 1.0f / (D * M));
     };
     const size_t act_floats = static_cast<size_t>(Bm) * T * cfg.hidden_size;
-    parallel::PipelineTimes pt = parallel::run_pipeline(grid.pp, schedule, M, act_floats, cb, &pipe_mem,
-                                                       device);
+    parallel::PipelineTimes pt;
+    {  // bf16 on the CPU: the weights converted once for the step's forward and backward passes
+      kernels::Bf16WeightScope bf16_weights(model.params(), model.num_params());
+      pt = parallel::run_pipeline(grid.pp, schedule, M, act_floats, cb, &pipe_mem, device);
+    }
     {
       ScopedTimer t(t_sync);
       if (shard.sharded())
