@@ -10,6 +10,8 @@ PKGS=(build-essential cmake pkg-config
       libsentencepiece-dev python3-torch python3-numpy bible-kjv "$@")
 # The SMPI scale study and its CI smoke test (tests/smpi/): SimGrid's smpicxx and smpirun.
 PKGS+=(libsimgrid-dev)
+# --precision bf16 on the CPU: oneDNN's bf16 matmul (src/kernels/gemm_bf16_cpu.*).
+PKGS+=(libdnnl-dev)
 # tests/report.sh renders moetrain report's pages in headless Chromium (skipped without it).
 PKGS+=(chromium)
 

@@ -4,7 +4,9 @@
 // noaux_tc, also bias.safetensors: each MoE layer's selection bias before the forward (random,
 // so that it changes the routing from the first step) and after the steps, which move it by
 // mixture::update_score_bias over each step's loads.
-// Usage: tool_ref_dump OUT_DIR [preset]
+// With "bf16" after the preset, every GEMM runs with bf16 inputs (--precision bf16 on the CPU;
+// train.json says "gemm_precision": "bf16", and the reference rounds its GEMM inputs the same way).
+// Usage: tool_ref_dump OUT_DIR [preset [bf16]]
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +15,8 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
+#include "kernels/device_select.h"
+#include "kernels/gemm_bf16_cpu.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "model/weights_io.h"
@@ -23,16 +27,23 @@ using namespace moe;
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s OUT_DIR [preset [seq_len]]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s OUT_DIR [preset [precision [seq_len]]]\n", argv[0]);
     return 2;
   }
   try {
     const std::string dir = argv[1];
     const std::string preset = argc > 2 ? argv[2] : "test-moe";
+    const std::string precision = argc > 3 ? argv[3] : "fp32";
+    MOE_CHECK(precision == "fp32" || precision == "bf16", "precision: expected fp32 or bf16, got '", precision, "'");
+    if (precision == "bf16" && !kernels::bf16_cpu_available()) {
+      std::printf("SKIPPED: bf16 on the CPU: %s\n", kernels::bf16_cpu_unavailable_reason().c_str());
+      return 77;
+    }
+    kernels::set_gemm_bf16(precision == "bf16");
     std::filesystem::create_directories(dir);
     // seq_len: 16 by default; a longer one (150) spans several of the CPU attention kernel's
     // 64-row key blocks.
-    const int B = 2, T = argc > 3 ? std::stoi(argv[3]) : 16, steps = 10;
+    const int B = 2, T = argc > 4 ? std::stoi(argv[4]) : 16, steps = 10;
     model::ModelConfig cfg = model::preset(preset);
     model::Model m(cfg);
     m.init_weights(42);
@@ -74,7 +85,8 @@ int main(int argc, char** argv) {
                          {"min_lr", oc.min_lr}, {"warmup_steps", oc.warmup_steps},
                          {"total_steps", oc.total_steps}, {"beta1", oc.beta1},
                          {"beta2", oc.beta2},  {"eps", oc.eps},
-                         {"weight_decay", oc.weight_decay}, {"grad_clip", oc.grad_clip}};
+                         {"weight_decay", oc.weight_decay}, {"grad_clip", oc.grad_clip},
+                         {"gemm_precision", precision}};
     std::ofstream(dir + "/train.json") << tj.dump(2) << "\n";
 
     Rng rng(7);

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "kernels/device_select.h"
+#include "kernels/gemm_bf16_cpu.h"
 
 namespace moe::kernels {
 namespace {
@@ -50,6 +51,7 @@ math::AdamWScalars adamw_scalars(const AdamWParams& hp, int step) {
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWParams& hp,
                   int step, float grad_scale) {
   MOE_CUDA_DISPATCH(adamw_update, p, g, m, v, n, hp, step, grad_scale);
+  invalidate_bf16_weights(p);  // the weights change: a bf16 copy of them would be stale
   const math::AdamWScalars s = adamw_scalars(hp, step);
   for (size_t i = 0; i < n; ++i) math::adamw_element(p[i], g[i], m[i], v[i], s, grad_scale);
 }

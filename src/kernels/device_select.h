@@ -19,8 +19,8 @@ inline bool cuda_active() { return active_device() == Device::kCuda; }
 // wall-clock interval covers the GPU work it names.
 void device_synchronize();
 
-// GEMM input precision on CUDA: fp32, or bf16 inputs with fp32 accumulation and fp32 outputs.
-// The CPU backend has fp32 only (set_gemm_bf16(true) there is refused by the caller).
+// GEMM input precision: fp32, or bf16 inputs with fp32 accumulation and fp32 outputs (cuBLAS on
+// CUDA, oneDNN on the CPU: kernels/gemm_bf16_cpu.h; callers check bf16_cpu_available() first).
 void set_gemm_bf16(bool on);
 bool gemm_bf16();
 

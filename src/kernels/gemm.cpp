@@ -15,13 +15,30 @@
 
 #include "core/error.h"
 #include "kernels/device_select.h"
+#include "kernels/gemm_bf16_cpu.h"
 #include "core/timer.h"
 
 namespace moe::kernels {
+namespace {
+// bf16 GEMM inputs on the CPU backend. An emulated GPU's kernels run here too and keep the GEMMs
+// of the real ones (fp32 inside attention; cuda::gemm rounds its own inputs).
+bool cpu_gemm_bf16() {
+#ifdef MOETRAIN_EMULATED_CUDA
+  if (in_emulated_kernel()) return false;
+#endif
+  return gemm_bf16();
+}
+}  // namespace
 
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
   MOE_CUDA_DISPATCH(gemm, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (cpu_gemm_bf16()) return gemm_bf16_cpu(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+           const float* B, int ldb, float beta, float* C, int ldc) {
   MOE_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
   if (M == 0 || N == 0) return;
   // Dense row strides: A is stored [M,K] (or [K,M] when transposed), B [K,N] (or [N,K]).
@@ -100,27 +117,10 @@ std::string blas_core_description() {
 void set_blas_threads(int n) {
   MOE_CHECK(n >= 1, "set_blas_threads: thread count must be >= 1, got ", n);
   openblas_set_num_threads(n);
+  set_bf16_cpu_threads(n);  // oneDNN's OpenMP threads (the bf16 GEMMs): the same count
 }
 
 int blas_threads() { return openblas_get_num_threads(); }
 
-double measure_gemm_gflops(int n, int repeats) {
-  MOE_CHECK(n > 0 && repeats > 0, "measure_gemm_gflops: n=", n, " repeats=", repeats);
-  size_t nn = static_cast<size_t>(n) * n;
-  std::vector<float> a(nn), b(nn), c(nn);
-  // Deterministic, well-scaled inputs (values in [-0.5, 0.5)); the timing does not depend on them.
-  for (size_t i = 0; i < nn; ++i) {
-    a[i] = static_cast<float>((i * 7919) % 1000) * 1e-3f - 0.5f;
-    b[i] = static_cast<float>((i * 104729) % 1000) * 1e-3f - 0.5f;
-  }
-  gemm(false, false, n, n, n, 1.0f, a.data(), 0, b.data(), 0, 0.0f, c.data(), 0);  // warm up
-  double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    double t0 = now_seconds();
-    gemm(false, false, n, n, n, 1.0f, a.data(), 0, b.data(), 0, 0.0f, c.data(), 0);
-    best = std::min(best, now_seconds() - t0);
-  }
-  return 2.0 * n * static_cast<double>(n) * n / best * 1e-9;
-}
 
 }  // namespace moe::kernels

@@ -9,9 +9,13 @@
 namespace moe::kernels {
 
 // C[M,N] = alpha · op(A) · op(B) + beta · C, row-major; op(A) is [M,K], op(B) is [K,N].
-// lda/ldb/ldc are row strides (elements); pass 0 for the dense default.
+// lda/ldb/ldc are row strides (elements); pass 0 for the dense default. While set_gemm_bf16(true)
+// on the CPU, A and B are rounded to bf16 (kernels/gemm_bf16_cpu.h); sgemm is always fp32.
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc);
+
+void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+           const float* B, int ldb, float beta, float* C, int ldc);
 
 // y[T,out] = x[T,in] · w[out,in]^T   (beta = 0: overwrite; accumulate = true: y +=)
 void linear_forward(float* y, const float* x, const float* w, int T, int in, int out,
@@ -35,7 +39,7 @@ std::string blas_core_description();
 void set_blas_threads(int n);
 int blas_threads();
 
-// GFLOP/s of one n×n×n sgemm, best of `repeats` (the roofline the benchmarks and MFU refer to).
+// GFLOP/s of one n×n×n sgemm (fp32 whatever set_gemm_bf16 says), best of `repeats` (the roofline the benchmarks and MFU refer to).
 double measure_gemm_gflops(int n = 1024, int repeats = 3);
 
 

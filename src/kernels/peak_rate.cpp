@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16_cpu.h"
 
 namespace moe::kernels {
 
@@ -39,18 +40,26 @@ double best_gemm_gflops(const std::function<void(int n)>& product, const std::ve
 
 double measure_peak_gflops(const std::string& precision, const std::vector<int>& sizes,
                            int runs_per_size) {
-  MOE_CHECK(precision == "fp32", "measure_peak_gflops: precision '", precision,
-            "' has no CPU peak measurement (fp32 only)");
-  const int largest = *std::max_element(sizes.begin(), sizes.end());
+  MOE_CHECK(precision == "fp32" || precision == "bf16", "measure_peak_gflops: precision '", precision,
+            "' has no CPU peak measurement (fp32 or bf16)");
+  const bool bf16 = precision == "bf16";
+  MOE_CHECK(!bf16 || bf16_cpu_available(), "measure_peak_gflops: bf16 on the CPU: ",
+            bf16_cpu_unavailable_reason());
+  const int largest = bf16 ? 0 : *std::max_element(sizes.begin(), sizes.end());
   const size_t cap = static_cast<size_t>(largest) * static_cast<size_t>(largest);
   std::vector<float> a(cap), b(cap), c(cap);
+  auto sgemm_fp32 = [&](int n) {
+    gemm(false, false, n, n, n, 1.0f, a.data(), 0, b.data(), 0, 0.0f, c.data(), 0);
+  };
   // Deterministic, well-scaled inputs (values in [-0.5, 0.5)); the timing does not depend on them.
   for (size_t i = 0; i < cap; ++i) {
     a[i] = static_cast<float>((i * 7919) % 1000) * 1e-3f - 0.5f;
     b[i] = static_cast<float>((i * 104729) % 1000) * 1e-3f - 0.5f;
   }
+  // bf16: oneDNN's matmul on inputs already in bf16 (the roofline: no conversion).
   auto sgemm = [&](int n) {
-    gemm(false, false, n, n, n, 1.0f, a.data(), 0, b.data(), 0, 0.0f, c.data(), 0);
+    if (bf16) return bf16_roofline_product(n);
+    sgemm_fp32(n);
   };
   if (blas_threads() == 1) return best_gemm_gflops(sgemm, sizes, runs_per_size, thread_cpu_seconds);
   return best_gemm_gflops(sgemm, sizes, runs_per_size, now_seconds);

@@ -28,7 +28,8 @@ inline const std::vector<int>& peak_sizes() {
 }
 constexpr int kPeakRunsPerSize = 5;
 
-// The CPU peak of `precision` ("fp32": sgemm through kernels::gemm, the trainer's kernel), in
+// The CPU peak of `precision` ("fp32": sgemm through kernels::gemm, the trainer's kernel; "bf16":
+// the same call with bf16 inputs through oneDNN, refused where that is unavailable), in
 // GFLOP/s, on this thread's BLAS thread count: timed in thread CPU time with one BLAS thread (the
 // rate of the core while it runs), in wall time with more (the other threads' work is not this
 // thread's). Another precision: one line naming it, non-zero exit.

@@ -15,6 +15,7 @@
 #include "core/timer.h"
 #include "kernels/device_select.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16_cpu.h"
 #include "kernels/peak_rate.h"
 #include "moe/moe_layer.h"
 
@@ -148,8 +149,8 @@ double moe_layer_useful_flops(const MoeBenchOptions& o, size_t real_rows) {
 
 MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
   check_options(opts);
-  MOE_CHECK(!opts.bf16 || opts.device == Device::kCuda,
-            "bench moe-layer: --precision bf16 needs --device cuda (the CPU backend is fp32 only)");
+  MOE_CHECK(!opts.bf16 || opts.device == Device::kCuda || kernels::bf16_cpu_available(),
+            "bench moe-layer: --precision bf16 --device cpu: ", kernels::bf16_cpu_unavailable_reason());
   MoeBenchResult res;
   res.opts = opts;
   const bool on_gpu = opts.device == Device::kCuda;
@@ -163,7 +164,7 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
 #ifdef MOETRAIN_HAVE_CUDA
     if (on_gpu) return kernels::cuda::measure_gemm_gflops(res.blas_n, 5, opts.bf16);
 #endif
-    return kernels::measure_peak_gflops("fp32");  // best of a few sizes and runs
+    return kernels::measure_peak_gflops(opts.bf16 ? "bf16" : "fp32");  // best of a few sizes and runs
   };
   res.blas_gflops_1024 = roofline();
 
@@ -228,6 +229,11 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
       MoeStepTimes* old = set_moe_step_times(&times);
       kernels::device_synchronize();
       double t0 = now_seconds();
+      // bf16 on the CPU: the weights converted once per forward + backward (timed, in forward),
+      // as the trainer does once per step.
+      kernels::Bf16WeightScope bf16_weights({{run.gate.data(), run.gate.size()}, {run.eg.data(), EFH},
+                                             {run.eu.data(), EFH}, {run.ed.data(), EFH},
+                                             {run.sg.data(), FsH}, {run.su.data(), FsH}, {run.sd.data(), FsH}});
       moe_forward(y.data(), act, run.x.data(), w, cfg, T, 1, &tracker);
       kernels::device_synchronize();
       double t1 = now_seconds();

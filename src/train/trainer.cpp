@@ -25,6 +25,7 @@
 #include "kernels/adamw.h"
 #include "kernels/device_select.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16_cpu.h"
 #include "kernels/peak_rate.h"
 #include "model/weights_io.h"
 #include "moe/bench_moe_layer.h"
@@ -106,8 +107,8 @@ void validate_options(const TrainOptions& o) {
   parse_device(o.device, "--device");
   MOE_CHECK(o.precision == "fp32" || o.precision == "bf16", "--precision: expected fp32 or bf16, got '",
             o.precision, "'");
-  MOE_CHECK(o.precision == "fp32" || o.device == "cuda", "--precision bf16: the CPU backend computes in "
-            "fp32 only (bf16 GEMM inputs need --device cuda)");
+  MOE_CHECK(o.precision == "fp32" || o.device == "cuda" || kernels::bf16_cpu_available(),
+            "--precision bf16 --device cpu: ", kernels::bf16_cpu_unavailable_reason());
   MOE_CHECK(o.migrate_every >= 0, "--balance.migrate-every must be >= 0 (0 = never), got ", o.migrate_every);
   MOE_CHECK(finite(o.migrate_threshold) && o.migrate_threshold > 1, "--balance.threshold must be a max/mean "
             "rank load > 1 (1 is perfect balance), got ", o.migrate_threshold);
@@ -665,10 +666,7 @@ TrainResult run_training(const TrainOptions& opts) {
     res.peak_gflops = kernels::cuda::measure_gemm_gflops(4096, 3, opts.precision == "bf16");
   else
 #endif
-  {
-    peak_precision = "fp32";
     res.peak_gflops = kernels::measure_peak_gflops(peak_precision);
-  }
 
   comm::TrafficStats traffic;
   comm::TokenExchange exchange(grid.ep, grid.topo, algo, &traffic);
@@ -791,7 +789,8 @@ TrainResult run_training(const TrainOptions& opts) {
                  comm::a2a_algorithm_name(algo), opts.recompute.c_str(),
                  grid.topo.describe().c_str(), opts.threads,
                  opts.device == "cuda" ? "cuBLAS" : ("OpenBLAS " + kernels::blas_core_description()).c_str(),
-                 res.peak_gflops, peak_precision.c_str());
+                 res.peak_gflops,
+                 opts.precision == "bf16" && opts.device != "cuda" ? "oneDNN bf16" : peak_precision.c_str());
   }
 
   std::vector<model::Model::MicroBatchPtr> mbs;
@@ -844,8 +843,11 @@ TrainResult run_training(const TrainOptions& opts) {
       model.backward(*mbs[m], dy_out, dx_in, 1.0f / (D * M));
     };
     const size_t act_floats = static_cast<size_t>(Bm) * T * cfg.hidden_size;
-    parallel::PipelineTimes pt = parallel::run_pipeline(grid.pp, schedule, M, act_floats, cb, &pipe_mem,
-                                                       device);
+    parallel::PipelineTimes pt;
+    {  // bf16 on the CPU: the weights converted once for the step's forward and backward passes
+      kernels::Bf16WeightScope bf16_weights(model.params(), model.num_params());
+      pt = parallel::run_pipeline(grid.pp, schedule, M, act_floats, cb, &pipe_mem, device);
+    }
     moe_recorder.reset();
     {
       ScopedTimer t(t_sync);

@@ -2,10 +2,13 @@
 # Runs the PyTorch reference check: the C++ dump tool writes weights, a batch, logits, loss, every
 # gradient, 10 training losses and the weights after them into OUTDIR; deepseek_ref.py recomputes
 # them in PyTorch and compares. Exit code is non-zero if either step fails.
-# Usage: run_reference.sh DUMP_TOOL PYTHON OUTDIR [PRESET [SEQ_LEN]]
+# PRECISION bf16: the C++ GEMMs take bf16 inputs and so does the reference (its bf16 tolerances);
+# exit 77 (ctest: SKIPPED) where bf16 on the CPU is not available.
+# SEQ_LEN: the batch's tokens per sequence (16 by default).
+# Usage: run_reference.sh DUMP_TOOL PYTHON OUTDIR [PRESET [PRECISION [SEQ_LEN]]]
 set -euo pipefail
-if [[ $# -lt 3 || $# -gt 5 ]]; then
-  echo "usage: $0 DUMP_TOOL PYTHON OUTDIR [PRESET [SEQ_LEN]]" >&2
+if [[ $# -lt 3 || $# -gt 6 ]]; then
+  echo "usage: $0 DUMP_TOOL PYTHON OUTDIR [PRESET [PRECISION [SEQ_LEN]]]" >&2
   exit 2
 fi
 dump_tool=$1
@@ -18,5 +21,7 @@ mkdir -p "$outdir"
 rm -f "$outdir"/config.json "$outdir"/train.json "$outdir"/model.safetensors \
   "$outdir"/batch.safetensors "$outdir"/expected.safetensors "$outdir"/final.safetensors \
   "$outdir"/bias.safetensors
-"$dump_tool" "$outdir" ${4:+"$4"} ${5:+"$5"}
+rc=0
+"$dump_tool" "$outdir" ${4:+"$4"} ${5:+"$5"} ${6:+"$6"} || rc=$?
+[[ $rc -eq 0 ]] || exit $rc
 "$python" "$here/deepseek_ref.py" "$outdir"

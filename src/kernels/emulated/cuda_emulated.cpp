@@ -74,14 +74,14 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
           const float* B, int ldb, float beta, float* C, int ldc) {
   KernelScope scope;
   if (!gemm_bf16() || M == 0 || N == 0 || K == 0) {
-    moe::kernels::gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    moe::kernels::sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
   const int ra = trans_a ? K : M, ca = trans_a ? M : K, rb = trans_b ? N : K, cb = trans_b ? K : N;
   if (lda == 0) lda = ca;
   if (ldb == 0) ldb = cb;
   const std::vector<float> a = rounded(A, ra, ca, lda), b = rounded(B, rb, cb, ldb);
-  moe::kernels::gemm(trans_a, trans_b, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, C, ldc);
+  moe::kernels::sgemm(trans_a, trans_b, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, C, ldc);
 }
 
 double measure_gemm_gflops(int n, int repeats, bool bf16) {
