@@ -173,7 +173,7 @@ struct GroupedProblem {
 };
 
 // The roofline in the same clock as the rates: best of 3 1024³ sgemms in process CPU time.
-// (measure_gemm_gflops is the wall-clock version the trainer uses.)
+// (kernels::measure_peak_gflops is the version the trainer uses.)
 double sgemm_1024_gflops() {
   static const double rate = [] {
     const int n = 1024;

@@ -19,6 +19,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/peak_rate.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu_mlp.h"
@@ -511,7 +512,7 @@ TEST(Gemm, ThreadsAndRoofline) {
   EXPECT_EQ(blas_threads(), 1);
   set_blas_threads(before);
   EXPECT_THROW(set_blas_threads(0), moe::Error);
-  EXPECT_GT(measure_gemm_gflops(64, 2), 0.0);
+  EXPECT_GT(measure_peak_gflops("fp32", {64}, 2), 0.0);
 }
 
 TEST(Rope, TableMatchesDirectFormula) {

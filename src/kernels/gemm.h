@@ -39,8 +39,6 @@ std::string blas_core_description();
 void set_blas_threads(int n);
 int blas_threads();
 
-// GFLOP/s of one n×n×n sgemm (fp32 whatever set_gemm_bf16 says), best of `repeats` (the roofline the benchmarks and MFU refer to).
-double measure_gemm_gflops(int n = 1024, int repeats = 3);
 
 
 // The CUDA implementations (src/kernels/cuda/), same contract, device pointers; the leaf

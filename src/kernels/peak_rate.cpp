@@ -49,7 +49,7 @@ double measure_peak_gflops(const std::string& precision, const std::vector<int>&
   const size_t cap = static_cast<size_t>(largest) * static_cast<size_t>(largest);
   std::vector<float> a(cap), b(cap), c(cap);
   auto sgemm_fp32 = [&](int n) {
-    gemm(false, false, n, n, n, 1.0f, a.data(), 0, b.data(), 0, 0.0f, c.data(), 0);
+    kernels::sgemm(false, false, n, n, n, 1.0f, a.data(), 0, b.data(), 0, 0.0f, c.data(), 0);
   };
   // Deterministic, well-scaled inputs (values in [-0.5, 0.5)); the timing does not depend on them.
   for (size_t i = 0; i < cap; ++i) {

@@ -22,6 +22,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/peak_rate.h"
 #include "kernels/permute.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -88,7 +89,7 @@ double measure_gemm_gflops(int n, int repeats, bool bf16) {
   (void)bf16;
   // The emulated GPU is this CPU: its rate is the CPU's, measured at the CPU's size (a 4096^3
   // GEMM would take a minute here and tell nothing more).
-  return moe::kernels::measure_gemm_gflops(std::min(n, 1024), repeats);
+  return moe::kernels::measure_peak_gflops("fp32", {std::min(n, 1024)}, repeats);
 }
 
 // The CUDA contract keeps no T×T probabilities (att is sized for the row statistics and a copy of
