@@ -94,6 +94,9 @@ MOE_ROW_CLONES void dscore_row(float* s, float* dp, int valid, int n, float lse,
   std::fill(dp + std::max(valid, 0), dp + n, 0.0f);
 }
 
+// The tile products run in fp32 whatever --precision says (sgemm): the scores and the softmax stay
+// fp32 (DESIGN.md, Numbers), as in the CUDA kernel.
+
 // Unmasked keys of row t within the key block starting at s0 (clamped to [0, nk]).
 int valid_keys(int t, int s0, int nk) { return std::clamp(t - s0 + 1, 0, nk); }
 
@@ -109,13 +112,13 @@ void forward_query_block(float* out, float* lse, float* out_copy, const float* q
   for (int s0 = 0; s0 < t0 + nq; s0 += kBlock) {
     const int nk = std::min(kBlock, t0 + nq - s0);  // keys past the block's last query: masked
     const size_t ks = g.off + static_cast<size_t>(s0) * g.C;
-    gemm(false, true, nq, nk, g.hd, g.scale, Q, g.C, k + ks, g.C, 0.0f, S, kBlock);
+    sgemm(false, true, nq, nk, g.hd, g.scale, Q, g.C, k + ks, g.C, 0.0f, S, kBlock);
     for (int i = 0; i < nq; ++i) {
       const float corr = online_softmax_row(S + i * kBlock, valid_keys(t0 + i, s0, nk), nk, m[i], l[i]);
       if (corr != 1.0f)
         for (float *o = O + static_cast<size_t>(i) * g.C, *e = o + g.hd; o < e; ++o) *o *= corr;
     }
-    gemm(false, false, nq, g.hd, nk, 1.0f, S, kBlock, v + ks, g.C, 1.0f, O, g.C);
+    sgemm(false, false, nq, g.hd, nk, 1.0f, S, kBlock, v + ks, g.C, 1.0f, O, g.C);
   }
   for (int i = 0; i < nq; ++i) {
     const float inv = 1.0f / l[i];
@@ -139,14 +142,14 @@ void backward_query_block(float* dq, float* dk, float* dv, const float* dout, co
   for (int s0 = 0; s0 < t0 + nq; s0 += kBlock) {
     const int nk = std::min(kBlock, t0 + nq - s0);
     const size_t ks = g.off + static_cast<size_t>(s0) * g.C;
-    gemm(false, true, nq, nk, g.hd, g.scale, q + qs, g.C, k + ks, g.C, 0.0f, S, kBlock);
-    gemm(false, true, nq, nk, g.hd, 1.0f, dout + qs, g.C, v + ks, g.C, 0.0f, dP, kBlock);
+    sgemm(false, true, nq, nk, g.hd, g.scale, q + qs, g.C, k + ks, g.C, 0.0f, S, kBlock);
+    sgemm(false, true, nq, nk, g.hd, 1.0f, dout + qs, g.C, v + ks, g.C, 0.0f, dP, kBlock);
     for (int i = 0; i < nq; ++i)
       dscore_row(S + i * kBlock, dP + i * kBlock, valid_keys(t0 + i, s0, nk), nk,
                  lse[g.row_off + t0 + i], D[i], g.scale);
-    gemm(true, false, nk, g.hd, nq, 1.0f, S, kBlock, dout + qs, g.C, 1.0f, dv + ks, g.C);
-    gemm(false, false, nq, g.hd, nk, 1.0f, dP, kBlock, k + ks, g.C, 1.0f, dq + qs, g.C);
-    gemm(true, false, nk, g.hd, nq, 1.0f, dP, kBlock, q + qs, g.C, 1.0f, dk + ks, g.C);
+    sgemm(true, false, nk, g.hd, nq, 1.0f, S, kBlock, dout + qs, g.C, 1.0f, dv + ks, g.C);
+    sgemm(false, false, nq, g.hd, nk, 1.0f, dP, kBlock, k + ks, g.C, 1.0f, dq + qs, g.C);
+    sgemm(true, false, nk, g.hd, nq, 1.0f, dP, kBlock, q + qs, g.C, 1.0f, dk + ks, g.C);
   }
 }
 

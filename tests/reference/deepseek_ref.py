@@ -46,7 +46,8 @@ WEIGHT_TOL = 5e-6
 
 # train.json "gemm_precision": "bf16" (moetrain --precision bf16): every GEMM of the C++ model
 # rounds its two inputs to bf16 (nearest even) and accumulates in fp32, in forward and in each
-# backward GEMM (dX = dY·W and dW = dY^T·X read dY, W and X rounded). linear() and matmul() below
+# backward GEMM (dX = dY·W and dW = dY^T·X read dY, W and X rounded), except attention's score and
+# value products, which stay fp32 (as the kernels' softmax does). linear() and matmul() below
 # do the same here with an autograd function of their own; off, they are F.linear / torch.matmul.
 GEMM_BF16 = False
 # Measured with bf16 GEMM inputs on both sides (test-moe; AVX-512 BF16 CPU):
@@ -272,10 +273,11 @@ def attention(x, P, p, cfg):
     cos, sin = rope_cos_sin(T, d, cfg.rope_theta, x.dtype)
     q = q * cos + rotate_half(q) * sin
     k = k * cos + rotate_half(k) * sin
-    att = matmul(q, k.transpose(2, 3)) / math.sqrt(d)  # [B, nh, T, T]
+    # Attention's products stay fp32 with bf16 GEMM inputs too (the C++ kernel's tile GEMMs are sgemm).
+    att = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(d)  # [B, nh, T, T]
     causal = torch.ones(T, T, dtype=torch.bool).triu(1)
     att = att.masked_fill(causal, float("-inf")).softmax(dim=-1)
-    out = matmul(att, v).transpose(1, 2).reshape(B, T, H)
+    out = torch.matmul(att, v).transpose(1, 2).reshape(B, T, H)
     return linear(out, P[p + "o_proj.weight"])
 
 
