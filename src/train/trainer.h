@@ -24,7 +24,7 @@ struct TrainOptions {
                                 // or an indexed dataset PREFIX[.idx|.bin] (io/corpus.h)
   int vocab_size = 0;           // --vocab-size: overrides the preset's / config's (0 = keep it)
   std::string out_dir = "out";
-  int steps = 1300;   // the default job: about 4-5 minutes of the tiny model on one core
+  int steps = 1200;   // the default job: about 4.5 minutes of the tiny model on one core
   int batch = 16;               // sequences per step per data rank (global = batch · ep · dp)
   int seq_len = 128;
   uint64_t seed = 1234;
