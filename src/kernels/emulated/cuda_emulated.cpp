@@ -22,6 +22,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16_cpu.h"
 #include "kernels/peak_rate.h"
 #include "kernels/permute.h"
 #include "kernels/rmsnorm.h"
@@ -46,21 +47,11 @@ struct KernelScope {
   KernelScope& operator=(const KernelScope&) = delete;
 };
 
-// Round to the nearest bf16 (ties to even), kept as a float: what a bf16 GEMM input holds.
-float to_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7f800000u) == 0x7f800000u) return x;  // Inf, NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
 // A copy of a row-major rows × cols matrix with row stride ld, rounded to bf16.
 std::vector<float> rounded(const float* a, int rows, int cols, int ld) {
   std::vector<float> r(static_cast<size_t>(rows) * ld);
   for (int i = 0; i < rows; ++i)
-    for (int j = 0; j < cols; ++j) r[static_cast<size_t>(i) * ld + j] = to_bf16(a[static_cast<size_t>(i) * ld + j]);
+    for (int j = 0; j < cols; ++j) r[static_cast<size_t>(i) * ld + j] = round_to_bf16(a[static_cast<size_t>(i) * ld + j]);
   return r;
 }
 
