@@ -109,7 +109,7 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
                 "auto, mpi or nccl: how GPU buffers move between ranks (auto: NCCL when every rank "
                 "has its own GPU, else staged through the host over MPI)")
       ->capture_default_str();
-  t->add_option("--precision", o.precision, "fp32, or bf16 GEMM inputs with fp32 accumulation (cuda only)")
+  t->add_option("--precision", o.precision, "fp32, or bf16 GEMM inputs with fp32 accumulation (cuBLAS, or oneDNN on a CPU with AVX-512 BF16)")
       ->capture_default_str();
   t->add_flag("--zero1", o.zero1,
               "ZeRO-1: split the AdamW state over the data ranks (reduce-scatter, sliced update, "
@@ -145,7 +145,7 @@ void add_bench_command(CLI::App& app, mixture::MoeBenchOptions& b, bool& json, i
   m->add_option("--threads", threads, "BLAS threads")->capture_default_str();
   m->add_option("--device", bench_device, "cpu or cuda (on cuda only the padding-free path runs)")
       ->capture_default_str();
-  m->add_option("--precision", bench_precision, "fp32, or bf16 GEMM inputs (cuda only)")->capture_default_str();
+  m->add_option("--precision", bench_precision, "fp32, or bf16 GEMM inputs (cuBLAS, or oneDNN on a CPU with AVX-512 BF16)")->capture_default_str();
   m->add_flag("--json", json, "print JSON instead of a table");
   m->add_flag("!--no-padded", b.run_padded, "skip the capacity-padded baseline");
   m->add_flag("--breakdown", b.breakdown, "also print each step's forward and backward time");
