@@ -194,23 +194,51 @@ TEST(PlanTerms, SharedExpertsAndTwoMatrixExperts) {
   EXPECT_EQ(plan::layer_activation(two, 0, 1, 4, l, o).ffn, 169);
 }
 
-// Tensor parallelism 2 (sequence-sharded MoE): attention loses half of q, k, v, attn_out (4·N·4 =
-// 64) and of the probabilities (32): 168 - (64 + 32)/2 = 120; the dense FFN halves: 36. The MoE
-// block routes Nm = 2 tokens, R = 4 rows: 8 + 8 + 9 + 4 + 4 + 32 + 36 = 101. Fused attention
-// splits its lse and out copy (8 + 16) instead: 160 - (64 + 24)/2 = 116.
+// Tensor parallelism 2 (Megatron + sequence parallelism, SSMB for the MoE block), N = 4 tokens,
+// n = 2 on each rank's shard. Kept by a dense layer: x n·H 8, ln1 gathered N·H 16, rstd1 n 2,
+// q, k, v 3·N·(4/2) 24, the probabilities of 1 of 2 heads 16, attn_out N·2 8, h n·H 8, rstd2 n 2,
+// ln2 gathered N·H 16 = 100 (168 - (64 + 32 + 8 + 16 + 32)/2); an MoE layer keeps ln2 on the
+// shard, n·H 8: 92. Fused attention splits its lse and out copy (8 + 16) instead of the
+// probabilities: dense 8 + 16 + 2 + 24 + 12 + 8 + 8 + 2 + 16 = 96. The dense FFN g, u, h keep
+// N·I/2 each: 36. The MoE block routes n = 2 tokens, R = 4 rows: 8 + 8 + 9 + 4 + 4 + 32 + 36 = 101.
 TEST(PlanTerms, TensorParallelActivations) {
   plan::Layout l = layout(1, 1, 1, 1);
   l.tp = 2;
   const plan::PlanModel m = toy({false, true});
   const plan::LayerActivation d = plan::layer_activation(m, 0, 1, 4, l, bare());
   const plan::LayerActivation e = plan::layer_activation(m, 1, 1, 4, l, bare());
-  EXPECT_EQ(d.attention, 120);
+  EXPECT_EQ(d.attention, 100);
+  EXPECT_EQ(e.attention, 92);
   plan::MemoryOptions fused = bare();
   fused.attention_s2 = false;
-  EXPECT_EQ(plan::layer_activation(m, 0, 1, 4, l, fused).attention, 116);
+  EXPECT_EQ(plan::layer_activation(m, 0, 1, 4, l, fused).attention, 96);
   EXPECT_EQ(d.ffn, 36);
   EXPECT_EQ(e.rows, 4);
   EXPECT_EQ(e.ffn, 101);
+}
+
+// The head under TP 2 keeps its shard's rows: (2·N·H 32 + 2·N 8 + 2·N·V 80) / 2 = 60. One MoE
+// layer (92 + 101 = 193) + the head: kept 253. Peaks (elements):
+//   forward 193 + the o_proj partial sums N·H 16 = 209 < kept;
+//   head backward 253 + dx n·H 8 + dlogits n·V 20 + dln n·H 8 = 289;
+//   layer backward 193 + dx n·H 8 + gathered d(out) N·H 16 + max(routed 2·R·H + 2·R·F = 32 + 24,
+//     attention grads N·(q+k+v+o)/2 + T² = 32 + 16) = 273.
+//   workspace 289 - 253 = 36 elements = 72 bytes.
+// Pipeline slots carry the shard, n·H = 8 elements = 16 bytes (stage 0 of pp 2, M 2: 4 slots).
+TEST(PlanTerms, TensorParallelHeadAndWorkspaceOnTheShard) {
+  plan::MemoryOptions o = bare();
+  o.workspace = true;
+  o.embeddings = true;
+  plan::Layout l = layout(1, 1, 1, 1);
+  l.tp = 2;
+  const plan::StageMemory st = plan::estimate_memory(toy({true}), l, {4, 1, "bf16"}, o).stages[0];
+  EXPECT_EQ(st.kept_per_micro_batch, 2 * 253.0);
+  EXPECT_EQ(st.workspace, 2 * 36.0);
+  plan::MemoryOptions buffers = bare();
+  buffers.pipeline_buffers = true;
+  plan::Layout p = layout(2, 1, 1, 2);
+  p.tp = 2;
+  EXPECT_EQ(plan::estimate_memory(toy({false, false}), p, {4, 2, "bf16"}, buffers).stages[0].comm, 4 * 16.0);
 }
 
 // Capacity-padded dispatch, one sequence of T = 16 (N = 16): C = max(ceil(16·2·1.25/4), 4) = 10,
@@ -608,24 +636,34 @@ TEST(PlanTerms, GradientAllReduceGroups) {
   expect_ns(t.allreduce, 36 + 20.25 + 13, "allreduce");
 }
 
-// DISABLED: a planner inconsistency found while writing these tests (see the report of issue 15).
-// Under tensor parallelism the planner shards the LM head's parameters over the vocabulary (each
-// TP rank holds V·H/tp: stage_params, and the gradient all-reduce of V·H/tp), as Megatron's
-// vocab-parallel output layer does; but the time model prices the head GEMM over the whole
-// vocabulary on every TP rank (head_ops takes no tp), and the memory model keeps N·V logits per
-// rank. tp 2, one dense layer, one sequence of 4 tokens, the unit profile:
-//   q, k, v 3 x 2·4·4·2 = 192, o 2·4·2·4 = 64; attention core 1 (sequence, head) pair: 128;
-//   TP all-reduce of N·H·2 = 32 bytes over 2 ranks of a node: 32/32 + 2 = 3 ns, x 1.5 = 4.5;
-//   FFN I/tp = 3: 2 x 96 + 96 = 288; head vocab-parallel 2·4·4·(10/2) = 160 (today: 320).
-//   Forward 256 + 128 + 4.5 + 288 + 160 = 836.5 ns (today 996.5).
-TEST(PlanTerms, DISABLED_TensorParallelHeadIsVocabParallelInTimeAsInParams) {
+// Tensor parallelism 2 as the trainer runs it: the embedding, the head (not vocab-parallel), the
+// norms, the router and the experts are replicated over TP; q/k/v/o and the dense FFN split.
+// One dense layer, one sequence of 4 tokens (n = 2 per rank), the unit profile, 2 ranks of a node.
+//   parameters: attention 64/2 + norms 8 + FFN 72/2 + embedding 40 + head 40 + final norm 4 = 160
+//   forward: q, k, v on the gathered N = 4 rows, 2 of 4 columns: 3 x 2·4·2·4 = 192, o 2·4·4·2 =
+//     64; attention core 1 (sequence, head) pair: 128; the all-gather + reduce-scatter of N·H·2 =
+//     32 bytes (one ring all-reduce: 2·1/2·32/32 + 2·1 = 3 ns) around the attention and again
+//     around the FFN: 6; FFN I/tp = 3: 2 x 96 + 96 = 288; head on the shard's 2 tokens x the whole
+//     vocabulary: 2·2·4·10 = 160. 256 + 128 + 6 + 288 + 160 = 838 ns.
+//   backward: the GEMMs twice 2 x 704, attention 256, the collectives 6: 1670 ns.
+//   gradient sums over TP of the replicated tensors: embedding 40 + head 44 + norms 8 = 92
+//   parameters = 184 bytes: 2·1/2·184/32 + 2 = 7.75 ns (dp = ep = 1: nothing else).
+//   optimizer: 160 parameters x 1 ns.
+// An MoE layer: no collective around the block; router nt(2, 4, 4) 64 and the 4 experts' 1 row
+// each (n·k = 4 rows): gate + up 8 x 2·1·3·4 = 192, down 96: 256 + 128 + 3 + 64 + 192 + 96 + 160
+// = 899 ns.
+TEST(PlanTerms, TensorParallelReplicatesHeadAndEmbedding) {
   const plan::ClusterProfile c = unit_profile();
   plan::MemoryOptions o = bare();
   o.embeddings = true;
   plan::Layout l = layout(1, 1, 1, 1);
   l.tp = 2;
   const plan::PlanModel m = toy({false});
-  EXPECT_EQ(plan::estimate_memory(m, l, {4, 1, "bf16"}, o).stages[0].param_count,
-            (64 + 72) / 2.0 + 8 + 40 / 2.0 + 40 / 2.0 + 4);  // the head is split in the parameters
-  expect_ns(plan::estimate_time(m, l, {4, 1, "bf16"}, c, o).stages[0].fwd, 836.5, "tp fwd");
+  EXPECT_EQ(plan::estimate_memory(m, l, {4, 1, "bf16"}, o).stages[0].param_count, 160);
+  const plan::TimeBreakdown t = plan::estimate_time(m, l, {4, 1, "bf16"}, c, o);
+  expect_ns(t.stages[0].fwd, 838, "tp fwd");
+  expect_ns(t.stages[0].bwd, 1670, "tp bwd");
+  expect_ns(t.allreduce, 7.75, "tp allreduce");
+  expect_ns(t.optimizer, 160, "tp optimizer");
+  expect_ns(plan::estimate_time(toy({true}), l, {4, 1, "bf16"}, c, o).stages[0].fwd, 899, "tp moe fwd");
 }

@@ -1,7 +1,7 @@
 // The memory model. See memory_model.h for the terms.
-// Legend: N tokens per micro-batch per rank, Nm tokens entering the MoE block (N / tp with
-// sequence-sharded MoE blocks), R expert rows held, H hidden, F expert width, Fs shared width,
-// I dense width, V vocabulary, T sequence length.
+// Legend: N tokens per micro-batch of a TP group, Nm = N / tp the rank's sequence shard (the
+// residual stream, the head and the whole MoE block run on it), R expert rows held, H hidden,
+// F expert width, Fs shared width, I dense width, V vocabulary, T sequence length.
 #include "plan/memory_model.h"
 
 #include <algorithm>
@@ -71,7 +71,7 @@ LayerActivation layer_activation(const PlanModel& m, int l, long long Bm, int T,
                                  const MemoryOptions& o) {
   const model::ModelConfig shadow = shadow_config(m);
   const double N = static_cast<double>(Bm) * T, H = m.hidden, tp = lay.tp;
-  const double Nm = N / tp;  // SSMB: each TP rank routes 1/tp of the tokens
+  const double Nm = N / tp;  // the sequence shard: SSMB routes it, the residual stream lives on it
   const bool moe = m.is_moe_layer(l);
   LayerActivation a;
   a.rows = moe ? expert_rows(m, Nm, o) : 0;
@@ -80,14 +80,18 @@ LayerActivation layer_activation(const PlanModel& m, int l, long long Bm, int T,
   const double s2 = static_cast<double>(Bm) * m.heads * T * T;
   // Attention: 8·N·H + 2·N + the flash kernel's state (row lse B·nh·T + a copy of out N·H) in
   // the trainer. Widths other than H (GQA k/v, MLA's q/k/v/out and latents, explicit head_dim)
-  // add their difference; TP splits q, k, v, attn_out and the state. attention_s2 models an
-  // unfused kernel instead: the B·nh·T² probabilities in place of that state.
+  // add their difference. TP (Megatron with sequence parallelism) splits q, k, v, attn_out and
+  // the state by heads, and keeps x, h, both rstd and an MoE layer's ln2 on the sequence shard;
+  // ln1 and a dense layer's ln2 stay gathered [N, H] (the column-parallel GEMMs' inputs, kept
+  // for their weight gradients). attention_s2 models an unfused kernel instead: the B·nh·T²
+  // probabilities in place of that state.
   const AttentionWidths w = attention_widths(m);
   const double lse = static_cast<double>(Bm) * m.heads * T;
   const double state = lse + N * w.o;
   a.attention = static_cast<double>(s.attention) + N * (w.sum() - 4 * H) + N * w.latent +
                 (state - static_cast<double>(s.attention_state));
-  a.attention -= (1 - 1 / tp) * (N * w.sum() + state);
+  const double sharded = N * (w.sum() + 2 * H + (moe ? H : 0)) + 2 * N + state;
+  a.attention -= (1 - 1 / tp) * sharded;
   if (o.attention_s2) a.attention += (s2 - state) / tp;
   if (moe) {
     const double R = a.rows;
@@ -134,7 +138,8 @@ StageParams stage_params(const PlanModel& m, int first, int n, bool first_stage,
     if (lp.experts > 0) p.experts += lp.per_expert * (static_cast<double>(lp.experts) / lay.ep);
   }
   if (o.embeddings) {
-    const double VH = static_cast<double>(m.vocab_size) * m.hidden / lay.tp;
+    // Replicated over TP (not vocab-parallel): the lookup and the head run on the shard's rows.
+    const double VH = static_cast<double>(m.vocab_size) * m.hidden;
     if (first_stage) p.replicated += VH;
     if (last_stage) p.replicated += (m.tied_embeddings && first_stage ? 0 : VH) + (o.norms ? m.hidden : 0);
   }
@@ -211,7 +216,9 @@ MemoryEstimate estimate_memory(const PlanModel& m, const Layout& lay, const Trai
     std::vector<LayerActivation> acts;
     for (int l = first; l < first + split[s]; ++l) acts.push_back(layer_activation(m, l, Bm, T, lay, o));
     double head = 0;
-    if (is_last && o.embeddings) head = static_cast<double>(model::head_kept_elems(shadow, static_cast<int>(Bm), T));
+    // The head keeps its rows of the shard only (T % tp == 0: exact).
+    if (is_last && o.embeddings)
+      head = static_cast<double>(model::head_kept_elems(shadow, static_cast<int>(Bm), T)) / lay.tp;
     double kept = head;
     for (const LayerActivation& a : acts) kept += a.kept;
     double fwd_peak = 0, bwd_peak = 0, prefix = 0;
@@ -227,13 +234,13 @@ MemoryEstimate estimate_memory(const PlanModel& m, const Layout& lay, const Trai
       prefix += a.kept;
     }
     fwd_peak = std::max(fwd_peak, kept);
-    if (is_last && o.embeddings) bwd_peak = kept + N * H + N * V + N * H;
+    if (is_last && o.embeddings) bwd_peak = kept + Nm * H + Nm * V + Nm * H;
     for (size_t i = 0; i < acts.size(); ++i) {
       const LayerActivation& a = acts[i];
       const int l = first + static_cast<int>(i);
       const bool moe = m.is_moe_layer(l);
       const double R = a.rows;
-      const double dx = N * H, pre = prefix_before[i];
+      const double dx = Nm * H, pre = prefix_before[i];  // dx on the shard; N·H: d(out) gathered
       if (a.kept < a.full) {
         const double scratch = exchange && moe ? std::max(0.0, R * H - 3 * Nm * Fs) : 0;
         bwd_peak = std::max(bwd_peak, pre + a.kept + dx + N * H + (a.full - a.kept) + scratch);
@@ -255,7 +262,7 @@ MemoryEstimate estimate_memory(const PlanModel& m, const Layout& lay, const Trai
     st.activations = st.in_flight * kept * B;
     st.workspace = o.workspace ? std::max(0.0, mb_peak - kept) * B : 0;
     if (o.pipeline_buffers)
-      st.comm += pipeline_buffer_slots(lay.schedule, lay.pp, s, lay.micro_batches) * N * H * B;
+      st.comm += pipeline_buffer_slots(lay.schedule, lay.pp, s, lay.micro_batches) * Nm * H * B;
     if (o.a2a_buffers && lay.ep > 1 && m.num_moe_layers() > 0)
       st.comm += 2 * expert_rows(m, Nm, o) * H * B;
     st.reserved = o.reserved_bytes;

@@ -5,15 +5,21 @@
 // (model/memory_sizes.h), so for the trainer's models the prediction is the trainer's allocation.
 //
 // Workspace (the trainer's backward temporaries, model/model.cpp + moe/moe_layer.cpp), in
-// elements for one micro-batch of N tokens, R received expert rows:
-//   forward of layer l:   prefix + full_l + N·H (its output) [+ R·H − 3·N·Fs dispatch scratch, EP]
-//   head backward:        kept + N·H (dx) + N·V (dlogits) + N·H (dln)
-//   recompute of layer l: prefix_l + N·H (dx) + N·H (out) + (full_l − kept_l) [+ dispatch scratch]
-//   backward of layer l:  prefix_{<l} + full_l + N·H (dx) + N·H (dln)
-//                         + max(FFN scratch, 4·N·H (attention grads) [+ T² with attention_s2])
-//     FFN scratch: dense 2·N·I; MoE max(2·N·Fs, routed) with routed = 2·R·H + 2·R·F (one rank)
+// elements for one micro-batch of N tokens, n = N / tp of them on the rank's sequence shard
+// (n = N without TP), R received expert rows:
+//   forward of layer l:   prefix + full_l + N·H (its output; with TP the row-parallel partial
+//                         sums before their reduce-scatter) [+ R·H − 3·n·Fs dispatch scratch, EP]
+//   head backward:        kept + n·H (dx) + n·V (dlogits) + n·H (dln)
+//   recompute of layer l: prefix_l + n·H (dx) + N·H (out) + (full_l − kept_l) [+ dispatch scratch]
+//   backward of layer l:  prefix_{<l} + full_l + n·H (dx) + N·H (dln; with TP the gathered
+//                         d(out) / the input gradient before its reduce-scatter)
+//                         + max(FFN scratch, N·(q+k+v+o)/tp (attention grads) [+ T² with attention_s2])
+//     FFN scratch: dense 2·N·I/tp; MoE max(2·n·Fs, routed) with routed = 2·R·H + 2·R·F (one rank)
 //     or 2·R·H + max(2·R·F, R·H) (expert parallel: dy rows, dx rows, then the return rows)
 // The stage peak is (in_flight − 1) · kept + max over one micro-batch's forward and backward.
+// Tensor parallelism is Megatron's with sequence parallelism for attention and the dense FFN, and
+// X-MoE's SSMB for the MoE block (full experts on each rank's n tokens); the embedding, head,
+// norms, router and experts are replicated over TP, q/k/v/o and the dense FFN split.
 #pragma once
 #include <string>
 #include <vector>

@@ -48,6 +48,13 @@ std::string check_layout(const PlanModel& m, const ClusterProfile& c, const Layo
     return fail("divisibility", str_cat("ep(", l.ep, ") does not divide the ", m.experts, " routed experts"));
   if (m.heads % l.tp != 0)
     return fail("divisibility", str_cat("tp(", l.tp, ") does not divide the ", m.heads, " attention heads"));
+  // The trainer's other TP splits: k/v heads, the dense FFN width, the sequence shards.
+  if (m.kv_heads % l.tp != 0)
+    return fail("divisibility", str_cat("tp(", l.tp, ") does not divide the ", m.kv_heads, " key/value heads"));
+  if (m.layers > m.num_moe_layers() && m.dense_ffn % l.tp != 0)
+    return fail("divisibility", str_cat("tp(", l.tp, ") does not divide the dense FFN width ", m.dense_ffn));
+  if (shape.seq_len % l.tp != 0)
+    return fail("divisibility", str_cat("tp(", l.tp, ") does not divide the sequence length ", shape.seq_len));
   if (l.tp > c.ranks_per_node)
     return fail("fast-domain", str_cat("tp(", l.tp, ") spans more than one node of ", c.ranks_per_node, " GPUs"));
   const long long fast = static_cast<long long>(c.fast_domain_nodes) * c.ranks_per_node;

@@ -76,17 +76,17 @@ LayerOps layer_ops(const PlanModel& m, int l, const Layout& lay, const RankShape
   return o;
 }
 
-void head_ops(const PlanModel& m, const RankShape& rs, int T, PassOps& fwd, PassOps& bwd) {
-  const double N = static_cast<double>(rs.tokens), H = m.hidden, V = static_cast<double>(m.vocab_size);
-  add_linear(fwd, bwd, N, H, V);
-  const double elems = 2 * N * H + 2 * N + 2 * N * V;  // final in/norm, rstd, losses, logits, probs
+void head_ops(const PlanModel& m, const RankShape& rs, int tp, PassOps& fwd, PassOps& bwd) {
+  // The whole vocabulary on the rank's sequence shard (the head is replicated over TP).
+  const double n = static_cast<double>(rs.tokens) / tp, H = m.hidden, V = static_cast<double>(m.vocab_size);
+  add_linear(fwd, bwd, n, H, V);
+  const double elems = 2 * n * H + 2 * n + 2 * n * V;  // final in/norm, rstd, losses, logits, probs
   fwd.elems += elems;
   bwd.elems += elems;
-  (void)T;
 }
 
-double embedding_elems(const PlanModel& m, const RankShape& rs) {
-  return static_cast<double>(rs.tokens) * m.hidden;
+double embedding_elems(const PlanModel& m, const RankShape& rs, int tp) {
+  return static_cast<double>(rs.tokens) / tp * m.hidden;
 }
 
 }  // namespace moe::plan

@@ -50,8 +50,9 @@ struct LayerOps {
 // mo.time_imbalance (measured routing), the balanced N·k rows otherwise.
 LayerOps layer_ops(const PlanModel& m, int l, const Layout& lay, const RankShape& rs, int seq_len,
                    const MemoryOptions& mo);
-// Final norm + LM head + loss (last stage) and the embedding lookup (first stage).
-void head_ops(const PlanModel& m, const RankShape& rs, int seq_len, PassOps& fwd, PassOps& bwd);
-double embedding_elems(const PlanModel& m, const RankShape& rs);
+// Final norm + LM head + loss (last stage) and the embedding lookup (first stage), on the
+// N / tp tokens of a rank's sequence shard.
+void head_ops(const PlanModel& m, const RankShape& rs, int tp, PassOps& fwd, PassOps& bwd);
+double embedding_elems(const PlanModel& m, const RankShape& rs, int tp);
 
 }  // namespace moe::plan

@@ -192,9 +192,11 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& lay, const TrainSh
   const double act_size = N * H * mo.act_bytes;
   const double ef = c.elem_fwd.at(act_size) * elem_scale, eb = c.elem_bwd.at(act_size) * elem_scale;
   const double rf = c.recompute_fwd.at(act_size) * elem_scale, rb = c.recompute_bwd.at(act_size) * elem_scale;
-  // Megatron attention with TP: an all-reduce of N·H after attention each way; SSMB's all-gather
-  // of the MoE output (about half an all-reduce) each way.
-  const double tp_comm = tp > 1 ? 1.5 * allreduce_seconds(c, world, tp, 1, N * H * mo.act_bytes) : 0;
+  // Megatron TP with sequence parallelism: an all-gather of the [N, H] norm output before the
+  // column-parallel GEMMs and a reduce-scatter after the row-parallel ones, each way (backward:
+  // their adjoints). Together they move what one ring all-reduce of N·H moves, once for the
+  // attention and once more for a dense FFN; SSMB's MoE block needs none (it runs on the shard).
+  const double tp_comm = tp > 1 ? allreduce_seconds(c, world, tp, 1, N * H * mo.act_bytes) : 0;
 
   TimeBreakdown tb;
   const std::vector<int> split = split_stages(m.layers, lay.pp);
@@ -206,8 +208,9 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& lay, const TrainSh
     for (int l = first; l < first + split[s]; ++l) {
       const LayerOps o = layer_ops(m, l, lay, rs, T, mo);
       const double attn_f = pass_seconds(o.attn_fwd, c, ef) + tp_comm, attn_b = pass_seconds(o.attn_bwd, c, eb) + tp_comm;
-      const double ffn_f = ffn_seconds(o, m, l, lay, rs, T, mo, c, ef, false);
-      const double ffn_b = ffn_seconds(o, m, l, lay, rs, T, mo, c, eb, true);
+      const double ffn_tp = o.moe ? 0 : tp_comm;
+      const double ffn_f = ffn_seconds(o, m, l, lay, rs, T, mo, c, ef, false) + ffn_tp;
+      const double ffn_b = ffn_seconds(o, m, l, lay, rs, T, mo, c, eb, true) + ffn_tp;
       const double a2a = o.moe ? a2a_seconds(c, lay.a2a, world, lay.ep, tp, o.rows * H * mo.act_bytes, m.top_k) : 0;
       w.fwd_compute += attn_f + ffn_f + rf * o.dropped;
       w.bwd_compute += attn_b + ffn_b + rb * o.dropped;
@@ -221,39 +224,47 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& lay, const TrainSh
         w.bwd_comm += 2 * a2a;
       }
     }
-    if (s == 0) w.fwd_compute += ef * embedding_elems(m, rs);
+    if (s == 0) w.fwd_compute += ef * embedding_elems(m, rs, tp);
     if (s == lay.pp - 1) {
       PassOps hf, hb;
-      head_ops(m, rs, T, hf, hb);
+      head_ops(m, rs, tp, hf, hb);
       w.fwd_compute += pass_seconds(hf, c, ef);
       w.bwd_compute += pass_seconds(hb, c, eb);
     }
     work.push_back(w);
 
     // Gradient synchronisation: contiguous spans of replicated tensors over the data ranks,
-    // routed experts over dp (parallel/grid.cpp), in the gradients' precision.
-    double sync = 0, replicated = 0, local_params = 0;
+    // routed experts over dp (parallel/grid.cpp), in the gradients' precision. With TP, the
+    // tensors replicated over it (embedding, head, norms, router, experts: every one but q/k/v/o
+    // and the dense FFN) first sum their shards' partial gradients over the tp group.
+    double sync = 0, replicated = 0, local_params = 0, tp_summed = 0;
     const int data = lay.data_ranks();
     auto flush = [&]() {
       sync += allreduce_seconds(c, world, data, tp, replicated * mo.grad_bytes);
       replicated = 0;
     };
-    if (s == 0 && mo.embeddings) replicated += V * H / tp;
+    const double embedding = mo.embeddings && s == 0 ? V * H : 0;
+    const double head = mo.embeddings && s == lay.pp - 1 ? V * H + H : 0;
+    replicated += embedding;
+    tp_summed += embedding + head;
     for (int l = first; l < first + split[s]; ++l) {
       const LayerParams p = layer_params(m, l);
       replicated += p.attention / tp + p.norms + p.dense_ffn / tp + p.router;
       local_params += p.attention / tp + p.norms + p.dense_ffn / tp + p.router + p.shared;
+      tp_summed += p.norms + p.router + p.shared;
       if (p.experts > 0) {
         flush();
         const double experts = p.per_expert * p.experts / lay.ep;
         sync += allreduce_seconds(c, world, lay.dp, lay.ep * tp, experts * mo.grad_bytes);
         local_params += experts;
+        tp_summed += experts;
       }
       replicated += p.shared;
     }
-    if (s == lay.pp - 1 && mo.embeddings) replicated += V * H / tp + H;
-    if (mo.embeddings) local_params += (s == 0 ? V * H / tp : 0) + (s == lay.pp - 1 ? V * H / tp + H : 0);
+    replicated += head;
+    local_params += embedding + head;
     flush();
+    sync += allreduce_seconds(c, world, tp, 1, tp_summed * mo.grad_bytes);
     worst_sync = std::max(worst_sync, sync);
     worst_opt_params = std::max(worst_opt_params, local_params);
     first += split[s];
@@ -261,7 +272,8 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& lay, const TrainSh
 
   // Per-rank speed when every rank computes (1 on GPUs), and the pipeline.
   const double share_all = c.compute_share_at(ranks_on_node);
-  const double p2p_one = lay.pp > 1 ? p2p_seconds(c, world, world / lay.pp, N * H * mo.act_bytes) : 0;
+  // Each TP rank sends its sequence shard to the next stage.
+  const double p2p_one = lay.pp > 1 ? p2p_seconds(c, world, world / lay.pp, N / tp * H * mo.act_bytes) : 0;
   const int M = lay.micro_batches;
   double max_stage = 0, sum_stage = 0;
   int slowest = 0;

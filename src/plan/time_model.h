@@ -11,7 +11,11 @@
 //     each micro-batch passes every stage once, the slowest stage paces the rest; the bubble is
 //     what exceeds M · max_s (f_s + b_s);
 //   step = pipeline + gradient all-reduce (replicated tensors over dp·ep, experts over dp, one
-//     call per contiguous span, as parallel/grid.cpp) + optimizer.
+//     call per contiguous span, as parallel/grid.cpp; with TP, one more over the tp group for
+//     the tensors replicated over it) + optimizer.
+// Tensor parallelism (memory_model.h): q/k/v/o and the dense FFN GEMMs on the gathered N rows
+// with 1/tp of their columns, the MoE block and the head on the rank's N/tp rows, and per layer
+// an all-gather + reduce-scatter of [N, H] each way around the attention (and a dense FFN).
 // On a CPU profile the ranks of a node share its cores: compute runs at the measured per-rank
 // share for the number of ranks computing at that moment (compute_share; a rank waiting in the
 // bubble yields its core), the pipeline simulated op by op (heterogeneous stages, p2p on the

@@ -241,8 +241,8 @@ void calibrate_elementwise(plan::ClusterProfile& p, bool quick) {
     }
     fwd = layers_fwd;
     bwd = layers_bwd;
-    plan::head_ops(pm, rs, kProbeT, fwd, bwd);
-    fwd.elems += plan::embedding_elems(pm, rs);
+    plan::head_ops(pm, rs, none.tp, fwd, bwd);
+    fwd.elems += plan::embedding_elems(pm, rs, none.tp);
 
     const int iters = quick ? 3 : std::max(6, 96 / B);
     std::vector<double> rf, rb, xf, xb;
