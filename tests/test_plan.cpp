@@ -212,6 +212,24 @@ TEST(PlanConstraints, EachConstraintRefusesWhatItShould) {
   l.ep = 64;
   EXPECT_EQ(check(l, &kind), "ep(64) x tp(1) = 64 ranks is beyond the fast domain of 32 (4 node(s) x 8)");
   EXPECT_EQ(kind, "fast-domain");
+  // Tensor parallelism splits the heads, the k/v heads, the dense FFN and the sequence.
+  l = {};
+  l.tp = 3;
+  EXPECT_EQ(check(l, &kind), str_cat("tp(3) does not divide the ", m.heads, " attention heads"));
+  EXPECT_EQ(kind, "divisibility");
+  plan::PlanModel g = m;
+  g.heads = 8;
+  g.kv_heads = 2;
+  g.dense_ffn = 6;
+  g.moe_layer[0] = false;
+  l.tp = 4;
+  EXPECT_EQ(plan::check_layout(g, f, l, s, &kind), "tp(4) does not divide the 2 key/value heads");
+  g.kv_heads = 4;
+  EXPECT_EQ(plan::check_layout(g, f, l, s, &kind), "tp(4) does not divide the dense FFN width 6");
+  g.dense_ffn = 8;
+  EXPECT_EQ(plan::check_layout(g, f, l, {4094, 1024, "bf16"}, &kind), "tp(4) does not divide the sequence length 4094");
+  EXPECT_EQ(kind, "divisibility");
+  EXPECT_EQ(plan::check_layout(g, f, l, s, &kind), "");
   l = {};
   l.dp = 3;
   l.ep = 8;
