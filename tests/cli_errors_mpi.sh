@@ -40,6 +40,22 @@ expect missing-data 2 'nope.txt' --ep 2 --data "$dir/nope.txt"
 expect lr-nan 2 '--lr must be a number in (0, 1\], got nan' --ep 2 --lr nan
 expect min-lr-above-lr 4 '--min-lr 0.5 is above --lr 0.1' --ep 2 --pp 2 --lr 0.1 --min-lr 0.5
 expect comm-timeout-negative 2 '--comm.timeout must be a number of seconds >= 0' --pp 2 --comm.timeout -3
+# Tensor parallelism: the heads, the dense FFN width, the sequence and (seq_aux) the batch must split.
+expect tp-heads 3 'tp(3) does not divide num_attention_heads (4)' --tp 3
+expect tp-seq-len 2 '--tp 2 does not divide --seq-len 15' --tp 2 --seq-len 15
+expect tp-seq-aux-batch 2 '--tp 2 with seq_aux: the micro-batch of 1 sequences per rank must split' --tp 2 --batch 1 \
+  --preset test-moe-seqaux
+expect tp-migrate 4 'expert migration under tensor parallelism is not supported yet' --tp 2 --ep 2 \
+  --balance.migrate-every 5
+/usr/bin/python3 - "$dir/ffn50.json" <<'PY'
+import json, sys
+json.dump({"architectures": ["DeepseekForCausalLM"], "model_type": "deepseek", "hidden_size": 32,
+           "intermediate_size": 50, "moe_intermediate_size": 16, "num_hidden_layers": 3,
+           "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_routed_experts": 8, "num_experts_per_tok": 2,
+           "n_shared_experts": 1, "num_attention_heads": 4, "num_key_value_heads": 4,
+           "max_position_embeddings": 256, "vocab_size": 256}, open(sys.argv[1], "w"))
+PY
+expect tp-ffn 4 'tp(4) does not divide intermediate_size (50) of the dense layers' --tp 4 --config "$dir/ffn50.json"
 mkfifo "$dir/fifo"
 expect data-fifo 2 'fifo: --data must be a regular file, this is a FIFO' --ep 2 --data "$dir/fifo"
 expect out-of-memory 4 'not enough memory on .* for 4 ranks' --ep 2 --pp 2 --batch 20000 --seq-len 128

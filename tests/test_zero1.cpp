@@ -101,7 +101,7 @@ TEST(Zero1, SlicedAdamWStepsEqualTheFullStepBitForBit) {
           for (size_t i = lo; i < hi; ++i) (sp.is_expert ? exp : rep) += static_cast<double>(g[i]) * g[i];
         }
     for (int r = 0; r < P; ++r) {
-      opts[r].set_norm_reducer([rep, exp](double, double) { return rep + exp; });
+      opts[r].set_norm_reducer([rep, exp](double, double, double) { return rep + exp; });
       const double norm = opts[r].step(mine[r].data(), g.data(), s);
       EXPECT_NEAR(norm, ref_norm, 1e-9 * ref_norm);  // the same gradients every step
     }

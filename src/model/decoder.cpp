@@ -65,6 +65,8 @@ Decoder::Decoder(const Model& model, int max_len)
   const StageSpec& st = model.stage();
   MOE_CHECK(st.embedding && st.head && st.first_layer == 0 && st.end_layer(c_) == c_.num_hidden_layers,
             "decoding needs a model holding every layer, the embedding and the head");
+  MOE_CHECK(model.layout().tp().size == 1, "decoding needs every tensor whole on this process (no tensor "
+            "parallelism)");
   MOE_CHECK(model.layout().shard().holds_all(c_.n_routed_experts),
             "decoding needs every routed expert on this process (no expert parallelism)");
   MOE_CHECK(dev_ == k::active_device(), "decoding: the model lives on another device than the "

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "comm/group.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "kernels/attention.h"
@@ -19,17 +20,18 @@ namespace k = moe::kernels;
 namespace mx = moe::mixture;
 
 
-// What one layer's forward keeps for its backward. Shapes use N = B·T tokens.
+// What one layer's forward keeps for its backward. Shapes use N = B·T tokens; under tensor
+// parallelism n = N/tp rows of this rank's shard, Ha = H/tp (its heads), I = intermediate_size/tp.
 struct Model::LayerActs {
-  Buffer<float> x;          // [N,H] layer input (residual stream): always kept
-  Buffer<float> ln1;        // [N,H] rmsnorm(x)
-  Buffer<float> rstd1;      // [N]
-  Buffer<float> q, k, v;    // [N,H] after rope (q, k)
-  Buffer<float> att;        // attention_saved_floats: row LSE [B,nh,T] + a copy of out [N,H]
-  Buffer<float> attn_out;   // [N,H] heads concatenated, before o_proj
-  Buffer<float> h;          // [N,H] x + attention
-  Buffer<float> ln2;        // [N,H] rmsnorm(h): the FFN input
-  Buffer<float> rstd2;      // [N]
+  Buffer<float> x;          // [n,H] layer input (residual stream): always kept
+  Buffer<float> ln1;        // [N,H] rmsnorm(x), gathered over TP (the q/k/v input)
+  Buffer<float> rstd1;      // [n]
+  Buffer<float> q, k, v;    // [N,Ha] after rope (q, k)
+  Buffer<float> att;        // attention_saved_floats: row LSE [B,nh,T] + a copy of out [N,Ha]
+  Buffer<float> attn_out;   // [N,Ha] heads concatenated, before o_proj
+  Buffer<float> h;          // [n,H] x + attention
+  Buffer<float> ln2;        // rmsnorm(h), the FFN input: [n,H] for MoE, gathered [N,H] for dense
+  Buffer<float> rstd2;      // [n]
   Buffer<float> mlp_g, mlp_u, mlp_h;  // [N,I] dense SwiGLU
   mx::MoeActivations moe;   // MoE layer
   std::vector<int32_t> topk_first;  // [N,k] routing of the first forward (checked on recompute)
@@ -40,9 +42,10 @@ class Model::MicroBatch {
  private:
   friend class Model;
   int B = 0, T = 0;
-  Buffer<int32_t> inputs, targets;                    // [N] on the model's device
+  Buffer<int32_t> inputs, targets;                    // [n] on the model's device (this shard's)
   std::vector<std::unique_ptr<LayerActs>> layers;     // this stage's layers, in order
   std::vector<std::vector<int>> loads;                // [moe layers][E]
+  size_t moe_dispatch_bytes = 0;                      // see Model::moe_dispatch_bytes
   int dropped = 0;
   Buffer<float> final_in, final_ln, final_rstd, logits, probs, losses;
   LossParts loss;
@@ -121,15 +124,28 @@ balance::Placement placement_of(const ModelConfig& c, const mx::ExpertParallel* 
 }
 }  // namespace
 
+namespace {
+TpShard tp_shard_of(const ModelConfig& c, const TensorParallel* tp) {
+  if (!tp || tp->size == 1) return {};
+  MOE_CHECK(tp->group && tp->group->size() == tp->size && tp->group->rank() == tp->rank,
+            "tensor parallelism: rank ", tp->rank, " of ", tp->size, " needs its TP group");
+  MOE_CHECK(c.num_attention_heads % tp->size == 0, "tensor parallelism ", tp->size,
+            " does not divide num_attention_heads (", c.num_attention_heads, ")");
+  return {tp->rank, tp->size};
+}
+}  // namespace
+
 Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::ExpertParallel* ep,
-             StageSpec stage, Recompute recompute)
+             StageSpec stage, Recompute recompute, const TensorParallel* tp)
     : config_(config),
       moe_options_(moe_options),
       ep_(ep),
       recompute_(recompute),
+      tp_(tp && tp->size > 1 ? tp : nullptr),
       dev_(kernels::active_device()),
       placement_(placement_of(config, ep)),
-      layout_(config, ep ? ExpertShard::of(placement_, ep->rank) : ExpertShard{}, stage) {
+      layout_(config, ep ? ExpertShard::of(placement_, ep->rank) : ExpertShard{}, stage,
+              tp_shard_of(config, tp)) {
   config_.validate();
   act_mem_.set_parent(&total_mem_);
   work_mem_.set_parent(&total_mem_);
@@ -155,7 +171,7 @@ void Model::set_placement(const balance::Placement& placement) {
               "set_placement: layer ", l, " places ", placement.layers[l].num_experts(), " experts over ",
               placement.layers[l].ep_size(), " ranks, the model has ", placement_.layers[l].num_experts(),
               " over ", placement_.layers[l].ep_size());
-  ParamLayout renamed(config_, ExpertShard::of(placement, ep_->rank), layout_.stage());
+  ParamLayout renamed(config_, ExpertShard::of(placement, ep_->rank), layout_.stage(), layout_.tp());
   MOE_CHECK(renamed.total() == layout_.total(), "set_placement: the layout changed size");
   placement_ = placement;
   layout_ = std::move(renamed);  // same offsets and shapes: the bound tensors stay valid
@@ -199,8 +215,9 @@ void Model::init_weights(uint64_t seed) {
   // One random stream per tensor, keyed by its name: a tensor's initial values do not depend on
   // which other tensors a rank holds (expert parallelism initialises only its own experts).
   // Generated on the host (the same numbers on every device), one tensor at a time.
+  // A tensor split by tensor parallelism draws the whole logical tensor and keeps its slice.
   const float std = config_.initializer_range;
-  std::vector<float> host;
+  std::vector<float> host, full;
   for (const ParamSpec& s : layout_.specs()) {
     host.resize(s.numel);
     float* p = host.data();
@@ -208,7 +225,19 @@ void Model::init_weights(uint64_t seed) {
       for (size_t i = 0; i < s.numel; ++i) p[i] = 1.0f;  // norm weights
     } else {
       Rng rng = derive_rng(seed, fnv1a(s.name));
-      for (size_t i = 0; i < s.numel; ++i) p[i] = static_cast<float>(std * rng.normal());
+      float* draw = p;
+      if (s.tp_dim >= 0) {
+        full.resize(static_cast<size_t>(s.full_shape[0]) * s.full_shape[1]);
+        draw = full.data();
+      }
+      const size_t n = s.tp_dim >= 0 ? full.size() : s.numel;
+      for (size_t i = 0; i < n; ++i) draw[i] = static_cast<float>(std * rng.normal());
+      if (s.tp_dim >= 0) {
+        const size_t rows = s.shape[0], cols = s.shape[1], full_cols = s.full_shape[1];
+        const size_t r0 = s.tp_dim == 0 ? rows * tp_rank() : 0, c0 = s.tp_dim == 1 ? cols * tp_rank() : 0;
+        for (size_t i = 0; i < rows; ++i)
+          std::memcpy(p + i * cols, full.data() + (r0 + i) * full_cols + c0, cols * sizeof(float));
+      }
     }
     device_copy(dev_, params_.data() + s.offset, Device::kCpu, p, s.numel * sizeof(float));
   }
@@ -230,45 +259,90 @@ Model::Keep Model::keep_mode(int l) const {
   return Keep::kAll;
 }
 
+void Model::tp_allgather(float* full, size_t shard_elems) const {
+  if (!tp_) return;
+  tp_->group->allgatherv(full, std::vector<int>(tp_->size, static_cast<int>(shard_elems)));
+}
+
+void Model::tp_reduce_scatter(float* full, size_t shard_elems) const {
+  if (!tp_) return;
+  tp_->group->reduce_scatter_sum(full, std::vector<int>(tp_->size, static_cast<int>(shard_elems)));
+}
+
+void Model::row_parallel_add(float* y, const float* x, const float* w, int N, int in, int H) {
+  if (!tp_) {
+    k::linear_forward(y, x, w, N, in, H, /*accumulate=*/true);
+    return;
+  }
+  const size_t shard = static_cast<size_t>(N / tp_->size) * H;
+  Buffer<float> partial(static_cast<size_t>(N) * H, &work_mem_, dev_);
+  k::linear_forward(partial.data(), x, w, N, in, H);
+  tp_reduce_scatter(partial.data(), shard);
+  k::add_inplace(y, partial.data() + shard * tp_->rank, shard);
+}
+
+int Model::moe_sequences(int B) const {
+  // Only the router's seq_aux statistics count sequences; forward checks that a shard then holds
+  // whole ones.
+  return B % tp_size() == 0 ? B / tp_size() : 1;
+}
+
 void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTracker* mem) {
   const ModelConfig& c = config_;
   const LayerTensors& W = w_.layers[l];
-  const int N = B * T, H = c.hidden_size, nh = c.num_attention_heads, hd = c.head_dim();
-  const int I = c.intermediate_size;
-  const size_t NH = static_cast<size_t>(N) * H;
+  const int tp = tp_size(), N = B * T, n = N / tp, H = c.hidden_size, hd = c.head_dim();
+  const int nh = c.num_attention_heads / tp, Ha = nh * hd;  // this rank's heads, their width
+  const int I = c.intermediate_size / tp;
+  const size_t NH = static_cast<size_t>(N) * H, nH = static_cast<size_t>(n) * H;
+  const size_t NA = static_cast<size_t>(N) * Ha, mine = nH * tp_rank();  // this shard's rows
+  const bool moe = c.is_moe_layer(l);
+  // The normed shard goes into its rows of the gathered [N,H] that q, k, v read.
   a.ln1.resize(NH, mem, dev_);
-  a.rstd1.resize(N, mem, dev_);
-  k::rmsnorm_forward(a.ln1.data(), a.rstd1.data(), a.x.data(), W.input_norm, N, H, c.rms_norm_eps);
-  a.q.resize(NH, mem, dev_);
-  a.k.resize(NH, mem, dev_);
-  a.v.resize(NH, mem, dev_);
-  k::linear_forward(a.q.data(), a.ln1.data(), W.q, N, H, H);
-  k::linear_forward(a.k.data(), a.ln1.data(), W.k, N, H, H);
-  k::linear_forward(a.v.data(), a.ln1.data(), W.v, N, H, H);
+  a.rstd1.resize(n, mem, dev_);
+  k::rmsnorm_forward(a.ln1.data() + mine, a.rstd1.data(), a.x.data(), W.input_norm, n, H, c.rms_norm_eps);
+  tp_allgather(a.ln1.data(), nH);
+  a.q.resize(NA, mem, dev_);
+  a.k.resize(NA, mem, dev_);
+  a.v.resize(NA, mem, dev_);
+  k::linear_forward(a.q.data(), a.ln1.data(), W.q, N, H, Ha);
+  k::linear_forward(a.k.data(), a.ln1.data(), W.k, N, H, Ha);
+  k::linear_forward(a.v.data(), a.ln1.data(), W.v, N, H, Ha);
   k::rope_forward(a.q.data(), rope_, B, T, nh, hd);
   k::rope_forward(a.k.data(), rope_, B, T, nh, hd);
   a.att.resize(k::attention_saved_floats(B, T, nh, hd), mem, dev_);
-  a.attn_out.resize(NH, mem, dev_);
+  a.attn_out.resize(NA, mem, dev_);
   k::attention_forward(a.attn_out.data(), a.att.data(), a.q.data(), a.k.data(), a.v.data(), B, T,
                        nh, hd);
-  a.h.resize(NH, mem, dev_);
+  a.h.resize(nH, mem, dev_);
   kernels::copy(a.h.data(), a.x.data(), a.h.size());
-  k::linear_forward(a.h.data(), a.attn_out.data(), W.o, N, H, H, /*accumulate=*/true);
-  a.ln2.resize(NH, mem, dev_);
-  a.rstd2.resize(N, mem, dev_);
-  k::rmsnorm_forward(a.ln2.data(), a.rstd2.data(), a.h.data(), W.post_norm, N, H, c.rms_norm_eps);
-  if (c.is_moe_layer(l)) {
-    kernels::fill_zero(out, NH);
-    mx::moe_forward(out, a.moe, a.ln2.data(), moe_weights(W), moe_config(c, moe_options_, ep_, layer_placement(l), &work_mem_, layer_score_bias(l)), N, B,
-                    mem);
-    k::add_inplace(out, a.h.data(), NH);
+  row_parallel_add(a.h.data(), a.attn_out.data(), W.o, N, Ha, H);
+  // MoE: the block runs on the shard (SSMB). Dense: the normed shard is gathered for gate/up.
+  a.ln2.resize(moe ? nH : NH, mem, dev_);
+  a.rstd2.resize(n, mem, dev_);
+  k::rmsnorm_forward(a.ln2.data() + (moe ? 0 : mine), a.rstd2.data(), a.h.data(), W.post_norm, n, H,
+                     c.rms_norm_eps);
+  if (moe) {
+    kernels::fill_zero(out, nH);
+    mx::moe_forward(out, a.moe, a.ln2.data(), moe_weights(W),
+                    moe_config(c, moe_options_, ep_, layer_placement(l), &work_mem_, layer_score_bias(l)),
+                    n, moe_sequences(B), mem);
+    k::add_inplace(out, a.h.data(), nH);
   } else {
+    tp_allgather(a.ln2.data(), nH);
     a.mlp_g.resize(static_cast<size_t>(N) * I, mem, dev_);
     a.mlp_u.resize(static_cast<size_t>(N) * I, mem, dev_);
     a.mlp_h.resize(static_cast<size_t>(N) * I, mem, dev_);
-    kernels::copy(out, a.h.data(), NH);
-    k::swiglu_mlp_forward(out, a.mlp_g.data(), a.mlp_u.data(), a.mlp_h.data(), a.ln2.data(),
-                          {W.mlp_gate, W.mlp_up, W.mlp_down}, N, H, I, /*accumulate=*/true);
+    kernels::copy(out, a.h.data(), nH);
+    if (!tp_) {
+      k::swiglu_mlp_forward(out, a.mlp_g.data(), a.mlp_u.data(), a.mlp_h.data(), a.ln2.data(),
+                            {W.mlp_gate, W.mlp_up, W.mlp_down}, N, H, I, /*accumulate=*/true);
+    } else {
+      Buffer<float> partial(NH, &work_mem_, dev_);
+      k::swiglu_mlp_forward(partial.data(), a.mlp_g.data(), a.mlp_u.data(), a.mlp_h.data(), a.ln2.data(),
+                            {W.mlp_gate, W.mlp_up, W.mlp_down}, N, H, I);
+      tp_reduce_scatter(partial.data(), nH);
+      k::add_inplace(out, partial.data() + mine, nH);
+    }
   }
   a.complete = true;
 }
@@ -293,20 +367,23 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
   const ModelConfig& c = config_;
   const LayerTensors& W = w_.layers[l];
   const LayerTensors& G = g_.layers[l];
-  const int N = B * T, H = c.hidden_size, nh = c.num_attention_heads, hd = c.head_dim();
-  const int I = c.intermediate_size;
-  const size_t NH = static_cast<size_t>(N) * H;
+  const int tp = tp_size(), N = B * T, n = N / tp, H = c.hidden_size, hd = c.head_dim();
+  const int nh = c.num_attention_heads / tp, Ha = nh * hd;
+  const int I = c.intermediate_size / tp;
+  const size_t NH = static_cast<size_t>(N) * H, nH = static_cast<size_t>(n) * H;
+  const size_t NA = static_cast<size_t>(N) * Ha, mine = nH * tp_rank();
   MemTracker* work = &work_mem_;
   const bool moe = c.is_moe_layer(l);
   if (!a.complete) {
     // Recompute from the kept input (full) or the kept FFN input (moe); charged to work memory.
-    Buffer<float> out(NH, work, dev_);
+    Buffer<float> out(nH, work, dev_);
     if (!a.ln2.data()) {
       layer_forward(l, a, out.data(), B, T, work);
     } else {
       MOE_CHECK(moe, "internal: layer ", l, " lost activations it cannot recompute");
       mx::moe_forward(out.data(), a.moe, a.ln2.data(), moe_weights(W),
-                      moe_config(c, moe_options_, ep_, layer_placement(l), &work_mem_, layer_score_bias(l)), N, B, work);
+                      moe_config(c, moe_options_, ep_, layer_placement(l), &work_mem_, layer_score_bias(l)), n,
+                      moe_sequences(B), work);
       a.complete = true;
     }
     if (moe) {
@@ -317,31 +394,47 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
                 "layer ", l, ": recomputed routing differs from the first forward");
     }
   }
-  Buffer<float> dln(NH, work, dev_);
+  // d(out) of a row-parallel linear, gathered over TP: every rank's rows (dx itself without TP).
+  Buffer<float> dy_full(tp_ ? NH : 0, work, dev_);
+  auto gathered = [&](const float* shard) -> const float* {
+    if (!tp_) return shard;
+    kernels::copy(dy_full.data() + mine, shard, nH);
+    tp_allgather(dy_full.data(), nH);
+    return dy_full.data();
+  };
+  Buffer<float> dln(moe ? nH : NH, work, dev_);
   // FFN branch: out = h + ffn(ln2(h)); dx holds d(out).
   if (moe) {
     mx::moe_backward(dln.data(), moe_grads(G), dx, /*aux_grad=*/loss_scale, a.moe, a.ln2.data(),
-                     moe_weights(W), moe_config(c, moe_options_, ep_, layer_placement(l), &work_mem_, layer_score_bias(l)), N, B);
+                     moe_weights(W),
+                     moe_config(c, moe_options_, ep_, layer_placement(l), &work_mem_, layer_score_bias(l)), n,
+                     moe_sequences(B));
   } else {
     Buffer<float> scratch(2 * static_cast<size_t>(N) * I, work, dev_);
-    k::swiglu_mlp_backward(dln.data(), {G.mlp_gate, G.mlp_up, G.mlp_down}, dx, a.ln2.data(),
+    k::swiglu_mlp_backward(dln.data(), {G.mlp_gate, G.mlp_up, G.mlp_down}, gathered(dx), a.ln2.data(),
                            a.mlp_g.data(), a.mlp_u.data(), a.mlp_h.data(),
                            {W.mlp_gate, W.mlp_up, W.mlp_down}, N, H, I, scratch.data());
+    tp_reduce_scatter(dln.data(), nH);
   }
-  k::rmsnorm_backward(dx, G.post_norm, dln.data(), a.h.data(), W.post_norm, a.rstd2.data(), N, H);
+  k::rmsnorm_backward(dx, G.post_norm, dln.data() + (moe ? 0 : mine), a.h.data(), W.post_norm,
+                      a.rstd2.data(), n, H);
   // Attention branch: h = x + o_proj(attn); dx now holds d(h).
-  Buffer<float> dattn(NH, work, dev_), dq(NH, work), dk(NH, work), dv(NH, work);
+  Buffer<float> dattn(NA, work, dev_), dq(NA, work), dk(NA, work), dv(NA, work);
   Buffer<float> att_scratch(k::attention_scratch_floats(T), work, dev_);
-  k::linear_backward(dattn.data(), G.o, dx, a.attn_out.data(), W.o, N, H, H);
+  k::linear_backward(dattn.data(), G.o, gathered(dx), a.attn_out.data(), W.o, N, Ha, H);
   k::attention_backward(dq.data(), dk.data(), dv.data(), dattn.data(), a.q.data(), a.k.data(),
                         a.v.data(), a.att.data(), B, T, nh, hd, att_scratch.data());
   k::rope_backward(dq.data(), rope_, B, T, nh, hd);
   k::rope_backward(dk.data(), rope_, B, T, nh, hd);
-  dln.zero();
-  k::linear_backward(dln.data(), G.q, dq.data(), a.ln1.data(), W.q, N, H, H);
-  k::linear_backward(dln.data(), G.k, dk.data(), a.ln1.data(), W.k, N, H, H);
-  k::linear_backward(dln.data(), G.v, dv.data(), a.ln1.data(), W.v, N, H, H);
-  k::rmsnorm_backward(dx, G.input_norm, dln.data(), a.x.data(), W.input_norm, a.rstd1.data(), N, H);
+  if (dln.size() == NH)
+    dln.zero();
+  else
+    dln.resize(NH, work, dev_);
+  k::linear_backward(dln.data(), G.q, dq.data(), a.ln1.data(), W.q, N, H, Ha);
+  k::linear_backward(dln.data(), G.k, dk.data(), a.ln1.data(), W.k, N, H, Ha);
+  k::linear_backward(dln.data(), G.v, dv.data(), a.ln1.data(), W.v, N, H, Ha);
+  tp_reduce_scatter(dln.data(), nH);
+  k::rmsnorm_backward(dx, G.input_norm, dln.data() + mine, a.x.data(), W.input_norm, a.rstd1.data(), n, H);
 }
 
 LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float* x_in, float* x_out,
@@ -353,31 +446,38 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
             c.max_position_embeddings);
   MOE_CHECK(st.embedding || x_in, "forward: a stage without the embedding needs its input x_in");
   MOE_CHECK(st.head || x_out, "forward: a stage without the head needs an output buffer x_out");
-  const int N = B * T, H = c.hidden_size, V = c.vocab_size;
-  const size_t NH = static_cast<size_t>(N) * H;
+  const int tp = tp_size();
+  MOE_CHECK(T % tp == 0, "sequence length ", T, " does not split over tensor parallelism ", tp);
+  // The router's per-sequence aux statistics (seq_aux) need whole sequences on each shard.
+  MOE_CHECK(!(c.seq_aux && c.aux_loss_alpha > 0 && c.n_routed_experts > 0) || B % tp == 0,
+            "seq_aux: the batch of ", B, " sequences does not split over tensor parallelism ", tp,
+            " (each TP rank's shard must hold whole sequences)");
+  const int N = B * T, n = N / tp, H = c.hidden_size, V = c.vocab_size;
+  const size_t nH = static_cast<size_t>(n) * H;
   MemTracker* mem = keep ? &act_mem_ : &work_mem_;
   mb = MicroBatch{};
   mb.B = B;
   mb.T = T;
-  std::vector<int32_t> inputs(N), targets(N);
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T; ++t) {
-      int32_t in = tokens_BT1[b * (T + 1) + t], tg = tokens_BT1[b * (T + 1) + t + 1];
-      MOE_CHECK(in >= 0 && in < V && tg >= 0 && tg < V, "token id ", (in < 0 || in >= V) ? in : tg,
-                " is outside the vocabulary [0, ", V, ")");
-      inputs[b * T + t] = in;
-      targets[b * T + t] = tg;
-    }
-  mb.inputs.resize(N, nullptr, dev_);
-  mb.targets.resize(N, nullptr, dev_);
-  device_copy(dev_, mb.inputs.data(), Device::kCpu, inputs.data(), N * sizeof(int32_t));
-  device_copy(dev_, mb.targets.data(), Device::kCpu, targets.data(), N * sizeof(int32_t));
+  // This TP rank's rows [n·rank, n·(rank + 1)) of the flat B·T tokens.
+  std::vector<int32_t> inputs(n), targets(n);
+  for (int i = 0; i < n; ++i) {
+    const int row = n * tp_rank() + i, b = row / T, t = row % T;
+    int32_t in = tokens_BT1[b * (T + 1) + t], tg = tokens_BT1[b * (T + 1) + t + 1];
+    MOE_CHECK(in >= 0 && in < V && tg >= 0 && tg < V, "token id ", (in < 0 || in >= V) ? in : tg,
+              " is outside the vocabulary [0, ", V, ")");
+    inputs[i] = in;
+    targets[i] = tg;
+  }
+  mb.inputs.resize(n, nullptr, dev_);
+  mb.targets.resize(n, nullptr, dev_);
+  device_copy(dev_, mb.inputs.data(), Device::kCpu, inputs.data(), n * sizeof(int32_t));
+  device_copy(dev_, mb.targets.data(), Device::kCpu, targets.data(), n * sizeof(int32_t));
 
-  Buffer<float> x(NH, mem, dev_);
+  Buffer<float> x(nH, mem, dev_);
   if (st.embedding) {
-    k::embedding_forward(x.data(), mb.inputs.data(), w_.embed, N, H);
+    k::embedding_forward(x.data(), mb.inputs.data(), w_.embed, n, H);
   } else {
-    kernels::copy(x.data(), x_in, NH);
+    kernels::copy(x.data(), x_in, nH);
   }
   LossParts loss;
   for (int l = st.first_layer; l < st.end_layer(c); ++l) {
@@ -385,7 +485,7 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
     a->x = std::move(x);
     // The stage's last output goes to x_out (the pipeline's buffer): a temporary, not kept.
     const bool stage_output = l + 1 == st.end_layer(c) && !st.head;
-    Buffer<float> out(NH, stage_output ? &work_mem_ : mem, dev_);
+    Buffer<float> out(nH, stage_output ? &work_mem_ : mem, dev_);
     // A layer that keeps only part of its activations computes them as workspace; what it keeps
     // moves to the activation tracker, so its peak is exactly what is held for backward.
     const Keep km = keep ? keep_mode(l) : Keep::kAll;
@@ -395,6 +495,10 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
       const auto& n = a->moe.layout.num_tokens_per_expert_E;
       mb.loads.emplace_back(n.data(), n.data() + n.size());
       mb.dropped += a->moe.layout.num_dropped;
+      const mx::MoeActivations& ma = a->moe;
+      for (const Buffer<float>* r : {&ma.x_rows, &ma.g, &ma.u, &ma.h, &ma.y_rows, &ma.shared_g,
+                                     &ma.shared_u, &ma.shared_h})
+        mb.moe_dispatch_bytes += r->bytes();
     }
     x = std::move(out);
     if (keep) {
@@ -408,18 +512,18 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
   }
   if (st.head) {
     mb.final_in = std::move(x);
-    mb.final_ln.resize(NH, mem, dev_);
-    mb.final_rstd.resize(N, mem, dev_);
-    k::rmsnorm_forward(mb.final_ln.data(), mb.final_rstd.data(), mb.final_in.data(), w_.norm, N, H,
+    mb.final_ln.resize(nH, mem, dev_);
+    mb.final_rstd.resize(n, mem, dev_);
+    k::rmsnorm_forward(mb.final_ln.data(), mb.final_rstd.data(), mb.final_in.data(), w_.norm, n, H,
                        c.rms_norm_eps);
-    mb.logits.resize(static_cast<size_t>(N) * V, mem, dev_);
-    k::linear_forward(mb.logits.data(), mb.final_ln.data(), w_.lm_head, N, H, V);
-    mb.probs.resize(static_cast<size_t>(N) * V, mem, dev_);
-    mb.losses.resize(N, mem, dev_);
+    mb.logits.resize(static_cast<size_t>(n) * V, mem, dev_);
+    k::linear_forward(mb.logits.data(), mb.final_ln.data(), w_.lm_head, n, H, V);
+    mb.probs.resize(static_cast<size_t>(n) * V, mem, dev_);
+    mb.losses.resize(n, mem, dev_);
     loss.ce = k::cross_entropy_forward(mb.losses.data(), mb.probs.data(), mb.logits.data(),
-                                       mb.targets.data(), N, V);
+                                       mb.targets.data(), n, V);
   } else {
-    kernels::copy(x_out, x.data(), NH);
+    kernels::copy(x_out, x.data(), nH);
   }
   loss.total = loss.ce + loss.aux;
   mb.loss = loss;
@@ -433,34 +537,37 @@ void Model::backward(MicroBatch& mb, const float* dy_out, float* dx_in, float lo
   const StageSpec& st = layout_.stage();
   MOE_CHECK(st.head || dy_out, "backward: a stage without the head needs the gradient dy_out");
   MOE_CHECK(st.embedding || dx_in, "backward: a stage without the embedding needs dx_in");
-  const int B = mb.B, T = mb.T, N = B * T, H = c.hidden_size, V = c.vocab_size;
-  const size_t NH = static_cast<size_t>(N) * H;
+  // Under TP this shard's loss is 1/tp of the batch's: its rows count 1/(tp·n) each, as those of
+  // one data-parallel rank among tp would.
+  loss_scale /= static_cast<float>(tp_size());
+  const int B = mb.B, T = mb.T, n = B * T / tp_size(), H = c.hidden_size, V = c.vocab_size;
+  const size_t nH = static_cast<size_t>(n) * H;
   MemTracker* work = &work_mem_;
 
-  Buffer<float> dx(NH, work, dev_);  // gradient of the residual stream
+  Buffer<float> dx(nH, work, dev_);  // gradient of the residual stream
   if (st.head) {
     // Loss -> logits -> final norm.
-    Buffer<float> dlogits(static_cast<size_t>(N) * V, work, dev_);
-    k::cross_entropy_backward(dlogits.data(), mb.probs.data(), mb.targets.data(), N, V,
-                              loss_scale / N);
-    Buffer<float> dln(NH, work, dev_);
-    k::linear_backward(dln.data(), g_.lm_head, dlogits.data(), mb.final_ln.data(), w_.lm_head, N, H, V);
+    Buffer<float> dlogits(static_cast<size_t>(n) * V, work, dev_);
+    k::cross_entropy_backward(dlogits.data(), mb.probs.data(), mb.targets.data(), n, V,
+                              loss_scale / n);
+    Buffer<float> dln(nH, work, dev_);
+    k::linear_backward(dln.data(), g_.lm_head, dlogits.data(), mb.final_ln.data(), w_.lm_head, n, H, V);
     k::rmsnorm_backward(dx.data(), g_.norm, dln.data(), mb.final_in.data(), w_.norm,
-                        mb.final_rstd.data(), N, H);
+                        mb.final_rstd.data(), n, H);
     for (Buffer<float>* b :
          {&mb.final_in, &mb.final_ln, &mb.final_rstd, &mb.logits, &mb.probs, &mb.losses})
       b->release();
   } else {
-    kernels::copy(dx.data(), dy_out, NH);
+    kernels::copy(dx.data(), dy_out, nH);
   }
   for (int i = static_cast<int>(mb.layers.size()) - 1; i >= 0; --i) {
     layer_backward(st.first_layer + i, *mb.layers[i], dx.data(), B, T, loss_scale);
     mb.layers[i].reset();  // this layer's activations are no longer needed
   }
   if (st.embedding) {
-    k::embedding_backward(g_.embed, dx.data(), mb.inputs.data(), N, H);
+    k::embedding_backward(g_.embed, dx.data(), mb.inputs.data(), n, H);
   } else {
-    kernels::copy(dx_in, dx.data(), NH);
+    kernels::copy(dx_in, dx.data(), nH);
   }
   mb.layers.clear();
   mb.have = false;
@@ -488,6 +595,8 @@ LossParts Model::evaluate(const int32_t* tokens_BT1, int B, int T) {
 const float* Model::logits() const { return whole_ ? whole_->logits.data() : nullptr; }
 
 std::vector<std::vector<int>> Model::expert_loads(const MicroBatch& mb) const { return mb.loads; }
+
+size_t Model::moe_dispatch_bytes(const MicroBatch& mb) const { return mb.moe_dispatch_bytes; }
 
 std::vector<std::vector<int>> Model::expert_loads() const {
   return whole_ ? whole_->loads : std::vector<std::vector<int>>{};

@@ -22,7 +22,26 @@
 #include "model/params.h"
 #include "moe/moe_layer.h"
 
+namespace moe::comm {
+class Group;
+}
+
 namespace moe::model {
+
+// Tensor parallelism: Megatron TP with sequence parallelism, and X-MoE's sequence-sharded MoE block
+// (SSMB) with unsharded experts. Each micro-batch's N = B·T token rows are cut into `size`
+// contiguous shards of n = N/size rows. Rank r holds shard r of the residual stream and runs on it
+// the norms, the embedding lookup, the head and loss, and the whole MoE block (router, layout, its
+// own EP exchange, full experts, shared experts, combine): those parameters are replicated and
+// their gradients summed over the group (parallel/tensor_parallel.h). Attention and the dense MLP
+// split their heads and FFN columns: q/k/v and gate/up are column-parallel, o_proj and down
+// row-parallel; forward all-gathers the normed shard before them and reduce-scatters their output,
+// backward the adjoints (REFERENCE / NOTES §C1).
+struct TensorParallel {
+  const comm::Group* group = nullptr;  // the TP group (group rank = rank)
+  int rank = 0;
+  int size = 1;
+};
 
 struct LossParts {
   double total = 0.0;  // ce + aux
@@ -58,9 +77,10 @@ class Model {
   // ep: expert parallelism (this rank holds the experts its placement map gives rank ep->rank,
   // contiguous at construction, and its MoE layers exchange tokens); null = one process holding
   // every expert.
+  // tp: tensor parallelism (see TensorParallel); null = none.
   explicit Model(const ModelConfig& config, MoeOptions moe_options = {},
                  const mixture::ExpertParallel* ep = nullptr, StageSpec stage = {},
-                 Recompute recompute = Recompute::kNone);
+                 Recompute recompute = Recompute::kNone, const TensorParallel* tp = nullptr);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -87,10 +107,14 @@ class Model {
   // tokens_BT1: B rows of T+1 tokens (the first stage embeds [:, :T]; the last stage's targets are
   // [:, 1:]). x_in [B·T,H]: the previous stage's output (non-first stages). x_out [B·T,H]: this
   // stage's output (non-last stages). keep = false: evaluation, nothing kept for backward.
+  // Under tensor parallelism every TP rank gets the same tokens, x_in and x_out are its shard
+  // [B·T/tp, H], and the returned losses are its shard's (their mean over the group is the batch's).
   LossParts forward(MicroBatch& mb, const int32_t* tokens_BT1, const float* x_in, float* x_out,
                     int B, int T, bool keep = true);
   // dy_out: gradient of x_out (non-last stages). dx_in (non-first stages) is OVERWRITTEN with the
-  // gradient of x_in. Adds loss_scale · d(loss)/d(params) into grads() and frees mb's activations.
+  // gradient of x_in. Adds loss_scale · d(loss)/d(params) into grads() and frees mb's activations
+  // (under tensor parallelism: this rank's part of the batch loss's gradient; the group's sum over
+  // the replicated parameters completes it).
   void backward(MicroBatch& mb, const float* dy_out, float* dx_in, float loss_scale);
 
   // ---- Whole-model API (one stage holding everything) ----
@@ -104,6 +128,11 @@ class Model {
   // Tokens routed to each expert in mb's forward, per MoE layer of this stage [layers][E].
   std::vector<std::vector<int>> expert_loads(const MicroBatch& mb) const;
   std::vector<std::vector<int>> expert_loads() const;  // of the last whole-model forward
+  // Bytes of the MoE blocks' token-row activations that mb's forward allocated, summed over this
+  // stage's MoE layers: the dispatched rows, the expert intermediates and outputs that combine
+  // reads, the shared experts' intermediates. They scale with the tokens a rank routes, so tensor
+  // parallelism (SSMB) divides them by tp.
+  size_t moe_dispatch_bytes(const MicroBatch& mb) const;
   int dropped_pairs() const;
 
   // Aux-loss-free balancing (topk_method noaux_tc): each MoE layer's e_score_correction_bias [E],
@@ -118,6 +147,9 @@ class Model {
   // (train/migration.h). Shapes and offsets never change: every rank holds E/ep experts.
   const balance::Placement& placement() const { return placement_; }
   void set_placement(const balance::Placement& placement);
+
+  int tp_size() const { return tp_ ? tp_->size : 1; }
+  int tp_rank() const { return tp_ ? tp_->rank : 0; }
 
   MemTracker& activation_memory() { return act_mem_; }
   MemTracker& work_memory() { return work_mem_; }
@@ -142,11 +174,20 @@ class Model {
   void drop_activations(LayerActs& a, Keep keep);
   // dx holds d(layer output) on entry and d(layer input) on return.
   void layer_backward(int l, LayerActs& a, float* dx, int B, int T, float loss_scale);
+  // Tensor parallelism over `full` [N, width] rows, this rank's shard being `shard_elems` elements at
+  // shard_elems · tp_rank(); no-ops without TP. all-gather: every shard to every rank;
+  // reduce-scatter: this rank's shard = the sum over the group of its rows.
+  void tp_allgather(float* full, size_t shard_elems) const;
+  void tp_reduce_scatter(float* full, size_t shard_elems) const;
+  // y[n,H] += the row-parallel linear x[N,in] · w[H,in]^T, summed over the group, this rank's rows.
+  void row_parallel_add(float* y, const float* x, const float* w, int N, int in, int H);
+  int moe_sequences(int B) const;  // sequences of one shard (the router's seq_aux statistics)
 
   ModelConfig config_;
   MoeOptions moe_options_;
   const mixture::ExpertParallel* ep_ = nullptr;
   Recompute recompute_;
+  const TensorParallel* tp_ = nullptr;
   Device dev_;  // where params, grads and activations live: the active kernel device at creation
   balance::Placement placement_;  // empty layers without expert parallelism
   ParamLayout layout_;

@@ -8,7 +8,14 @@
 
 namespace moe::model {
 
-void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool decay, bool is_expert) {
+void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool decay, bool is_expert,
+                      int tp_dim) {
+  std::vector<int64_t> full_shape = shape;
+  if (tp_dim >= 0) {
+    MOE_CHECK(shape[tp_dim] % tp_.size == 0, "parameter ", name, ": dimension ", tp_dim, " of shape ",
+              io::shape_str(shape), " does not split over tensor parallelism ", tp_.size);
+    shape[tp_dim] /= tp_.size;
+  }
   // Checked (ModelConfig::validate bounds these already; a layout of an unvalidated config must
   // still not wrap to a small block that initialisation then writes past). The bound keeps
   // total * 16 bytes (weights, gradients, AdamW m and v) within size_t.
@@ -27,6 +34,8 @@ void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool decay, 
   s.offset = total_;
   s.decay = decay;
   s.is_expert = is_expert;
+  s.tp_dim = tp_.size > 1 ? tp_dim : -1;
+  s.full_shape = std::move(full_shape);
   total_ = new_total;
   index_[s.name] = specs_.size();
   specs_.push_back(std::move(s));
@@ -67,8 +76,10 @@ bool ExpertShard::holds_all(int num_experts) const {
   return true;
 }
 
-ParamLayout::ParamLayout(const ModelConfig& c, ExpertShard shard, StageSpec stage)
-    : shard_(std::move(shard)), stage_(stage) {
+ParamLayout::ParamLayout(const ModelConfig& c, ExpertShard shard, StageSpec stage, TpShard tp)
+    : shard_(std::move(shard)), stage_(stage), tp_(tp) {
+  MOE_CHECK(tp_.size >= 1 && tp_.rank >= 0 && tp_.rank < tp_.size, "tensor-parallel rank ", tp_.rank,
+            " is outside a group of ", tp_.size);
   const int64_t H = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
   const int64_t F = c.moe_intermediate_size, E = c.n_routed_experts;
   if (shard_.per_layer.empty() && shard_.count < 0) shard_.count = static_cast<int>(E);
@@ -84,13 +95,15 @@ ParamLayout::ParamLayout(const ModelConfig& c, ExpertShard shard, StageSpec stag
   for (int l = stage_.first_layer; l < l_end; ++l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", {H}, false);
-    for (const char* m : {"q_proj", "k_proj", "v_proj", "o_proj"})
-      add(p + "self_attn." + m + ".weight", {H, H}, true);
+    // Heads split over TP: q, k, v by output rows, o_proj by input columns (Megatron's column- and
+    // row-parallel linears); the same for the dense MLP's gate/up and down.
+    for (const char* m : {"q_proj", "k_proj", "v_proj"}) add(p + "self_attn." + m + ".weight", {H, H}, true, false, 0);
+    add(p + "self_attn.o_proj.weight", {H, H}, true, false, 1);
     add(p + "post_attention_layernorm.weight", {H}, false);
     if (!c.is_moe_layer(l)) {
-      add(p + "mlp.gate_proj.weight", {I, H}, true);
-      add(p + "mlp.up_proj.weight", {I, H}, true);
-      add(p + "mlp.down_proj.weight", {H, I}, true);
+      add(p + "mlp.gate_proj.weight", {I, H}, true, false, 0);
+      add(p + "mlp.up_proj.weight", {I, H}, true, false, 0);
+      add(p + "mlp.down_proj.weight", {H, I}, true, false, 1);
       continue;
     }
     add(p + "mlp.gate.weight", {E, H}, true);

@@ -22,6 +22,18 @@ struct ParamSpec {
   size_t numel = 0;
   bool decay = true;            // AdamW weight decay: matrices and embeddings yes, norm weights no
   bool is_expert = false;       // a routed expert's weight (sharded by expert parallelism later)
+  // Tensor parallelism: the dimension of the logical tensor split over the TP group (0: rows, the
+  // column-parallel q/k/v and dense gate/up; 1: columns, the row-parallel o_proj and dense down),
+  // -1 when every TP rank holds all of it. `shape` is this rank's slice, `full_shape` the tensor's.
+  int tp_dim = -1;
+  std::vector<int64_t> full_shape;
+};
+
+// Tensor parallelism: this rank's place in the TP group. The split tensors of ParamSpec::tp_dim hold
+// the slice [rank·d/size, (rank+1)·d/size) of their split dimension d.
+struct TpShard {
+  int rank = 0;
+  int size = 1;
 };
 
 // Which routed experts a rank holds, in slot order (the stacking order of its [El, ...] arrays).
@@ -52,8 +64,10 @@ struct StageSpec {
 
 class ParamLayout {
  public:
-  explicit ParamLayout(const ModelConfig& c, ExpertShard shard = {}, StageSpec stage = {});
+  explicit ParamLayout(const ModelConfig& c, ExpertShard shard = {}, StageSpec stage = {},
+                       TpShard tp = {});
   const ExpertShard& shard() const { return shard_; }
+  const TpShard& tp() const { return tp_; }
   const StageSpec& stage() const { return stage_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   size_t total() const { return total_; }
@@ -61,12 +75,14 @@ class ParamLayout {
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
 
  private:
-  void add(std::string name, std::vector<int64_t> shape, bool decay, bool is_expert = false);
+  void add(std::string name, std::vector<int64_t> shape, bool decay, bool is_expert = false,
+           int tp_dim = -1);
   std::vector<ParamSpec> specs_;
   std::unordered_map<std::string, size_t> index_;
   size_t total_ = 0;
   ExpertShard shard_;
   StageSpec stage_;
+  TpShard tp_;
 };
 
 // Pointers into one block (weights, gradients or optimizer moments). layers has one entry per
@@ -74,15 +90,15 @@ class ParamLayout {
 // lm_head when the stage does not hold them.
 struct LayerTensors {
   float* input_norm = nullptr;   // [H]
-  float* q = nullptr;            // [H,H]
-  float* k = nullptr;            // [H,H]
-  float* v = nullptr;            // [H,H]
-  float* o = nullptr;            // [H,H]
+  float* q = nullptr;            // [H,H] ([H/tp,H] under tensor parallelism)
+  float* k = nullptr;            // [H,H] ([H/tp,H])
+  float* v = nullptr;            // [H,H] ([H/tp,H])
+  float* o = nullptr;            // [H,H] ([H,H/tp])
   float* post_norm = nullptr;    // [H]
   // dense layer
-  float* mlp_gate = nullptr;     // [I,H]
-  float* mlp_up = nullptr;       // [I,H]
-  float* mlp_down = nullptr;     // [H,I]
+  float* mlp_gate = nullptr;     // [I,H] ([I/tp,H])
+  float* mlp_up = nullptr;       // [I,H] ([I/tp,H])
+  float* mlp_down = nullptr;     // [H,I] ([H,I/tp])
   // MoE layer
   float* router = nullptr;       // [E,H]
   float* experts_gate = nullptr; // [El,F,H] (El = experts held locally)

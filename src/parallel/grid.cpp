@@ -16,7 +16,23 @@ Grid make_grid(const ParallelDims& dims, const model::ModelConfig& cfg, int forc
   g.dp = g.world.split((c.pp * dims.ep + c.ep) * dims.tp + c.tp, c.dp);
   g.data = g.world.split(c.pp * dims.tp + c.tp, c.dp * dims.ep + c.ep);
   g.pp = g.world.split((c.dp * dims.ep + c.ep) * dims.tp + c.tp, c.pp);
+  g.tp = g.world.split((c.pp * dims.dp + c.dp) * dims.ep + c.ep, c.tp);
+  g.tokens = g.world.split(c.pp, (c.dp * dims.ep + c.ep) * dims.tp + c.tp);
   return g;
+}
+
+void sync_tensor_parallel(const model::ParamLayout& layout, float* grads, const Grid& grid) {
+  if (grid.tp.size() <= 1) return;
+  const auto& specs = layout.specs();
+  size_t i = 0;
+  while (i < specs.size()) {
+    size_t j = i;
+    const bool whole = specs[i].tp_dim < 0;
+    while (j < specs.size() && (specs[j].tp_dim < 0) == whole) ++j;
+    const size_t begin = specs[i].offset, end = specs[j - 1].offset + specs[j - 1].numel;
+    if (whole) grid.tp.allreduce_sum(grads + begin, static_cast<int64_t>(end - begin));
+    i = j;
+  }
 }
 
 void sync_gradients(const model::ParamLayout& layout, float* grads, const Grid& grid) {

@@ -3,6 +3,11 @@
 //   dp group: the ranks that hold the same experts (same pp/ep/tp)
 //   data group: every rank that reads its own share of the global batch (EP × DP of one stage)
 //   pp group: the stages of one pipeline (same dp/ep/tp), ordered by stage
+//   tp group: the tensor-parallel ranks (adjacent; same pp/dp/ep), which share one batch share and
+//             split its tokens (model.h: TensorParallel)
+//   tokens group: every rank of one stage (EP × DP × TP): each holds its own tokens, so sums over
+//             tokens (losses, routing statistics, expert loads) run over it. Without TP it is the
+//             data group.
 #pragma once
 #include <memory>
 
@@ -17,7 +22,7 @@ struct Grid {
   ParallelDims dims;
   RankCoords me;
   comm::Topology topo;
-  comm::Group world, ep, dp, data, pp;
+  comm::Group world, ep, dp, data, pp, tp, tokens;
   // Index of this rank's share of the global batch: dp_idx · ep + ep_idx.
   int data_rank() const { return me.dp * dims.ep + me.ep; }
   int data_size() const { return dims.dp * dims.ep; }
@@ -26,6 +31,11 @@ struct Grid {
 // Collective over MPI_COMM_WORLD. Validates dims against the world size and the model.
 Grid make_grid(const ParallelDims& dims, const model::ModelConfig& cfg, int forced_ranks_per_node,
                int forced_nodes_per_group);
+
+// Tensor parallelism, before sync_gradients (or ZeRO-1's reduce-scatter): every tensor that each TP
+// rank holds whole (ParamSpec::tp_dim < 0: norms, embedding, head, router, experts) saw only its
+// rank's tokens, so its gradient is summed over the TP group. Contiguous runs in one all-reduce.
+void sync_tensor_parallel(const model::ParamLayout& layout, float* grads, const Grid& grid);
 
 // Gradient synchronisation after backward (gradients were scaled by 1/data_size in backward):
 // replicated tensors summed over the data group, routed experts over the dp group. Contiguous

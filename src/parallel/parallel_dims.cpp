@@ -11,7 +11,13 @@ void ParallelDims::validate(int world_size, const model::ModelConfig& cfg) const
             world(), " != world size ", world_size);
   MOE_CHECK(pp <= cfg.num_hidden_layers, "pp(", pp, ") exceeds the model's ", cfg.num_hidden_layers,
             " layers: every pipeline stage needs at least one layer");
-  MOE_CHECK(tp == 1, "tensor parallelism (--tp ", tp, ") is not implemented yet; use --tp 1");
+  if (tp > 1) {
+    // Heads and the dense FFN's columns split over TP (model.h: TensorParallel).
+    MOE_CHECK(cfg.num_attention_heads % tp == 0, "tp(", tp, ") does not divide num_attention_heads (",
+              cfg.num_attention_heads, ")");
+    MOE_CHECK(cfg.num_moe_layers() == cfg.num_hidden_layers || cfg.intermediate_size % tp == 0, "tp(", tp,
+              ") does not divide intermediate_size (", cfg.intermediate_size, ") of the dense layers");
+  }
   if (ep > 1) {
     MOE_CHECK(cfg.num_moe_layers() > 0, "--ep ", ep, " needs a model with MoE layers; this config has none");
     MOE_CHECK(cfg.n_routed_experts % ep == 0, "ep(", ep, ") does not divide n_routed_experts (",

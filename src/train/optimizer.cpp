@@ -63,12 +63,13 @@ void for_each_owned(const model::ParamLayout& layout, const std::vector<std::pai
 double AdamW::step(float* params, const float* grads, int s) {
   // Global norm over all gradients: replicated tensors and routed experts summed apart, each per
   // tensor in layout order (a fixed order); the experts' part over the whole EP group.
-  double sq_replicated = 0.0, sq_experts = 0.0;
+  double sq_replicated = 0.0, sq_experts = 0.0, sq_split = 0.0;
   for_each_owned(layout_, owned_, [&](size_t lo, size_t hi, size_t, const model::ParamSpec& p) {
-    (p.is_expert ? sq_experts : sq_replicated) += kernels::sum_squares(grads + lo, hi - lo);
+    (p.is_expert ? sq_experts : p.tp_dim >= 0 ? sq_split : sq_replicated) +=
+        kernels::sum_squares(grads + lo, hi - lo);
   });
-  const double norm = std::sqrt(reduce_sq_ ? reduce_sq_(sq_replicated, sq_experts)
-                                           : sq_replicated + sq_experts);
+  const double norm = std::sqrt(reduce_sq_ ? reduce_sq_(sq_replicated, sq_experts, sq_split)
+                                           : sq_replicated + sq_experts + sq_split);
   if (!std::isfinite(norm)) return norm;  // a non-finite gradient: no update (the caller counts it)
   float scale = 1.0f;
   if (cfg_.grad_clip > 0.0f) {

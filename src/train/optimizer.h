@@ -40,12 +40,13 @@ class AdamW {
   // norm before clipping; when it is not finite, nothing is updated. `step` is 0-based.
   double step(float* params, const float* grads, int step);
   const OptimConfig& config() const { return cfg_; }
-  // Expert parallelism: each rank holds only its experts, and with pipeline stages only its
-  // layers, so the global gradient norm needs a reduction.
-  // With pipeline stages, each holds only its tensors: the reducer gets this rank's squared norms
-  // of replicated tensors and of routed experts and returns the global squared norm (sum over
-  // the EP group of the experts' part, then over the stages). Unset: their sum.
-  void set_norm_reducer(std::function<double(double, double)> f) { reduce_sq_ = std::move(f); }
+  // Expert parallelism: each rank holds only its experts, with pipeline stages only its layers,
+  // with tensor parallelism only its slices of the split matrices: the global gradient norm needs
+  // a reduction. The reducer gets this rank's squared norms of the replicated tensors, of the
+  // routed experts and of the TP-split tensors (ParamSpec::tp_dim >= 0), and returns the global
+  // squared norm (the experts' part summed over the EP group, the split part over the TP group,
+  // then everything over the stages). Unset: their sum.
+  void set_norm_reducer(std::function<double(double, double, double)> f) { reduce_sq_ = std::move(f); }
   Buffer<float>& m() { return m_; }
   Buffer<float>& v() { return v_; }
 
@@ -53,7 +54,7 @@ class AdamW {
   const model::ParamLayout& layout_;
   OptimConfig cfg_;
   Buffer<float> m_, v_;
-  std::function<double(double, double)> reduce_sq_;
+  std::function<double(double, double, double)> reduce_sq_;
   std::vector<std::pair<size_t, size_t>> owned_;  // flat ranges this rank updates (all: [0, total))
 };
 

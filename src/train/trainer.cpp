@@ -31,6 +31,7 @@
 #include "moe/bench_moe_layer.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
+#include "parallel/tensor_parallel.h"
 #include "parallel/zero1.h"
 #include "train/checkpoint.h"
 #include "train/migration.h"
@@ -175,10 +176,10 @@ std::string format_duration(double s) {
   return buf;
 }
 
-// Mean over the data group of one value per rank.
+// Mean over the tokens group (every rank of a stage holds as many tokens) of one value per rank.
 double data_mean(const parallel::Grid& g, double v) {
-  if (g.data.size() > 1) g.data.allreduce_sum(&v, 1);
-  return v / g.data.size();
+  if (g.tokens.size() > 1) g.tokens.allreduce_sum(&v, 1);
+  return v / g.tokens.size();
 }
 
 // Validation cross-entropy of the fixed held-out batches: each data rank evaluates its share,
@@ -188,7 +189,7 @@ double validation_loss(model::Model& m, const std::vector<int32_t>& val, int B_l
   const size_t per_global = static_cast<size_t>(B_local) * g.data_size() * (T + 1);
   const size_t offset = static_cast<size_t>(g.data_rank()) * B_local * (T + 1);
   const model::StageSpec& st = m.stage();
-  const size_t act = static_cast<size_t>(B_local) * T * m.config().hidden_size;
+  const size_t act = static_cast<size_t>(B_local) * T / m.tp_size() * m.config().hidden_size;
   // Where the model reads its input and writes its output: the active device (a GPU's buffers are
   // staged through the host by the blocking send/recv).
   Buffer<float> x_in(st.embedding ? 0 : act, nullptr, kernels::active_device());
@@ -303,14 +304,24 @@ void set_first(float* x, float value) {
 void save_full_weights(const model::Model& model, const model::ModelConfig& cfg,
                        const parallel::Grid& g, const std::vector<int>& layers_per_stage,
                        const std::string& path) {
-  if (g.me.dp != 0 || g.me.tp != 0) return;
+  if (g.me.dp != 0) return;
   const HostParams m(model);
+  // Tensor parallelism: the TP group puts its slices together; its first rank goes on.
+  const model::ParamLayout unsplit = parallel::unsplit_layout(model.layout(), cfg);
+  std::vector<float> gathered;
+  const float* params = m.params();
+  if (g.dims.tp > 1) {
+    gathered.resize(unsplit.total());
+    parallel::tp_gather(model.layout(), m.params(), unsplit, gathered.data(), g.tp);
+    params = gathered.data();
+  }
+  if (g.me.tp != 0) return;
   // What rank (pp, ep) contributes: everything on ep 0, only its experts on the others.
   auto owned = [](const model::ParamSpec& s, int ep_rank) { return ep_rank == 0 || s.is_expert; };
   if (g.world.rank() != 0) {
     std::vector<float> mine;
-    for (const model::ParamSpec& s : model.layout().specs())
-      if (owned(s, g.me.ep)) mine.insert(mine.end(), m.params() + s.offset, m.params() + s.offset + s.numel);
+    for (const model::ParamSpec& s : unsplit.specs())
+      if (owned(s, g.me.ep)) mine.insert(mine.end(), params + s.offset, params + s.offset + s.numel);
     g.world.send(mine.data(), static_cast<int64_t>(mine.size()), 0, /*tag=*/71);
     return;
   }
@@ -323,7 +334,7 @@ void save_full_weights(const model::Model& model, const model::ModelConfig& cfg,
       model::ParamLayout theirs(cfg, shard, parallel::stage_spec(layers_per_stage, pp));
       std::vector<float> buf;
       if (src == 0) {
-        buf.assign(m.params(), m.params() + m.num_params());
+        buf.assign(params, params + unsplit.total());
       } else {
         size_t n = 0;
         for (const model::ParamSpec& s : theirs.specs()) n += owned(s, ep) ? s.numel : 0;
@@ -391,8 +402,8 @@ std::vector<StageStats> gather_stage_stats(const parallel::Grid& grid, const par
 // `offset` entries belong to earlier stages) and summed over the pipeline. The same on every rank.
 std::vector<int64_t> global_expert_loads(const parallel::Grid& grid, std::vector<int64_t> mine, size_t all,
                                          size_t offset) {
-  if (grid.data.size() > 1 && !mine.empty())
-    grid.data.allreduce_sum(mine.data(), static_cast<int64_t>(mine.size()));
+  if (grid.tokens.size() > 1 && !mine.empty())
+    grid.tokens.allreduce_sum(mine.data(), static_cast<int64_t>(mine.size()));
   if (grid.pp.size() <= 1 || all == 0) return mine;
   std::vector<int64_t> out(all, 0);
   std::copy(mine.begin(), mine.end(), out.begin() + offset);
@@ -501,6 +512,17 @@ TrainResult run_training(const TrainOptions& opts) {
     MOE_CHECK(indexed || cfg.vocab_size >= 256, "byte-level data needs vocab_size >= 256, the config has ",
               cfg.vocab_size);
     opts.dims.validate(world.size(), cfg);
+    if (opts.dims.tp > 1) {
+      // Each TP rank takes n = batch·seq_len/tp rows of every micro-batch (model.h: TensorParallel).
+      MOE_CHECK(opts.seq_len % opts.dims.tp == 0, "--tp ", opts.dims.tp, " does not divide --seq-len ",
+                opts.seq_len);
+      MOE_CHECK(!(cfg.seq_aux && cfg.aux_loss_alpha > 0 && cfg.num_moe_layers() > 0) ||
+                    (opts.batch / opts.micro_batches) % opts.dims.tp == 0,
+                "--tp ", opts.dims.tp, " with seq_aux: the micro-batch of ", opts.batch / opts.micro_batches,
+                " sequences per rank must split into whole sequences per TP rank");
+      MOE_CHECK(opts.migrate_every == 0, "--balance.migrate-every with --tp ", opts.dims.tp,
+                ": expert migration under tensor parallelism is not supported yet; use --tp 1");
+    }
     MOE_CHECK(opts.migrate_every == 0 || opts.dims.ep > 1, "--balance.migrate-every ", opts.migrate_every,
               " needs expert parallelism (--ep > 1): with --ep ", opts.dims.ep, " every expert is on every rank");
     parallel::split_layers(cfg, opts.dims.pp, opts.pp_layers);
@@ -647,7 +669,7 @@ TrainResult run_training(const TrainOptions& opts) {
                                         gpu_of_rank, device == Device::kCuda && comm::nccl_loadable(),
                                         &backend_why);
     if (backend == comm::CommBackend::kNccl)
-      for (comm::Group* g : {&grid.ep, &grid.dp, &grid.data, &grid.pp})
+      for (comm::Group* g : {&grid.ep, &grid.dp, &grid.data, &grid.pp, &grid.tp, &grid.tokens})
         if (g->valid() && g->size() > 1) g->enable_nccl();
   }
   kernels::set_gemm_bf16(opts.precision == "bf16");
@@ -675,12 +697,13 @@ TrainResult run_training(const TrainOptions& opts) {
   ep_ctx.rank = grid.me.ep;
   ep_ctx.size = grid.dims.ep;
   ep_ctx.reduce_aux_stats = [&grid](std::vector<double>& v) {
-    grid.data.allreduce_sum(v.data(), static_cast<int64_t>(v.size()));
+    grid.tokens.allreduce_sum(v.data(), static_cast<int64_t>(v.size()));
   };
   // Experts that may move are summed in logical order (train/migration.h): the math stays the same.
   ep_ctx.placement_independent_sum = opts.migrate_every > 0;
-  model::Model model(cfg, opts.moe, D > 1 ? &ep_ctx : nullptr, stage,
-                     model::parse_recompute(opts.recompute));
+  const model::TensorParallel tp_ctx{&grid.tp, grid.me.tp, grid.dims.tp};
+  model::Model model(cfg, opts.moe, D > 1 || grid.dims.tp > 1 ? &ep_ctx : nullptr, stage,
+                     model::parse_recompute(opts.recompute), &tp_ctx);
   // noaux_tc: every MoE layer's selection bias, the same on every rank (train/score_bias.h).
   ScoreBias score_bias(cfg, opts.bias_rate);
   // The exchange's staging rows (send/receive buffers, RBD pools, HALO rails) are workspace of
@@ -693,17 +716,20 @@ TrainResult run_training(const TrainOptions& opts) {
   const parallel::ZeroShard shard = opts.zero1 ? parallel::ZeroShard::split(model.layout(), grid)
                                                : parallel::ZeroShard::whole(model.layout());
   AdamW opt(model.layout(), oc, shard.ranges(), &model.total_memory());
-  opt.set_norm_reducer([&grid, &shard](double replicated, double experts) {
+  opt.set_norm_reducer([&grid, &shard](double replicated, double experts, double split) {
     if (shard.sharded()) {
-      // Each rank's slice of both kinds: the data group (EP × DP) completes them.
-      double parts[2] = {replicated, experts};
-      if (grid.data.size() > 1) grid.data.allreduce_sum(parts, 2);
+      // Each rank's slice of every kind: the data group (EP × DP) completes them.
+      double parts[3] = {replicated, experts, split};
+      if (grid.data.size() > 1) grid.data.allreduce_sum(parts, 3);
       replicated = parts[0];
       experts = parts[1];
+      split = parts[2];
     } else if (grid.ep.size() > 1) {
       grid.ep.allreduce_sum(&experts, 1);
     }
-    double sq = replicated + experts;
+    // The TP ranks hold the same replicated tensors and experts, and each its own slices.
+    if (grid.tp.size() > 1) grid.tp.allreduce_sum(&split, 1);
+    double sq = replicated + experts + split;
     if (grid.pp.size() > 1) grid.pp.allreduce_sum(&sq, 1);
     return sq;
   });
@@ -748,7 +774,17 @@ TrainResult run_training(const TrainOptions& opts) {
         if (!model.placement().is_contiguous()) ep_ctx.placement_independent_sum = true;
       }
       HostState h(model, opt, /*copy=*/false, shard);
-      load_checkpoint_tensors(resume_path, model.layout(), h.params(), h.m(), h.v());
+      if (grid.dims.tp > 1) {
+        // The checkpoint holds logical tensors: each TP rank keeps its slices of them.
+        const model::ParamLayout unsplit = parallel::unsplit_layout(model.layout(), cfg);
+        std::vector<float> p(unsplit.total()), m(unsplit.total()), v(unsplit.total());
+        load_checkpoint_tensors(resume_path, unsplit, p.data(), m.data(), v.data());
+        parallel::tp_slice(unsplit, p.data(), model.layout(), h.params());
+        parallel::tp_slice(unsplit, m.data(), model.layout(), h.m());
+        parallel::tp_slice(unsplit, v.data(), model.layout(), h.v());
+      } else {
+        load_checkpoint_tensors(resume_path, model.layout(), h.params(), h.m(), h.v());
+      }
       h.to_device(model, opt);
     }
     score_bias.load_json(meta.router_bias, resume_path + "/manifest.json: field \"router_bias\"");
@@ -829,11 +865,13 @@ TrainResult run_training(const TrainOptions& opts) {
     model.total_memory().reset_peak();
     model::LossParts loss;
     std::vector<int64_t> flat_loads;
+    double dispatch_bytes = 0;  // the largest micro-batch's (model.h: moe_dispatch_bytes)
     parallel::StageCallbacks cb;
     cb.forward = [&](int m, const float* x_in, float* x_out) {
       model::LossParts lp = model.forward(*mbs[m], micro_tokens(m), x_in, x_out, Bm, T);
       loss.ce += lp.ce / M;
       loss.aux += lp.aux / M;
+      dispatch_bytes = std::max(dispatch_bytes, static_cast<double>(model.moe_dispatch_bytes(*mbs[m])));
       std::vector<int64_t> f;
       for (auto& l : model.expert_loads(*mbs[m])) f.insert(f.end(), l.begin(), l.end());
       if (flat_loads.empty()) flat_loads.assign(f.size(), 0);
@@ -842,7 +880,7 @@ TrainResult run_training(const TrainOptions& opts) {
     cb.backward = [&](int m, const float* dy_out, float* dx_in) {
       model.backward(*mbs[m], dy_out, dx_in, 1.0f / (D * M));
     };
-    const size_t act_floats = static_cast<size_t>(Bm) * T * cfg.hidden_size;
+    const size_t act_floats = static_cast<size_t>(Bm) * T / grid.dims.tp * cfg.hidden_size;
     parallel::PipelineTimes pt;
     {  // bf16 on the CPU: the weights converted once for the step's forward and backward passes
       kernels::Bf16WeightScope bf16_weights(model.params(), model.num_params());
@@ -851,6 +889,7 @@ TrainResult run_training(const TrainOptions& opts) {
     moe_recorder.reset();
     {
       ScopedTimer t(t_sync);
+      parallel::sync_tensor_parallel(model.layout(), model.grads(), grid);
       if (shard.sharded())
         shard.reduce_scatter(model.grads());
       else
@@ -928,6 +967,9 @@ TrainResult run_training(const TrainOptions& opts) {
       profile_sync += t_sync;
       profile_steps += dt;
     }
+    // Every world rank's MoE token-row bytes (metrics.jsonl "moe_dispatch_bytes"; TP divides them).
+    std::vector<double> dispatch_bytes_all(grid.world.size(), dispatch_bytes);
+    if (grid.world.size() > 1) grid.world.allgather(&dispatch_bytes, dispatch_bytes_all.data(), 1);
     const double tps = B_global * T / dt;
     ema_tps = step == 0 ? tps : 0.9 * ema_tps + 0.1 * tps;
     const double mfu = flops_per_step / dt / (res.peak_gflops * 1e9 * grid.world.size());
@@ -981,6 +1023,7 @@ TrainResult run_training(const TrainOptions& opts) {
                     {"inter_group", bytes[3]}}},
                   {"activation_peak_bytes", model.activation_memory().peak()},
                   {"optimizer_bytes", optimizer_bytes},
+                  {"moe_dispatch_bytes", dispatch_bytes_all},
                   {"stages", stages_json},
                   {"expert_loads", loads_json},
                   {"expert_loads_layers", moe_layer_ids}};
@@ -1045,8 +1088,20 @@ TrainResult run_training(const TrainOptions& opts) {
       meta.expert_placement = model.placement().to_json();
       meta.router_bias = score_bias.to_json();
       HostState h(model, opt, /*copy=*/true, shard);
-      last_checkpoint = save_checkpoint(grid.world, ckpt_dir, opts.checkpoint_keep, meta,
-                                        {&model.layout(), h.params(), h.m(), h.v(), owned});
+      if (grid.dims.tp > 1) {
+        // Logical tensors, whatever the TP degree: the TP group gathers its slices (owned() keeps
+        // the writing to its first rank).
+        const model::ParamLayout unsplit = parallel::unsplit_layout(model.layout(), cfg);
+        std::vector<float> p(unsplit.total()), m(unsplit.total()), v(unsplit.total());
+        parallel::tp_gather(model.layout(), h.params(), unsplit, p.data(), grid.tp);
+        parallel::tp_gather(model.layout(), h.m(), unsplit, m.data(), grid.tp);
+        parallel::tp_gather(model.layout(), h.v(), unsplit, v.data(), grid.tp);
+        last_checkpoint = save_checkpoint(grid.world, ckpt_dir, opts.checkpoint_keep, meta,
+                                          {&unsplit, p.data(), m.data(), v.data(), owned});
+      } else {
+        last_checkpoint = save_checkpoint(grid.world, ckpt_dir, opts.checkpoint_keep, meta,
+                                          {&model.layout(), h.params(), h.m(), h.v(), owned});
+      }
     }
     ++steps_run;
     if (!skipped) ++good_steps;
