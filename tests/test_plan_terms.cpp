@@ -219,11 +219,16 @@ TEST(PlanTerms, TensorParallelActivations) {
 
 // The head under TP 2 keeps its shard's rows: (2·N·H 32 + 2·N 8 + 2·N·V 80) / 2 = 60. One MoE
 // layer (92 + 101 = 193) + the head: kept 253. Peaks (elements):
-//   forward 193 + the o_proj partial sums N·H 16 = 209 < kept;
+//   forward 193 + its output n·H 8 = 201 < kept;
 //   head backward 253 + dx n·H 8 + dlogits n·V 20 + dln n·H 8 = 289;
-//   layer backward 193 + dx n·H 8 + gathered d(out) N·H 16 + max(routed 2·R·H + 2·R·F = 32 + 24,
-//     attention grads N·(q+k+v+o)/2 + T² = 32 + 16) = 273.
+//   layer backward 193 + dx n·H 8 + gathered d(out) N·H 16 + max(dln n·H 8 + routed n·k + 2·R·H +
+//     2·R·F = 8 + 4 + 32 + 24, dln N·H 16 + attention grads N·(q+k+v+o)/2 + T² = 16 + 32 + 16) = 285.
 //   workspace 289 - 253 = 36 elements = 72 bytes.
+// A dense layer (100 + 36 = 136), no head: forward 136 + out 8 + down's partial sums N·H 16 = 160
+// (o_proj's, with the attention's 100 - ln2 16 - rstd2 2 allocated: 8 + 82 + 16 = 106); backward
+// 136 + 8 + 16 + max(dln N·H 16 + 2·N·I/2 24, 16 + 48) = 224 -> workspace 88 elements. Full
+// recomputation keeps x on the shard, n·H = 8: the recompute 16 + 136 + 16 = 168, backward 224
+// -> 216 elements.
 // Pipeline slots carry the shard, n·H = 8 elements = 16 bytes (stage 0 of pp 2, M 2: 4 slots).
 TEST(PlanTerms, TensorParallelHeadAndWorkspaceOnTheShard) {
   plan::MemoryOptions o = bare();
@@ -234,6 +239,12 @@ TEST(PlanTerms, TensorParallelHeadAndWorkspaceOnTheShard) {
   const plan::StageMemory st = plan::estimate_memory(toy({true}), l, {4, 1, "bf16"}, o).stages[0];
   EXPECT_EQ(st.kept_per_micro_batch, 2 * 253.0);
   EXPECT_EQ(st.workspace, 2 * 36.0);
+  o.embeddings = false;
+  EXPECT_EQ(plan::estimate_memory(toy({false}), l, {4, 1, "bf16"}, o).stages[0].workspace, 2 * 88.0);
+  l.recompute = "full";
+  const plan::StageMemory full = plan::estimate_memory(toy({false}), l, {4, 1, "bf16"}, o).stages[0];
+  EXPECT_EQ(full.kept_per_micro_batch, 2 * 8.0);
+  EXPECT_EQ(full.workspace, 2 * 216.0);
   plan::MemoryOptions buffers = bare();
   buffers.pipeline_buffers = true;
   plan::Layout p = layout(2, 1, 1, 2);
@@ -311,10 +322,11 @@ TEST(PlanTerms, InFlightGPipeHoldsEveryMicroBatch) {
 // Workspace = max over the micro-batch's forward and backward peaks - kept, x 2 bytes.
 // One MoE layer (full 361, kept 361), no head, ep 1:
 //   forward  = full + N·H = 361 + 16 = 377
-//   backward = full + dx N·H + dln N·H + max(routed 2·R·H + 2·R·F = 64 + 48 = 112,
-//              attention grads N·(q+k+v+o) + T² = 64 + 16 = 80) = 361 + 32 + 112 = 505
-//   workspace = 505 - 361 = 144 elements = 288 bytes.
-// Recompute moe: kept 168 -> 337 elements; full: kept 16 -> 489 (backward rebuilds the layer).
+//   backward = full + dx N·H + dln N·H + max(routed: d(combine weights) N·k + 2·R·H + 2·R·F =
+//              8 + 64 + 48 = 120, attention grads N·(q+k+v+o) + T² = 64 + 16 = 80)
+//              = 361 + 32 + 120 = 513
+//   workspace = 513 - 361 = 152 elements = 304 bytes.
+// Recompute moe: kept 168 -> 345 elements; full: kept 16 -> 497 (backward rebuilds the layer).
 TEST(PlanTerms, WorkspaceMoeLayerBackwardPeak) {
   const plan::PlanModel m = toy({true});
   plan::MemoryOptions o = bare();
@@ -322,9 +334,9 @@ TEST(PlanTerms, WorkspaceMoeLayerBackwardPeak) {
   auto ws = [&](const char* rc) {
     return plan::estimate_memory(m, layout(1, 1, 1, 1, rc), {4, 1, "bf16"}, o).stages[0].workspace;
   };
-  EXPECT_EQ(ws("none"), 2 * 144.0);
-  EXPECT_EQ(ws("moe"), 2 * 337.0);
-  EXPECT_EQ(ws("full"), 2 * 489.0);
+  EXPECT_EQ(ws("none"), 2 * 152.0);
+  EXPECT_EQ(ws("moe"), 2 * 345.0);
+  EXPECT_EQ(ws("full"), 2 * 497.0);
   o.workspace = false;
   EXPECT_EQ(ws("none"), 0);
 }
@@ -344,7 +356,7 @@ TEST(PlanTerms, WorkspaceAttentionScratchAndPrefix) {
 }
 
 // Head backward on the last stage: kept 361 + head (2·N·H + 2·N + 2·N·V = 32 + 8 + 80 = 120) =
-// 481; head backward = 481 + dx N·H 16 + dlogits N·V 40 + dln N·H 16 = 553 > the layer's 505 ->
+// 481; head backward = 481 + dx N·H 16 + dlogits N·V 40 + dln N·H 16 = 553 > the layer's 513 ->
 // 72 elements = 144 bytes.
 TEST(PlanTerms, WorkspaceHeadBackward) {
   plan::MemoryOptions o = bare();
@@ -355,16 +367,16 @@ TEST(PlanTerms, WorkspaceHeadBackward) {
   EXPECT_EQ(st.workspace, 2 * 72.0);
 }
 
-// Expert parallelism changes the routed scratch to 2·R·H + max(2·R·F, R·H) (dy rows, dx rows, then
-// the return rows). With F = 1 (MoE FFN 145, full 313), R = 8: one rank 2·8·4 + 2·8·1 = 80,
-// EP 64 + max(16, 32) = 96 > attention grads 80. Backward 313 + 32 + 96 = 441 -> 128 elements
-// (one rank: 313 + 32 + 80 = 425 -> 112).
+// Expert parallelism changes the routed scratch to N·k + 2·R·H + max(2·R·F, R·H) (d(combine
+// weights), dy rows, dx rows, then the return rows). With F = 1 (MoE FFN 145, full 313), R = 8:
+// one rank 8 + 2·8·4 + 2·8·1 = 88, EP 8 + 64 + max(16, 32) = 104 > attention grads 80. Backward
+// 313 + 32 + 104 = 449 -> 136 elements (one rank: 313 + 32 + 88 = 433 -> 120).
 TEST(PlanTerms, WorkspaceExpertParallelReturnRows) {
   plan::MemoryOptions o = bare();
   o.workspace = true;
   const plan::PlanModel m = toy({true}, 1);
-  EXPECT_EQ(plan::estimate_memory(m, layout(1, 1, 1, 1), {4, 1, "bf16"}, o).stages[0].workspace, 2 * 112.0);
-  EXPECT_EQ(plan::estimate_memory(m, layout(1, 1, 2, 1), {4, 2, "bf16"}, o).stages[0].workspace, 2 * 128.0);
+  EXPECT_EQ(plan::estimate_memory(m, layout(1, 1, 1, 1), {4, 1, "bf16"}, o).stages[0].workspace, 2 * 120.0);
+  EXPECT_EQ(plan::estimate_memory(m, layout(1, 1, 2, 1), {4, 2, "bf16"}, o).stages[0].workspace, 2 * 136.0);
 }
 
 // ---------------------------------------------------------------- memory: buffers, reserved

@@ -27,7 +27,7 @@ void add_plan_commands(CLI::App& app, PlanCli& s) {
   p->add_option("--global-batch", s.global_batch, "sequences per step (default: 2 per rank)");
   p->add_option("--precision", s.precision, "bf16 (mixed precision) or fp32 (default: the cluster's)");
   p->add_option("--top", s.top, "plans to list")->capture_default_str();
-  p->add_option("--max-tp", s.max_tp, "largest tensor-parallel degree to consider (moetrain train: 1)")->capture_default_str();
+  p->add_option("--max-tp", s.max_tp, "largest tensor-parallel degree to consider")->capture_default_str();
   p->add_option("--max-micro-batches", s.max_micro_batches, "largest micro-batch count to consider")->capture_default_str();
   p->add_option("--imbalance", s.imbalance, "expert rows on the busiest rank / the balanced mean")->capture_default_str();
   p->add_option("--loads", s.loads, "a metrics.jsonl of this model: its expert_loads give the routing imbalance per EP degree");

@@ -97,11 +97,12 @@ LayerActivation layer_activation(const PlanModel& m, int l, long long Bm, int T,
     const double R = a.rows;
     const double Fs_trainer = static_cast<double>(shadow.n_shared_experts) * m.moe_ffn;
     size_t R_int = static_cast<size_t>(std::llround(R));
-    // The MoE part for Nm tokens (with TP, the trainer's function at B = 1, T = Nm: exact for
-    // every term but the per-sequence aux statistics, B·E floats with seq_aux).
-    const model::LayerActivationSizes sm =
-        lay.tp == 1 ? model::layer_activation_elems(shadow, static_cast<int>(Bm), T, R_int)
-                    : model::layer_activation_elems(shadow, 1, static_cast<int>(std::llround(Nm)), R_int);
+    // The MoE part on the shard's Nm tokens as the trainer calls it (Model::moe_sequences): its
+    // Bm/tp whole sequences, else one run of Nm tokens (only the per-sequence aux statistics,
+    // B·E floats with seq_aux, count sequences).
+    const long long seqs = Bm % lay.tp == 0 ? Bm / lay.tp : 1;
+    const model::LayerActivationSizes sm = model::layer_activation_elems(
+        shadow, static_cast<int>(seqs), static_cast<int>(std::llround(Nm / seqs)), R_int);
     a.ffn = static_cast<double>(sm.moe_ffn);
     if (m.expert_matrices == 2) a.ffn -= R * m.moe_ffn;        // keeps pre- and post-activation only
     a.ffn += 3 * Nm * (m.shared_ffn - Fs_trainer);              // shared width not a multiple of F
@@ -114,7 +115,7 @@ LayerActivation layer_activation(const PlanModel& m, int l, long long Bm, int T,
   } else {
     a.ffn = static_cast<double>(s.dense_ffn) / tp;
   }
-  a.input = static_cast<double>(s.input);
+  a.input = static_cast<double>(s.input) / tp;  // x, on the shard
   a.full = a.attention + a.ffn;
   if (lay.recompute == "full") a.kept = a.input;
   else if (lay.recompute == "moe" && moe) a.kept = a.attention;
@@ -187,6 +188,58 @@ MemoryEstimate piper_paper(const PlanModel& m, const Layout& lay, const TrainSha
 
 }  // namespace
 
+namespace {
+
+// The largest allocation of one micro-batch's forward and backward on a stage, in elements: what
+// its layers and head keep plus the peak of the temporaries (the workspace terms of
+// memory_model.h). N tokens of the TP group, n = N / tp of them on this rank's shard.
+double micro_batch_peak(const PlanModel& m, const Layout& lay, const MemoryOptions& o, int first,
+                        const std::vector<LayerActivation>& acts, double head, double N, int T) {
+  const double H = m.hidden, V = static_cast<double>(m.vocab_size), n = N / lay.tp;
+  const double Fs = o.shared_experts ? m.shared_ffn : 0, F = m.moe_ffn;
+  const bool exchange = lay.ep > 1;  // the trainer's EP path (dispatch scratch, return rows)
+  // TP: a row-parallel GEMM's [N, H] partial sums before their reduce-scatter (forward), and
+  // d(out) gathered for its backward.
+  const double partial = lay.tp > 1 ? N * H : 0, dy_gathered = partial;
+  const double att_scratch = o.attention_s2 ? static_cast<double>(T) * T : 0;
+  double kept = head;
+  for (const LayerActivation& a : acts) kept += a.kept;
+  double peak = kept, prefix = 0;
+  if (head > 0) peak = std::max(peak, kept + n * H + n * V + n * H);  // dx, dlogits, dln
+  for (size_t i = 0; i < acts.size(); ++i) {
+    const LayerActivation& a = acts[i];
+    const bool moe = m.is_moe_layer(first + static_cast<int>(i));
+    const double R = a.rows;
+    const double scratch = exchange && moe ? std::max(0.0, R * H - 3 * n * Fs) : 0;
+    // A forward of the layer on top of `base`: its tensors and dispatch scratch, with TP the
+    // partial sums of a dense down, and of o_proj when the attention is (re)computed: then the
+    // attention's tensors but ln2 and rstd2 are allocated.
+    auto forward = [&](double base, bool attention) {
+      double p = base + a.full + scratch + (moe ? 0 : partial);
+      if (attention && partial > 0) p = std::max(p, base + a.attention - (moe ? n : N) * H - n + partial);
+      return p;
+    };
+    peak = std::max(peak, forward(prefix + n * H, true));  // + its output
+    if (a.kept < a.full) peak = std::max(peak, forward(prefix + 2 * n * H, lay.recompute == "full"));  // + dx, out
+    double ffn_scratch;
+    if (moe) {
+      // d(combine weights) n·k, then the rows' gradients (moe_backward's temporaries).
+      const double rows = exchange ? 2 * R * H + std::max(2 * R * F, R * H) : 2 * R * H + 2 * R * F;
+      ffn_scratch = std::max(2 * n * Fs, n * m.top_k + rows);
+    } else {
+      ffn_scratch = 2 * N * m.dense_ffn / lay.tp;
+    }
+    const double dln_ffn = moe ? n * H : N * H;
+    const double attn_grads = N * attention_widths(m).sum() / lay.tp + att_scratch;  // dattn dq dk dv
+    peak = std::max(peak, prefix + a.full + n * H + dy_gathered +
+                              std::max(dln_ffn + ffn_scratch, N * H + attn_grads));
+    prefix += a.kept;
+  }
+  return peak;
+}
+
+}  // namespace
+
 MemoryEstimate estimate_memory(const PlanModel& m, const Layout& lay, const TrainShape& shape,
                                const MemoryOptions& o) {
   MOE_CHECK(lay.pp >= 1 && lay.dp >= 1 && lay.ep >= 1 && lay.tp >= 1 && lay.micro_batches >= 1,
@@ -196,10 +249,8 @@ MemoryEstimate estimate_memory(const PlanModel& m, const Layout& lay, const Trai
   const model::ModelConfig shadow = shadow_config(m);
   const int T = shape.seq_len;
   const long long Bm = rs.micro_batch;
-  const double N = static_cast<double>(rs.tokens), H = m.hidden, V = static_cast<double>(m.vocab_size);
-  const double Nm = N / lay.tp, Fs = o.shared_experts ? m.shared_ffn : 0;
+  const double N = static_cast<double>(rs.tokens), H = m.hidden, Nm = N / lay.tp;
   const double B = o.act_bytes;
-  const bool exchange = lay.ep > 1;  // the trainer's EP path (dispatch scratch, return rows)
   const std::vector<int> split = split_stages(m.layers, lay.pp);
 
   MemoryEstimate e;
@@ -212,7 +263,6 @@ MemoryEstimate estimate_memory(const PlanModel& m, const Layout& lay, const Trai
     const bool is_first = s == 0, is_last = s == lay.pp - 1;
     fill_state(st, stage_params(m, first, split[s], is_first, is_last, lay, o), lay, o);
 
-    // One micro-batch: kept elements and the forward / backward peaks above the other ones.
     std::vector<LayerActivation> acts;
     for (int l = first; l < first + split[s]; ++l) acts.push_back(layer_activation(m, l, Bm, T, lay, o));
     double head = 0;
@@ -221,46 +271,12 @@ MemoryEstimate estimate_memory(const PlanModel& m, const Layout& lay, const Trai
       head = static_cast<double>(model::head_kept_elems(shadow, static_cast<int>(Bm), T)) / lay.tp;
     double kept = head;
     for (const LayerActivation& a : acts) kept += a.kept;
-    double fwd_peak = 0, bwd_peak = 0, prefix = 0;
-    const double att_scratch = o.attention_s2 ? static_cast<double>(T) * T : 0;
-    std::vector<double> prefix_before(acts.size());
-    for (size_t i = 0; i < acts.size(); ++i) {
-      const LayerActivation& a = acts[i];
-      const int l = first + static_cast<int>(i);
-      const bool moe = m.is_moe_layer(l);
-      const double scratch_fwd = exchange && moe ? std::max(0.0, a.rows * H - 3 * Nm * Fs) : 0;
-      prefix_before[i] = prefix;
-      fwd_peak = std::max(fwd_peak, prefix + a.full + N * H + scratch_fwd);
-      prefix += a.kept;
-    }
-    fwd_peak = std::max(fwd_peak, kept);
-    if (is_last && o.embeddings) bwd_peak = kept + Nm * H + Nm * V + Nm * H;
-    for (size_t i = 0; i < acts.size(); ++i) {
-      const LayerActivation& a = acts[i];
-      const int l = first + static_cast<int>(i);
-      const bool moe = m.is_moe_layer(l);
-      const double R = a.rows;
-      const double dx = Nm * H, pre = prefix_before[i];  // dx on the shard; N·H: d(out) gathered
-      if (a.kept < a.full) {
-        const double scratch = exchange && moe ? std::max(0.0, R * H - 3 * Nm * Fs) : 0;
-        bwd_peak = std::max(bwd_peak, pre + a.kept + dx + N * H + (a.full - a.kept) + scratch);
-      }
-      double ffn_scratch;
-      if (moe) {
-        const double F = m.moe_ffn;
-        const double routed = exchange ? 2 * R * H + std::max(2 * R * F, R * H) : 2 * R * H + 2 * R * F;
-        ffn_scratch = std::max(2 * Nm * Fs, routed);
-      } else {
-        ffn_scratch = 2 * N * m.dense_ffn / lay.tp;
-      }
-      const double attn_grads = N * attention_widths(m).sum() / lay.tp + att_scratch;  // dattn dq dk dv
-      bwd_peak = std::max(bwd_peak, pre + a.full + dx + N * H + std::max(ffn_scratch, attn_grads));
-    }
-    const double mb_peak = std::max(fwd_peak, bwd_peak);
+    // One micro-batch's forward and backward peak, on top of the other in-flight ones.
+    const double mb_peak = o.workspace ? micro_batch_peak(m, lay, o, first, acts, head, N, T) : kept;
     st.in_flight = max_in_flight(schedule_ops(lay.schedule, lay.pp, s, lay.micro_batches));
     st.kept_per_micro_batch = kept * B;
     st.activations = st.in_flight * kept * B;
-    st.workspace = o.workspace ? std::max(0.0, mb_peak - kept) * B : 0;
+    st.workspace = std::max(0.0, mb_peak - kept) * B;
     if (o.pipeline_buffers)
       st.comm += pipeline_buffer_slots(lay.schedule, lay.pp, s, lay.micro_batches) * Nm * H * B;
     if (o.a2a_buffers && lay.ep > 1 && m.num_moe_layers() > 0)
