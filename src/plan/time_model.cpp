@@ -180,13 +180,66 @@ double shared_pipeline(const std::vector<StageWork>& w, const std::string& sched
 
 }  // namespace
 
+namespace {
+
+// Gradient synchronisation of stage s (layers [first, first + n)) after its backward, in the
+// gradients' precision; `local_params` gets the parameters the rank holds (its optimizer's work).
+//   TP (parallel::sync_tensor_parallel): the tensors every TP rank holds whole (embedding, norms,
+//     router, experts, shared experts, head) saw only the rank's tokens: one all-reduce over the
+//     tp group per run of them in layout order (q/k/v/o and a dense FFN, split, end a run);
+//   then (parallel/grid.cpp) contiguous spans of replicated tensors over the data ranks, routed
+//     experts over dp.
+double gradient_sync_seconds(const PlanModel& m, const Layout& lay, const ClusterProfile& c,
+                             const MemoryOptions& mo, int s, int first, int n, double& local_params) {
+  const int world = lay.world(), tp = lay.tp, data = lay.data_ranks();
+  const double H = m.hidden, V = static_cast<double>(m.vocab_size);
+  double sync = 0, replicated = 0, tp_run = 0;
+  auto flush = [&]() {
+    sync += allreduce_seconds(c, world, data, tp, replicated * mo.grad_bytes);
+    replicated = 0;
+  };
+  auto flush_tp = [&]() {
+    sync += allreduce_seconds(c, world, tp, 1, tp_run * mo.grad_bytes);
+    tp_run = 0;
+  };
+  const double embedding = mo.embeddings && s == 0 ? V * H : 0;
+  const double head = mo.embeddings && s == lay.pp - 1 ? V * H + H : 0;
+  replicated += embedding;
+  tp_run += embedding;
+  local_params = embedding + head;
+  for (int l = first; l < first + n; ++l) {
+    const LayerParams p = layer_params(m, l);
+    replicated += p.attention / tp + p.norms + p.dense_ffn / tp + p.router;
+    local_params += p.attention / tp + p.norms + p.dense_ffn / tp + p.router + p.shared;
+    tp_run += p.norms / 2;  // input norm, then the split q, k, v, o
+    flush_tp();
+    tp_run += p.norms / 2;  // post-attention norm
+    if (p.dense_ffn > 0) flush_tp();
+    tp_run += p.router + p.shared;
+    if (p.experts > 0) {
+      flush();
+      const double experts = p.per_expert * p.experts / lay.ep;
+      sync += allreduce_seconds(c, world, lay.dp, lay.ep * tp, experts * mo.grad_bytes);
+      local_params += experts;
+      tp_run += experts;
+    }
+    replicated += p.shared;
+  }
+  replicated += head;
+  tp_run += head;
+  flush();
+  flush_tp();
+  return sync;
+}
+
+}  // namespace
+
 TimeBreakdown estimate_time(const PlanModel& m, const Layout& lay, const TrainShape& shape,
                             const ClusterProfile& c, const MemoryOptions& mo) {
   const RankShape rs = rank_shape(lay, shape);
   const int world = lay.world(), T = shape.seq_len, tp = lay.tp;
   const int ranks_on_node = std::min(world, c.ranks_per_node);
   const double N = static_cast<double>(rs.tokens), H = m.hidden;
-  const double V = static_cast<double>(m.vocab_size);
   const double elem_scale = mo.act_bytes / (c.precision == "fp32" ? 4.0 : 2.0);
   // Memory-bound costs at this micro-batch's activation size.
   const double act_size = N * H * mo.act_bytes;
@@ -233,38 +286,8 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& lay, const TrainSh
     }
     work.push_back(w);
 
-    // Gradient synchronisation: contiguous spans of replicated tensors over the data ranks,
-    // routed experts over dp (parallel/grid.cpp), in the gradients' precision. With TP, the
-    // tensors replicated over it (embedding, head, norms, router, experts: every one but q/k/v/o
-    // and the dense FFN) first sum their shards' partial gradients over the tp group.
-    double sync = 0, replicated = 0, local_params = 0, tp_summed = 0;
-    const int data = lay.data_ranks();
-    auto flush = [&]() {
-      sync += allreduce_seconds(c, world, data, tp, replicated * mo.grad_bytes);
-      replicated = 0;
-    };
-    const double embedding = mo.embeddings && s == 0 ? V * H : 0;
-    const double head = mo.embeddings && s == lay.pp - 1 ? V * H + H : 0;
-    replicated += embedding;
-    tp_summed += embedding + head;
-    for (int l = first; l < first + split[s]; ++l) {
-      const LayerParams p = layer_params(m, l);
-      replicated += p.attention / tp + p.norms + p.dense_ffn / tp + p.router;
-      local_params += p.attention / tp + p.norms + p.dense_ffn / tp + p.router + p.shared;
-      tp_summed += p.norms + p.router + p.shared;
-      if (p.experts > 0) {
-        flush();
-        const double experts = p.per_expert * p.experts / lay.ep;
-        sync += allreduce_seconds(c, world, lay.dp, lay.ep * tp, experts * mo.grad_bytes);
-        local_params += experts;
-        tp_summed += experts;
-      }
-      replicated += p.shared;
-    }
-    replicated += head;
-    local_params += embedding + head;
-    flush();
-    sync += allreduce_seconds(c, world, tp, 1, tp_summed * mo.grad_bytes);
+    double local_params = 0;
+    const double sync = gradient_sync_seconds(m, lay, c, mo, s, first, split[s], local_params);
     worst_sync = std::max(worst_sync, sync);
     worst_opt_params = std::max(worst_opt_params, local_params);
     first += split[s];
