@@ -24,7 +24,7 @@ struct SearchOptions {
   TrainShape shape;
   bool zero1 = false;
   int top = 5;
-  int max_tp = 1;                 // moetrain train has no TP yet; raise to plan TP + SSMB layouts
+  int max_tp = 1;                 // TP + SSMB layouts only when asked (--max-tp)
   int max_micro_batches = 256;
   double imbalance = 1.0;             // manual: rows on the busiest expert rank / the mean
   const RoutingStats* routing = nullptr;  // measured expert loads (overrides `imbalance`)
