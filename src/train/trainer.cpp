@@ -74,13 +74,13 @@ void install_stop_handlers() {
 void validate_options(const TrainOptions& o) {
   auto finite = [](double v) { return std::isfinite(v); };
   MOE_CHECK(o.steps > 0, "--steps must be positive, got ", o.steps);
-  MOE_CHECK(o.batch > 0, "--batch must be positive, got ", o.batch);
-  MOE_CHECK(o.seq_len > 1, "--seq-len must be at least 2, got ", o.seq_len);
-  MOE_CHECK(o.threads > 0 && o.threads <= 1024, "--threads must be in [1, 1024], got ", o.threads);
-  MOE_CHECK(o.vocab_size >= 0 && o.vocab_size <= (1 << 24), "--vocab-size must be in [1, 2^24] (0 = the model's), got ",
-            o.vocab_size);
-  MOE_CHECK(o.eval_batches > 0, "--eval-batches must be positive, got ", o.eval_batches);
-  MOE_CHECK(o.eval_every >= 0, "--eval-every must be >= 0 (0 = only at the end), got ", o.eval_every);
+  MOE_CHECK(o.data.batch > 0, "--batch must be positive, got ", o.data.batch);
+  MOE_CHECK(o.data.seq_len > 1, "--seq-len must be at least 2, got ", o.data.seq_len);
+  MOE_CHECK(o.device.threads > 0 && o.device.threads <= 1024, "--threads must be in [1, 1024], got ", o.device.threads);
+  MOE_CHECK(o.model.vocab_size >= 0 && o.model.vocab_size <= (1 << 24), "--vocab-size must be in [1, 2^24] (0 = the model's), got ",
+            o.model.vocab_size);
+  MOE_CHECK(o.data.eval_batches > 0, "--eval-batches must be positive, got ", o.data.eval_batches);
+  MOE_CHECK(o.data.eval_every >= 0, "--eval-every must be >= 0 (0 = only at the end), got ", o.data.eval_every);
   const OptimConfig& c = o.optim;
   MOE_CHECK(finite(c.lr) && c.lr > 0 && c.lr <= 1, "--lr must be a number in (0, 1], got ", c.lr);
   MOE_CHECK(finite(c.min_lr) && c.min_lr >= 0, "--min-lr must be a number >= 0, got ", c.min_lr);
@@ -95,30 +95,30 @@ void validate_options(const TrainOptions& o) {
             " >= 1 would zero or flip the weights every step");
   MOE_CHECK(finite(c.grad_clip) && c.grad_clip >= 0, "--grad-clip must be a number >= 0 (0 = off), got ",
             c.grad_clip);
-  MOE_CHECK(finite(o.moe.capacity_factor) && o.moe.capacity_factor >= 0,
-            "--capacity-factor must be >= 0 (0 = dropless), got ", o.moe.capacity_factor);
-  MOE_CHECK(o.micro_batches >= 1, "--micro-batches must be >= 1, got ", o.micro_batches);
-  MOE_CHECK(o.batch % o.micro_batches == 0, "--batch ", o.batch, " is not divisible by --micro-batches ",
-            o.micro_batches);
-  MOE_CHECK(o.checkpoint_keep >= 0, "--checkpoint.keep must be >= 0, got ", o.checkpoint_keep);
-  MOE_CHECK(o.checkpoint_every >= 0, "--checkpoint.every must be >= 0, got ", o.checkpoint_every);
-  MOE_CHECK(o.max_bad_steps >= 1, "--max-bad-steps must be >= 1, got ", o.max_bad_steps);
-  for (int s : o.fault_nan_steps) MOE_CHECK(s >= 1, "--fault.nan-steps: steps count from 1, got ", s);
-  for (int s : o.fault_inf_weight_steps) MOE_CHECK(s >= 1, "--fault.inf-weight-steps: steps count from 1, got ", s);
-  parse_device(o.device, "--device");
-  MOE_CHECK(o.precision == "fp32" || o.precision == "bf16", "--precision: expected fp32 or bf16, got '",
-            o.precision, "'");
-  MOE_CHECK(o.precision == "fp32" || o.device == "cuda" || kernels::bf16_cpu_available(),
+  MOE_CHECK(finite(o.model.moe.capacity_factor) && o.model.moe.capacity_factor >= 0,
+            "--capacity-factor must be >= 0 (0 = dropless), got ", o.model.moe.capacity_factor);
+  MOE_CHECK(o.parallel.micro_batches >= 1, "--micro-batches must be >= 1, got ", o.parallel.micro_batches);
+  MOE_CHECK(o.data.batch % o.parallel.micro_batches == 0, "--batch ", o.data.batch, " is not divisible by --micro-batches ",
+            o.parallel.micro_batches);
+  MOE_CHECK(o.checkpoint.keep >= 0, "--checkpoint.keep must be >= 0, got ", o.checkpoint.keep);
+  MOE_CHECK(o.checkpoint.every >= 0, "--checkpoint.every must be >= 0, got ", o.checkpoint.every);
+  MOE_CHECK(o.faults.max_bad_steps >= 1, "--max-bad-steps must be >= 1, got ", o.faults.max_bad_steps);
+  for (int s : o.faults.nan_steps) MOE_CHECK(s >= 1, "--fault.nan-steps: steps count from 1, got ", s);
+  for (int s : o.faults.inf_weight_steps) MOE_CHECK(s >= 1, "--fault.inf-weight-steps: steps count from 1, got ", s);
+  parse_device(o.device.name, "--device");
+  MOE_CHECK(o.device.precision == "fp32" || o.device.precision == "bf16", "--precision: expected fp32 or bf16, got '",
+            o.device.precision, "'");
+  MOE_CHECK(o.device.precision == "fp32" || o.device.name == "cuda" || kernels::bf16_cpu_available(),
             "--precision bf16 --device cpu: ", kernels::bf16_cpu_unavailable_reason());
-  MOE_CHECK(o.migrate_every >= 0, "--balance.migrate-every must be >= 0 (0 = never), got ", o.migrate_every);
-  MOE_CHECK(finite(o.migrate_threshold) && o.migrate_threshold > 1, "--balance.threshold must be a max/mean "
-            "rank load > 1 (1 is perfect balance), got ", o.migrate_threshold);
-  MOE_CHECK(o.migrate_every == 0 || !o.zero1, "--balance.migrate-every with --zero1: moving experts with a "
+  MOE_CHECK(o.balance.migrate_every >= 0, "--balance.migrate-every must be >= 0 (0 = never), got ", o.balance.migrate_every);
+  MOE_CHECK(finite(o.balance.threshold) && o.balance.threshold > 1, "--balance.threshold must be a max/mean "
+            "rank load > 1 (1 is perfect balance), got ", o.balance.threshold);
+  MOE_CHECK(o.balance.migrate_every == 0 || !o.parallel.zero1, "--balance.migrate-every with --zero1: moving experts with a "
             "sharded AdamW state is not supported; use one of them");
-  MOE_CHECK(o.migrate_every == 0 || !o.moe.padded, "--balance.migrate-every with --padded: migration needs "
+  MOE_CHECK(o.balance.migrate_every == 0 || !o.model.moe.padded, "--balance.migrate-every with --padded: migration needs "
             "the padding-free layout");
-  MOE_CHECK(finite(o.comm_timeout_s) && o.comm_timeout_s >= 0 && o.comm_timeout_s < 1e9,
-            "--comm.timeout must be a number of seconds >= 0 (0 = wait forever), got ", o.comm_timeout_s);
+  MOE_CHECK(finite(o.faults.comm_timeout_s) && o.faults.comm_timeout_s >= 0 && o.faults.comm_timeout_s < 1e9,
+            "--comm.timeout must be a number of seconds >= 0 (0 = wait forever), got ", o.faults.comm_timeout_s);
   MOE_CHECK(!o.out_dir.empty(), "--out must not be empty");
 }
 
@@ -436,11 +436,11 @@ StepBalance balance_step(model::Model& model, const TrainOptions& opts, const pa
     out.rank_loads.push_back(balance::rank_loads(where, loads[i]));
     out.imbalance.push_back(balance::imbalance(where, loads[i]));
   }
-  if (opts.migrate_every == 0 || skipped || (step + 1) % opts.migrate_every != 0 || step + 1 >= opts.steps)
+  if (opts.balance.migrate_every == 0 || skipped || (step + 1) % opts.balance.migrate_every != 0 || step + 1 >= opts.steps)
     return out;
   const double t0 = now_seconds();
   std::vector<LayerMigration> changed;
-  const balance::Placement next = plan_migration(model.placement(), moe_layer_ids, loads, opts.migrate_threshold, &changed);
+  const balance::Placement next = plan_migration(model.placement(), moe_layer_ids, loads, opts.balance.threshold, &changed);
   if (changed.empty()) return out;
   double moved = move_experts(model, next, grid.ep, moving);
   double seconds = now_seconds() - t0;
@@ -468,9 +468,9 @@ TrainResult run_training(const TrainOptions& opts) {
   // large is allocated and no output is touched before the memory estimate and the folder locks.
   comm::Group world = comm::Group::world();
   std::optional<comm::CommTimeout> comm_timeout;
-  if (world.size() > 1 && std::isfinite(opts.comm_timeout_s) && opts.comm_timeout_s > 0 &&
-      opts.comm_timeout_s < 1e9)
-    comm_timeout.emplace(opts.comm_timeout_s, &g_stop_requested);
+  if (world.size() > 1 && std::isfinite(opts.faults.comm_timeout_s) && opts.faults.comm_timeout_s > 0 &&
+      opts.faults.comm_timeout_s < 1e9)
+    comm_timeout.emplace(opts.faults.comm_timeout_s, &g_stop_requested);
   // Which ranks share this host (their memory adds up): a hash of each rank's host name.
   std::vector<double> host_of(world.size(), 0.0);
   {
@@ -491,42 +491,42 @@ TrainResult run_training(const TrainOptions& opts) {
   comm::A2aAlgorithm algo = comm::A2aAlgorithm::kFlat;
   try {
     validate_options(opts);
-    algo = comm::parse_a2a_algorithm(opts.a2a);
-    comm::parse_comm_backend(opts.comm_backend, "--comm.backend");
-    parallel::parse_schedule(opts.schedule);
-    model::parse_recompute(opts.recompute);
-    comm::Topology::detect(world.size(), opts.topo_ranks_per_node, opts.topo_nodes_per_group);
+    algo = comm::parse_a2a_algorithm(opts.parallel.a2a);
+    comm::parse_comm_backend(opts.device.comm_backend, "--comm.backend");
+    parallel::parse_schedule(opts.parallel.schedule);
+    model::parse_recompute(opts.model.recompute);
+    comm::Topology::detect(world.size(), opts.parallel.topo_ranks_per_node, opts.parallel.topo_nodes_per_group);
     // The device: usable here (a CUDA build and a GPU), and a layout the GPU path has.
-    const Device device = parse_device(opts.device, "--device");
+    const Device device = parse_device(opts.device.name, "--device");
     require_device(device, "--device");
-    MOE_CHECK(device == Device::kCpu || !opts.moe.padded,
+    MOE_CHECK(device == Device::kCpu || !opts.model.moe.padded,
               "--padded: the capacity-padded baseline runs on the CPU only (--device cpu)");
-    cfg = opts.config_path.empty() ? model::preset(opts.preset) : model::load_config(opts.config_path);
-    MOE_CHECK(opts.seq_len <= cfg.max_position_embeddings, "--seq-len ", opts.seq_len,
+    cfg = opts.model.config_path.empty() ? model::preset(opts.model.preset) : model::load_config(opts.model.config_path);
+    MOE_CHECK(opts.data.seq_len <= cfg.max_position_embeddings, "--seq-len ", opts.data.seq_len,
               " exceeds the model's max_position_embeddings ", cfg.max_position_embeddings);
-    if (opts.vocab_size > 0) cfg.vocab_size = opts.vocab_size;  // --vocab-size: a tokenized dataset's
-    static_cast<void>(ScoreBias(cfg, opts.bias_rate));  // --balance.bias-rate against the model, before any output
-    const std::string data_path = opts.data_path.empty() ? default_corpus_path() : opts.data_path;
+    if (opts.model.vocab_size > 0) cfg.vocab_size = opts.model.vocab_size;  // --vocab-size: a tokenized dataset's
+    static_cast<void>(ScoreBias(cfg, opts.balance.bias_rate));  // --balance.bias-rate against the model, before any output
+    const std::string data_path = opts.data.path.empty() ? default_corpus_path() : opts.data.path;
     const bool indexed = io::is_indexed_dataset(data_path);
     // Byte-level text needs the 256 byte ids; an indexed dataset's ids are checked when it loads.
     MOE_CHECK(indexed || cfg.vocab_size >= 256, "byte-level data needs vocab_size >= 256, the config has ",
               cfg.vocab_size);
-    opts.dims.validate(world.size(), cfg);
-    if (opts.dims.tp > 1) {
+    opts.parallel.dims.validate(world.size(), cfg);
+    if (opts.parallel.dims.tp > 1) {
       // Each TP rank takes n = batch·seq_len/tp rows of every micro-batch (model.h: TensorParallel).
-      MOE_CHECK(opts.seq_len % opts.dims.tp == 0, "--tp ", opts.dims.tp, " does not divide --seq-len ",
-                opts.seq_len);
+      MOE_CHECK(opts.data.seq_len % opts.parallel.dims.tp == 0, "--tp ", opts.parallel.dims.tp, " does not divide --seq-len ",
+                opts.data.seq_len);
       MOE_CHECK(!(cfg.seq_aux && cfg.aux_loss_alpha > 0 && cfg.num_moe_layers() > 0) ||
-                    (opts.batch / opts.micro_batches) % opts.dims.tp == 0,
-                "--tp ", opts.dims.tp, " with seq_aux: the micro-batch of ", opts.batch / opts.micro_batches,
+                    (opts.data.batch / opts.parallel.micro_batches) % opts.parallel.dims.tp == 0,
+                "--tp ", opts.parallel.dims.tp, " with seq_aux: the micro-batch of ", opts.data.batch / opts.parallel.micro_batches,
                 " sequences per rank must split into whole sequences per TP rank");
-      MOE_CHECK(opts.migrate_every == 0, "--balance.migrate-every with --tp ", opts.dims.tp,
+      MOE_CHECK(opts.balance.migrate_every == 0, "--balance.migrate-every with --tp ", opts.parallel.dims.tp,
                 ": expert migration under tensor parallelism is not supported yet; use --tp 1");
     }
-    MOE_CHECK(opts.migrate_every == 0 || opts.dims.ep > 1, "--balance.migrate-every ", opts.migrate_every,
-              " needs expert parallelism (--ep > 1): with --ep ", opts.dims.ep, " every expert is on every rank");
-    parallel::split_layers(cfg, opts.dims.pp, opts.pp_layers);
-    if (opts.data_path.empty() && !fs::exists(data_path))
+    MOE_CHECK(opts.balance.migrate_every == 0 || opts.parallel.dims.ep > 1, "--balance.migrate-every ", opts.balance.migrate_every,
+              " needs expert parallelism (--ep > 1): with --ep ", opts.parallel.dims.ep, " every expert is on every rank");
+    parallel::split_layers(cfg, opts.parallel.dims.pp, opts.parallel.pp_layers);
+    if (opts.data.path.empty() && !fs::exists(data_path))
       throw Error(str_cat(data_path, ": built-in corpus not found; run scripts/setup.sh first"));
     // A FIFO would block the open, a device never ends: only a regular file, checked by stat.
     if (indexed) {
@@ -559,14 +559,14 @@ TrainResult run_training(const TrainOptions& opts) {
     }
     corpus = io::open_corpus(data_path, cfg.vocab_size);
     // Both splits must hold a window (the checks name the file and the sizes).
-    const int n_data = opts.dims.dp * opts.dims.ep;
-    corpus->val_batches(opts.batch * n_data, opts.seq_len, 1);
+    const int n_data = opts.parallel.dims.dp * opts.parallel.dims.ep;
+    corpus->val_batches(opts.data.batch * n_data, opts.data.seq_len, 1);
     {
       Rng probe(0);
-      std::vector<int32_t> one(static_cast<size_t>(opts.seq_len) + 1);
-      corpus->sample_batch(one.data(), 1, opts.seq_len, probe, io::Split::kTrain);
+      std::vector<int32_t> one(static_cast<size_t>(opts.data.seq_len) + 1);
+      corpus->sample_batch(one.data(), 1, opts.data.seq_len, probe, io::Split::kTrain);
     }
-    ckpt_dir = opts.checkpoint_dir.empty() ? opts.out_dir + "/checkpoints" : opts.checkpoint_dir;
+    ckpt_dir = opts.checkpoint.dir.empty() ? opts.out_dir + "/checkpoints" : opts.checkpoint.dir;
     if (root) {
       // Outputs: writable now, not after the last step; one run per folder (the lock is held
       // until this process ends; its file names the holder for a second run).
@@ -579,14 +579,14 @@ TrainResult run_training(const TrainOptions& opts) {
         MOE_CHECK(!fs::exists(p, ec) || fs::is_regular_file(p, ec), p.string(),
                   ": exists and is not a regular file; the run could not write its results there");
       }
-      check_output_dir(ckpt_dir, opts.checkpoint_dir.empty() ? "--out (its checkpoints folder)" : "--checkpoint.dir");
+      check_output_dir(ckpt_dir, opts.checkpoint.dir.empty() ? "--out (its checkpoints folder)" : "--checkpoint.dir");
       std::error_code ec;
       if (!fs::equivalent(ckpt_dir, opts.out_dir, ec))
-        ckpt_lock = DirLock::acquire(ckpt_dir, opts.checkpoint_dir.empty() ? "--out (its checkpoints folder)"
+        ckpt_lock = DirLock::acquire(ckpt_dir, opts.checkpoint.dir.empty() ? "--out (its checkpoints folder)"
                                                                             : "--checkpoint.dir", what);
     }
-    if (!opts.resume.empty()) {
-      resume_path = opts.resume == "latest" ? find_latest_checkpoint(ckpt_dir) : opts.resume;
+    if (!opts.checkpoint.resume.empty()) {
+      resume_path = opts.checkpoint.resume == "latest" ? find_latest_checkpoint(ckpt_dir) : opts.checkpoint.resume;
       MOE_CHECK(!resume_path.empty(), ckpt_dir, ": --resume latest found no complete checkpoint");
       CheckpointMeta meta = read_checkpoint_meta(resume_path, /*verify=*/true);
       const json want = model::config_to_json(cfg);
@@ -597,7 +597,7 @@ TrainResult run_training(const TrainOptions& opts) {
                   value.dump(), ")");
       MOE_CHECK(meta.step <= opts.steps, resume_path, ": checkpoint is at step ", meta.step,
                 ", beyond --steps ", opts.steps);
-      static_cast<void>(restored_placement(meta, cfg, opts.dims.ep, resume_path));  // checked before any output
+      static_cast<void>(restored_placement(meta, cfg, opts.parallel.dims.ep, resume_path));  // checked before any output
     }
   } catch (const std::bad_alloc&) {
     setup_error = "out of memory during setup (std::bad_alloc): the memory estimate fitted, the machine did not";
@@ -625,7 +625,7 @@ TrainResult run_training(const TrainOptions& opts) {
     try {
       const std::string metrics_path = opts.out_dir + "/metrics.jsonl";
       std::error_code ec;
-      if (opts.resume.empty() && fs::exists(metrics_path, ec) && fs::file_size(metrics_path, ec) > 0) {
+      if (opts.checkpoint.resume.empty() && fs::exists(metrics_path, ec) && fs::file_size(metrics_path, ec) > 0) {
         fs::rename(metrics_path, metrics_path + ".prev", ec);
         MOE_CHECK(!ec, metrics_path, ": cannot keep the earlier run's metrics as ", metrics_path, ".prev (",
                   ec.message(), ")");
@@ -633,7 +633,7 @@ TrainResult run_training(const TrainOptions& opts) {
           std::fprintf(stderr, "moetrain: %s holds an earlier run's metrics: kept as metrics.jsonl.prev\n",
                        opts.out_dir.c_str());
       }
-      metrics.open(metrics_path, opts.resume.empty() ? std::ios::trunc : std::ios::app);
+      metrics.open(metrics_path, opts.checkpoint.resume.empty() ? std::ios::trunc : std::ios::app);
       MOE_CHECK(metrics.good(), metrics_path, ": cannot open for writing");
     } catch (const std::exception& e) {
       setup_error = e.what();
@@ -642,16 +642,16 @@ TrainResult run_training(const TrainOptions& opts) {
   agree(setup_error);
 
   parallel::Grid grid =
-      parallel::make_grid(opts.dims, cfg, opts.topo_ranks_per_node, opts.topo_nodes_per_group);
-  const int D = grid.data_size(), M = opts.micro_batches;
-  const int B = opts.batch, T = opts.seq_len, B_global = B * D, Bm = B / M;
-  const std::vector<int> layers_per_stage = parallel::split_layers(cfg, opts.dims.pp, opts.pp_layers);
+      parallel::make_grid(opts.parallel.dims, cfg, opts.parallel.topo_ranks_per_node, opts.parallel.topo_nodes_per_group);
+  const int D = grid.data_size(), M = opts.parallel.micro_batches;
+  const int B = opts.data.batch, T = opts.data.seq_len, B_global = B * D, Bm = B / M;
+  const std::vector<int> layers_per_stage = parallel::split_layers(cfg, opts.parallel.dims.pp, opts.parallel.pp_layers);
   const model::StageSpec stage = parallel::stage_spec(layers_per_stage, grid.me.pp);
-  const parallel::Schedule schedule = parallel::parse_schedule(opts.schedule);
-  std::vector<int32_t> val = corpus->val_batches(B_global, T, opts.eval_batches);
+  const parallel::Schedule schedule = parallel::parse_schedule(opts.parallel.schedule);
+  std::vector<int32_t> val = corpus->val_batches(B_global, T, opts.data.eval_batches);
 
-  kernels::set_blas_threads(opts.threads);
-  const Device device = parse_device(opts.device, "--device");
+  kernels::set_blas_threads(opts.device.threads);
+  const Device device = parse_device(opts.device.name, "--device");
   const int gpu = select_device(device, grid.topo.local_rank(grid.world.rank()));
   kernels::set_active_device(device);  // every buffer and kernel of the model from here on
   // The transport of device buffers: NCCL when every rank has its own GPU, else MPI with host
@@ -665,14 +665,14 @@ TrainResult run_training(const TrainOptions& opts) {
     std::vector<std::pair<double, int>> gpu_of_rank(grid.world.size());
     for (int r = 0; r < grid.world.size(); ++r)
       gpu_of_rank[r] = {host_of[r], static_cast<int>(gpus[r])};
-    backend = comm::choose_comm_backend(comm::parse_comm_backend(opts.comm_backend, "--comm.backend"),
+    backend = comm::choose_comm_backend(comm::parse_comm_backend(opts.device.comm_backend, "--comm.backend"),
                                         gpu_of_rank, device == Device::kCuda && comm::nccl_loadable(),
                                         &backend_why);
     if (backend == comm::CommBackend::kNccl)
       for (comm::Group* g : {&grid.ep, &grid.dp, &grid.data, &grid.pp, &grid.tp, &grid.tokens})
         if (g->valid() && g->size() > 1) g->enable_nccl();
   }
-  kernels::set_gemm_bf16(opts.precision == "bf16");
+  kernels::set_gemm_bf16(opts.device.precision == "bf16");
   struct CpuAgain {  // later work in this process (tests run several trainings) starts on the CPU
     ~CpuAgain() {
       kernels::set_gemm_bf16(false);
@@ -682,10 +682,10 @@ TrainResult run_training(const TrainOptions& opts) {
   TrainResult res;
   // The MFU denominator: the same run's dense GEMM rate on the device in the run's precision
   // (on the CPU the best of several sgemm runs, kernels/peak_rate.h: the fp32 peak).
-  std::string peak_precision = opts.precision;
+  std::string peak_precision = opts.device.precision;
 #ifdef MOETRAIN_HAVE_CUDA
   if (device == Device::kCuda)
-    res.peak_gflops = kernels::cuda::measure_gemm_gflops(4096, 3, opts.precision == "bf16");
+    res.peak_gflops = kernels::cuda::measure_gemm_gflops(4096, 3, opts.device.precision == "bf16");
   else
 #endif
     res.peak_gflops = kernels::measure_peak_gflops(peak_precision);
@@ -700,20 +700,20 @@ TrainResult run_training(const TrainOptions& opts) {
     grid.tokens.allreduce_sum(v.data(), static_cast<int64_t>(v.size()));
   };
   // Experts that may move are summed in logical order (train/migration.h): the math stays the same.
-  ep_ctx.placement_independent_sum = opts.migrate_every > 0;
+  ep_ctx.placement_independent_sum = opts.balance.migrate_every > 0;
   const model::TensorParallel tp_ctx{&grid.tp, grid.me.tp, grid.dims.tp};
-  model::Model model(cfg, opts.moe, D > 1 || grid.dims.tp > 1 ? &ep_ctx : nullptr, stage,
-                     model::parse_recompute(opts.recompute), &tp_ctx);
+  model::Model model(cfg, opts.model.moe, D > 1 || grid.dims.tp > 1 ? &ep_ctx : nullptr, stage,
+                     model::parse_recompute(opts.model.recompute), &tp_ctx);
   // noaux_tc: every MoE layer's selection bias, the same on every rank (train/score_bias.h).
-  ScoreBias score_bias(cfg, opts.bias_rate);
+  ScoreBias score_bias(cfg, opts.balance.bias_rate);
   // The exchange's staging rows (send/receive buffers, RBD pools, HALO rails) are workspace of
   // this rank like backward's temporaries: charged, so the measured peak includes them.
   exchange.set_staging_tracker(&model.work_memory());
-  model.init_weights(opts.seed);
+  model.init_weights(opts.data.seed);
   OptimConfig oc = opts.optim;
   oc.total_steps = opts.steps;
   // --zero1: this rank keeps and updates only its slice of the AdamW state (parallel/zero1.h).
-  const parallel::ZeroShard shard = opts.zero1 ? parallel::ZeroShard::split(model.layout(), grid)
+  const parallel::ZeroShard shard = opts.parallel.zero1 ? parallel::ZeroShard::split(model.layout(), grid)
                                                : parallel::ZeroShard::whole(model.layout());
   AdamW opt(model.layout(), oc, shard.ranges(), &model.total_memory());
   opt.set_norm_reducer([&grid, &shard](double replicated, double experts, double split) {
@@ -740,14 +740,14 @@ TrainResult run_training(const TrainOptions& opts) {
     grid.world.allgather(&mine, optimizer_bytes.data(), 1);
   }
   MemTracker pipe_mem(&model.total_memory());
-  Rng data_rng = derive_rng(opts.seed, /*stream=*/1);
+  Rng data_rng = derive_rng(opts.data.seed, /*stream=*/1);
   // Which rank writes each logical tensor (each exactly once): data-parallel index 0, and for
   // tensors replicated over the EP group, its first rank.
   const parallel::RankCoords me = grid.me;
   auto owned = [me](const model::ParamSpec& s) { return me.dp == 0 && me.tp == 0 && (me.ep == 0 || s.is_expert); };
   json parallel_json = {{"pp", grid.dims.pp}, {"dp", grid.dims.dp}, {"ep", grid.dims.ep},
                         {"tp", grid.dims.tp}, {"layers_per_stage", layers_per_stage},
-                        {"micro_batches", M}, {"a2a", opts.a2a}, {"batch_per_rank", B}};
+                        {"micro_batches", M}, {"a2a", opts.parallel.a2a}, {"batch_per_rank", B}};
   int step0 = 0, bad_steps = 0, bad_in_a_row = 0, good_steps = 0, steps_run = 0, bad_steps_at_start = 0;
   std::string last_checkpoint;
   // Whether weights and AdamW moments are finite on every rank (a collective).
@@ -818,15 +818,15 @@ TrainResult run_training(const TrainOptions& opts) {
                  "moetrain: %s, %.2fM params (%.2fM active), %d layers, E=%d k=%d, global batch "
                  "%dx%d in %d micro-batch(es), %d steps, %d rank(s) [%s, layers %s, %s, a2a %s, "
                  "recompute %s, %s], %d BLAS thread(s) per rank (%s), peak %.1f GFLOP/s per rank (%s GEMM)\n",
-                 opts.config_path.empty() ? opts.preset.c_str() : opts.config_path.c_str(),
+                 opts.model.config_path.empty() ? opts.model.preset.c_str() : opts.model.config_path.c_str(),
                  pc.total / 1e6, pc.active / 1e6, cfg.num_hidden_layers, cfg.n_routed_experts,
                  cfg.num_experts_per_tok, B_global, T, M, opts.steps, grid.world.size(),
                  grid.dims.describe().c_str(), split.c_str(), parallel::schedule_name(schedule),
-                 comm::a2a_algorithm_name(algo), opts.recompute.c_str(),
-                 grid.topo.describe().c_str(), opts.threads,
-                 opts.device == "cuda" ? "cuBLAS" : ("OpenBLAS " + kernels::blas_core_description()).c_str(),
+                 comm::a2a_algorithm_name(algo), opts.model.recompute.c_str(),
+                 grid.topo.describe().c_str(), opts.device.threads,
+                 opts.device.name == "cuda" ? "cuBLAS" : ("OpenBLAS " + kernels::blas_core_description()).c_str(),
                  res.peak_gflops,
-                 opts.precision == "bf16" && opts.device != "cuda" ? "oneDNN bf16" : peak_precision.c_str());
+                 opts.device.precision == "bf16" && opts.device.name != "cuda" ? "oneDNN bf16" : peak_precision.c_str());
   }
 
   std::vector<model::Model::MicroBatchPtr> mbs;
@@ -906,8 +906,8 @@ TrainResult run_training(const TrainOptions& opts) {
       loss.aux = parts[1];
     }
     loss.total = loss.ce + loss.aux;
-    if (std::find(opts.fault_nan_steps.begin(), opts.fault_nan_steps.end(), step + 1) !=
-        opts.fault_nan_steps.end())
+    if (std::find(opts.faults.nan_steps.begin(), opts.faults.nan_steps.end(), step + 1) !=
+        opts.faults.nan_steps.end())
       set_first(model.grads(), NAN);  // test hook: a non-finite gradient on every rank's first tensor
     double gnorm = NAN;
     bool skipped = false;
@@ -918,8 +918,8 @@ TrainResult run_training(const TrainOptions& opts) {
       skipped = !std::isfinite(loss.total) || !std::isfinite(gnorm);
       if (shard.sharded() && !skipped) shard.allgather(model.params());  // every rank's updated slice
     }
-    if (std::find(opts.fault_inf_weight_steps.begin(), opts.fault_inf_weight_steps.end(), step + 1) !=
-        opts.fault_inf_weight_steps.end())
+    if (std::find(opts.faults.inf_weight_steps.begin(), opts.faults.inf_weight_steps.end(), step + 1) !=
+        opts.faults.inf_weight_steps.end())
       set_first(model.params(), INFINITY);  // test hook: the update "overflowed" one weight on every rank
     if (skipped) {
       ++bad_steps;
@@ -929,8 +929,8 @@ TrainResult run_training(const TrainOptions& opts) {
                      tty ? "\n" : "", step + 1, std::isfinite(loss.total) ? "gradient" : "loss",
                      bad_in_a_row, bad_steps);
       // The loss and the norm are global: every rank stops here together, one reports.
-      if (bad_in_a_row >= opts.max_bad_steps)
-        throw SetupError(str_cat(bad_in_a_row, " non-finite steps in a row (--max-bad-steps ", opts.max_bad_steps,
+      if (bad_in_a_row >= opts.faults.max_bad_steps)
+        throw SetupError(str_cat(bad_in_a_row, " non-finite steps in a row (--max-bad-steps ", opts.faults.max_bad_steps,
                                  "): stopping; the last good checkpoint is ",
                                  last_checkpoint.empty() ? std::string("none") : last_checkpoint),
                          root);
@@ -978,8 +978,8 @@ TrainResult run_training(const TrainOptions& opts) {
 
     const bool last = step + 1 == opts.steps;
     double vl = NAN;
-    if (last || (opts.eval_every > 0 && (step + 1) % opts.eval_every == 0)) {
-      vl = validation_loss(model, val, B, T, opts.eval_batches, grid);
+    if (last || (opts.data.eval_every > 0 && (step + 1) % opts.data.eval_every == 0)) {
+      vl = validation_loss(model, val, B, T, opts.data.eval_batches, grid);
       res.val_losses.emplace_back(step + 1, vl);
     }
     // Metrics go out before the checkpoint: a step whose checkpoint exists has its line.
@@ -1067,7 +1067,7 @@ TrainResult run_training(const TrainOptions& opts) {
     if (grid.world.size() > 1) grid.world.allreduce_max(&stop, 1);
     // No checkpoint during a streak of non-finite steps: the last good one stays the newest.
     bool save = bad_in_a_row == 0 &&
-                (last || stop || (opts.checkpoint_every > 0 && (step + 1) % opts.checkpoint_every == 0));
+                (last || stop || (opts.checkpoint.every > 0 && (step + 1) % opts.checkpoint.every == 0));
     // A checkpoint is only ever called good when its tensors are: a finite loss and gradient can
     // still overflow in the update.
     if (save && !state_finite()) {
@@ -1081,7 +1081,7 @@ TrainResult run_training(const TrainOptions& opts) {
       CheckpointMeta meta;
       meta.step = step + 1;
       meta.data_rng_state = data_rng.state();
-      meta.seed = opts.seed;
+      meta.seed = opts.data.seed;
       meta.bad_steps = bad_steps;
       meta.config = model::config_to_json(cfg);
       meta.parallel = parallel_json;
@@ -1096,10 +1096,10 @@ TrainResult run_training(const TrainOptions& opts) {
         parallel::tp_gather(model.layout(), h.params(), unsplit, p.data(), grid.tp);
         parallel::tp_gather(model.layout(), h.m(), unsplit, m.data(), grid.tp);
         parallel::tp_gather(model.layout(), h.v(), unsplit, v.data(), grid.tp);
-        last_checkpoint = save_checkpoint(grid.world, ckpt_dir, opts.checkpoint_keep, meta,
+        last_checkpoint = save_checkpoint(grid.world, ckpt_dir, opts.checkpoint.keep, meta,
                                           {&unsplit, p.data(), m.data(), v.data(), owned});
       } else {
-        last_checkpoint = save_checkpoint(grid.world, ckpt_dir, opts.checkpoint_keep, meta,
+        last_checkpoint = save_checkpoint(grid.world, ckpt_dir, opts.checkpoint.keep, meta,
                                           {&model.layout(), h.params(), h.m(), h.v(), owned});
       }
     }
