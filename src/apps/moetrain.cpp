@@ -54,64 +54,64 @@ struct A2aCli {
 void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   CLI::App* t = app.add_subcommand("train", "train a model (default: the tiny preset on the built-in corpus)");
   t->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flag wins
-  t->add_option("--preset", o.preset, "model preset: tiny, tiny-noaux, test-moe, test-moe-noaux, test-dense, ...")->capture_default_str();
-  t->add_option("--config", o.config_path, "Hugging Face config.json (overrides --preset)");
-  t->add_option("--data", o.data_path, "text file, one token per byte (default: data/kjv.txt), or an indexed dataset PREFIX (moetrain tokenize)");
-  t->add_option("--vocab-size", o.vocab_size, "override the model's vocab_size (e.g. a BPE dataset's)");
+  t->add_option("--preset", o.model.preset, "model preset: tiny, tiny-noaux, test-moe, test-moe-noaux, test-dense, ...")->capture_default_str();
+  t->add_option("--config", o.model.config_path, "Hugging Face config.json (overrides --preset)");
+  t->add_option("--data", o.data.path, "text file, one token per byte (default: data/kjv.txt), or an indexed dataset PREFIX (moetrain tokenize)");
+  t->add_option("--vocab-size", o.model.vocab_size, "override the model's vocab_size (e.g. a BPE dataset's)");
   t->add_option("--out", o.out_dir, "output folder")->capture_default_str();
   t->add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
-  t->add_option("--batch", o.batch, "sequences per step")->capture_default_str();
-  t->add_option("--seq-len", o.seq_len, "tokens per sequence")->capture_default_str();
-  t->add_option("--seed", o.seed, "seed for weights and data order")->capture_default_str()->check(kNonNegativeInteger);
+  t->add_option("--batch", o.data.batch, "sequences per step")->capture_default_str();
+  t->add_option("--seq-len", o.data.seq_len, "tokens per sequence")->capture_default_str();
+  t->add_option("--seed", o.data.seed, "seed for weights and data order")->capture_default_str()->check(kNonNegativeInteger);
   t->add_option("--lr", o.optim.lr, "peak learning rate")->capture_default_str();
   t->add_option("--min-lr", o.optim.min_lr, "final learning rate of the cosine decay")->capture_default_str();
   t->add_option("--warmup", o.optim.warmup_steps, "linear warm-up steps")->capture_default_str();
   t->add_option("--weight-decay", o.optim.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
   t->add_option("--grad-clip", o.optim.grad_clip, "global gradient-norm clip (0 = off)")->capture_default_str();
-  t->add_option("--eval-every", o.eval_every, "validation every N steps (0 = only at the end)")->capture_default_str();
-  t->add_option("--eval-batches", o.eval_batches, "validation batches")->capture_default_str();
-  t->add_option("--threads", o.threads, "BLAS threads")->capture_default_str();
-  t->add_option("--capacity-factor", o.moe.capacity_factor, "expert capacity factor (0 = dropless)")->capture_default_str();
-  t->add_flag("--padded", o.moe.padded, "capacity-padded [E,C,H] MoE layout instead of padding-free");
-  t->add_option("--pp", o.dims.pp, "pipeline-parallel stages")->capture_default_str();
-  t->add_option("--dp", o.dims.dp, "data-parallel degree")->capture_default_str();
-  t->add_option("--ep", o.dims.ep, "expert-parallel degree (splits the routed experts)")->capture_default_str();
-  t->add_option("--tp", o.dims.tp, "tensor-parallel degree")->capture_default_str();
-  t->add_option("--micro-batches", o.micro_batches, "micro-batches per step (pipeline / gradient accumulation)")->capture_default_str();
-  t->add_option("--pp.layers", o.pp_layers, "layers per pipeline stage, e.g. 5,4,4,3 (default: even)")->delimiter(',');
-  t->add_option("--pp.schedule", o.schedule, "pipeline schedule: 1f1b or gpipe")->capture_default_str();
-  t->add_option("--recompute", o.recompute, "activation checkpointing: none, moe or full")->capture_default_str();
+  t->add_option("--eval-every", o.data.eval_every, "validation every N steps (0 = only at the end)")->capture_default_str();
+  t->add_option("--eval-batches", o.data.eval_batches, "validation batches")->capture_default_str();
+  t->add_option("--threads", o.device.threads, "BLAS threads")->capture_default_str();
+  t->add_option("--capacity-factor", o.model.moe.capacity_factor, "expert capacity factor (0 = dropless)")->capture_default_str();
+  t->add_flag("--padded", o.model.moe.padded, "capacity-padded [E,C,H] MoE layout instead of padding-free");
+  t->add_option("--pp", o.parallel.dims.pp, "pipeline-parallel stages")->capture_default_str();
+  t->add_option("--dp", o.parallel.dims.dp, "data-parallel degree")->capture_default_str();
+  t->add_option("--ep", o.parallel.dims.ep, "expert-parallel degree (splits the routed experts)")->capture_default_str();
+  t->add_option("--tp", o.parallel.dims.tp, "tensor-parallel degree")->capture_default_str();
+  t->add_option("--micro-batches", o.parallel.micro_batches, "micro-batches per step (pipeline / gradient accumulation)")->capture_default_str();
+  t->add_option("--pp.layers", o.parallel.pp_layers, "layers per pipeline stage, e.g. 5,4,4,3 (default: even)")->delimiter(',');
+  t->add_option("--pp.schedule", o.parallel.schedule, "pipeline schedule: 1f1b or gpipe")->capture_default_str();
+  t->add_option("--recompute", o.model.recompute, "activation checkpointing: none, moe or full")->capture_default_str();
   t->add_option_function<float>(
-      "--balance.bias-rate", [&o](const float& v) { o.bias_rate = v; },
+      "--balance.bias-rate", [&o](const float& v) { o.balance.bias_rate = v; },
       "aux-loss-free balancing (topk_method noaux_tc): bias step gamma (default: the config's "
       "bias_update_speed, 1e-3)");
-  t->add_option("--balance.migrate-every", o.migrate_every,
+  t->add_option("--balance.migrate-every", o.balance.migrate_every,
                 "expert migration (Piper): every N steps, rebalance the EP ranks' loads (0 = never)")->capture_default_str();
-  t->add_option("--balance.threshold", o.migrate_threshold,
+  t->add_option("--balance.threshold", o.balance.threshold,
                 "migrate a layer when its max/mean EP-rank load exceeds this (> 1)")->capture_default_str();
-  t->add_option("--a2a", o.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase)")->capture_default_str();
-  t->add_option("--topo.ranks-per-node", o.topo_ranks_per_node, "emulate nodes of this many ranks (0 = from the launcher)");
-  t->add_option("--topo.nodes-per-group", o.topo_nodes_per_group, "emulate switch groups of this many nodes (0 = one group)");
-  t->add_option("--checkpoint.dir", o.checkpoint_dir, "checkpoint folder (default <out>/checkpoints)");
-  t->add_option("--checkpoint.every", o.checkpoint_every, "checkpoint every N steps (0: at the end and on SIGTERM)")->capture_default_str();
-  t->add_option("--checkpoint.keep", o.checkpoint_keep, "complete checkpoints to keep (0 = all)")->capture_default_str();
-  t->add_option("--resume", o.resume, "continue from 'latest' (in the checkpoint folder) or a step-N folder");
-  t->add_option("--max-bad-steps", o.max_bad_steps, "non-finite steps in a row before stopping")->capture_default_str();
-  t->add_option("--fault.nan-steps", o.fault_nan_steps, "testing: poison the gradients of these steps")->delimiter(',');
-  t->add_option("--fault.inf-weight-steps", o.fault_inf_weight_steps, "testing: an Inf weight after these steps' updates")
+  t->add_option("--a2a", o.parallel.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase)")->capture_default_str();
+  t->add_option("--topo.ranks-per-node", o.parallel.topo_ranks_per_node, "emulate nodes of this many ranks (0 = from the launcher)");
+  t->add_option("--topo.nodes-per-group", o.parallel.topo_nodes_per_group, "emulate switch groups of this many nodes (0 = one group)");
+  t->add_option("--checkpoint.dir", o.checkpoint.dir, "checkpoint folder (default <out>/checkpoints)");
+  t->add_option("--checkpoint.every", o.checkpoint.every, "checkpoint every N steps (0: at the end and on SIGTERM)")->capture_default_str();
+  t->add_option("--checkpoint.keep", o.checkpoint.keep, "complete checkpoints to keep (0 = all)")->capture_default_str();
+  t->add_option("--resume", o.checkpoint.resume, "continue from 'latest' (in the checkpoint folder) or a step-N folder");
+  t->add_option("--max-bad-steps", o.faults.max_bad_steps, "non-finite steps in a row before stopping")->capture_default_str();
+  t->add_option("--fault.nan-steps", o.faults.nan_steps, "testing: poison the gradients of these steps")->delimiter(',');
+  t->add_option("--fault.inf-weight-steps", o.faults.inf_weight_steps, "testing: an Inf weight after these steps' updates")
       ->delimiter(',');
-  t->add_option("--comm.timeout", o.comm_timeout_s,
+  t->add_option("--comm.timeout", o.faults.comm_timeout_s,
                 "seconds a rank may wait in one MPI operation before the job ends naming it (0 = forever)")
       ->capture_default_str();
-  t->add_option("--device", o.device, "cpu or cuda (one GPU per rank: local rank modulo the visible GPUs)")
+  t->add_option("--device", o.device.name, "cpu or cuda (one GPU per rank: local rank modulo the visible GPUs)")
       ->capture_default_str();
-  t->add_option("--comm.backend", o.comm_backend,
+  t->add_option("--comm.backend", o.device.comm_backend,
                 "auto, mpi or nccl: how GPU buffers move between ranks (auto: NCCL when every rank "
                 "has its own GPU, else staged through the host over MPI)")
       ->capture_default_str();
-  t->add_option("--precision", o.precision, "fp32, or bf16 GEMM inputs with fp32 accumulation (cuBLAS, or oneDNN on a CPU with AVX-512 BF16)")
+  t->add_option("--precision", o.device.precision, "fp32, or bf16 GEMM inputs with fp32 accumulation (cuBLAS, or oneDNN on a CPU with AVX-512 BF16)")
       ->capture_default_str();
-  t->add_flag("--zero1", o.zero1,
+  t->add_flag("--zero1", o.parallel.zero1,
               "ZeRO-1: split the AdamW state over the data ranks (reduce-scatter, sliced update, "
               "all-gather); with one data rank a no-op");
   t->add_flag("--quiet", quiet, "no progress output");

@@ -21,20 +21,20 @@ namespace moe::train {
 
 std::vector<RankMemory> estimate_run_memory(const model::ModelConfig& cfg, const TrainOptions& opts,
                                             int world_size, double corpus_bytes) {
-  const std::string name = opts.config_path.empty() ? opts.preset : opts.config_path;
+  const std::string name = opts.model.config_path.empty() ? opts.model.preset : opts.model.config_path;
   const plan::PlanModel pm = plan::from_model_config(cfg, name, "");
   plan::Layout lay;
-  lay.pp = opts.dims.pp;
-  lay.dp = opts.dims.dp;
-  lay.ep = opts.dims.ep;
-  lay.tp = opts.dims.tp;
-  lay.micro_batches = opts.micro_batches;
-  lay.recompute = opts.recompute;
-  lay.a2a = opts.a2a;
-  lay.schedule = opts.schedule;
+  lay.pp = opts.parallel.dims.pp;
+  lay.dp = opts.parallel.dims.dp;
+  lay.ep = opts.parallel.dims.ep;
+  lay.tp = opts.parallel.dims.tp;
+  lay.micro_batches = opts.parallel.micro_batches;
+  lay.recompute = opts.model.recompute;
+  lay.a2a = opts.parallel.a2a;
+  lay.schedule = opts.parallel.schedule;
   plan::TrainShape shape;
-  shape.seq_len = opts.seq_len;
-  shape.global_batch = static_cast<long long>(opts.batch) * lay.data_ranks();
+  shape.seq_len = opts.data.seq_len;
+  shape.global_batch = static_cast<long long>(opts.data.batch) * lay.data_ranks();
   shape.precision = "fp32";
   // The CPU trainer's accounting: fp32 weights, gradients, Adam m and v; fp32 activations; fused
   // attention (no probabilities kept); no communication library buffers.
@@ -45,19 +45,19 @@ std::vector<RankMemory> estimate_run_memory(const model::ModelConfig& cfg, const
   mo.act_bytes = 4;
   mo.attention_s2 = false;
   mo.a2a_buffers = false;
-  mo.padded = opts.moe.padded;
-  if (opts.moe.capacity_factor > 0) mo.capacity_factor = opts.moe.capacity_factor;
+  mo.padded = opts.model.moe.padded;
+  if (opts.model.moe.capacity_factor > 0) mo.capacity_factor = opts.model.moe.capacity_factor;
   const plan::MemoryEstimate est = plan::estimate_memory(pm, lay, shape, mo);
 
   // Outside the trackers: the corpus as loaded (text: one byte per token; an indexed dataset:
   // its tables, the mmapped tokens are page cache), the global batch drawn every step
   // (int32, B_global · (T + 1)), the held-out batches (eval_batches of them) and the GEMM probe.
-  const double rows = static_cast<double>(shape.global_batch) * (opts.seq_len + 1.0) * 4.0;
-  const double data = corpus_bytes + rows * (1.0 + opts.eval_batches) + 3.0 * 1024 * 1024 * 4;
+  const double rows = static_cast<double>(shape.global_batch) * (opts.data.seq_len + 1.0) * 4.0;
+  const double data = corpus_bytes + rows * (1.0 + opts.data.eval_batches) + 3.0 * 1024 * 1024 * 4;
   std::vector<RankMemory> out(world_size);
   for (int r = 0; r < world_size; ++r) {
     // An explicit --pp.layers split is not the planner's even one: take the largest stage.
-    const int stage = opts.pp_layers.empty() ? parallel::coords_of(opts.dims, r).pp : est.worst;
+    const int stage = opts.parallel.pp_layers.empty() ? parallel::coords_of(opts.parallel.dims, r).pp : est.worst;
     const plan::StageMemory& st = est.stages.at(stage);
     out[r].state = st.params + st.grads + st.optimizer;
     out[r].activations = st.activations + st.workspace + st.comm;
@@ -161,8 +161,8 @@ void check_memory_fits(const std::vector<RankMemory>& per_rank, const std::vecto
       "not enough memory on ", host, ": this run needs ", format_bytes(need), " (",
       whole(need), " bytes", ranks_here.size() > 1 ? str_cat(" for ", ranks_here.size(), " ranks") : "",
       ": ", format_bytes(sum.state), " weights, gradients and AdamW state, ",
-      format_bytes(sum.activations), " activations and workspace at --batch ", opts.batch,
-      " --seq-len ", opts.seq_len, " --micro-batches ", opts.micro_batches, ", ",
+      format_bytes(sum.activations), " activations and workspace at --batch ", opts.data.batch,
+      " --seq-len ", opts.data.seq_len, " --micro-batches ", opts.parallel.micro_batches, ", ",
       format_bytes(sum.data), " data), ", format_bytes(avail.bytes), " (",
       whole(avail.bytes), " bytes) available (", avail.source,
       sum.state > avail.bytes

@@ -17,24 +17,29 @@
 
 namespace moe::train {
 
-struct TrainOptions {
+// The options of one run, one group per concern: adding a parallelism, a balancing policy or a
+// device changes one group (and its CLI flags, src/apps/moetrain.cpp). Enumerated values are the
+// CLI's words here; the run's setup parses each once (RunSetup, train/run_setup.h) and the
+// training code reads the parsed values only.
+struct ModelOptions {
   std::string preset = "tiny";
   std::string config_path;      // a Hugging Face config.json; overrides preset when set
-  std::string data_path;        // text file, bytes are tokens; default: the built-in KJV corpus;
-                                // or an indexed dataset PREFIX[.idx|.bin] (io/corpus.h)
   int vocab_size = 0;           // --vocab-size: overrides the preset's / config's (0 = keep it)
-  std::string out_dir = "out";
-  int steps = 1200;   // the default job: about 4.5 minutes of the tiny model on one core
+  model::MoeOptions moe;        // --capacity-factor, --padded
+  std::string recompute = "none";  // activation checkpointing: none | moe | full
+};
+
+struct DataOptions {
+  std::string path;             // text file, bytes are tokens; default: the built-in KJV corpus;
+                                // or an indexed dataset PREFIX[.idx|.bin] (io/corpus.h)
   int batch = 16;               // sequences per step per data rank (global = batch · ep · dp)
   int seq_len = 128;
-  uint64_t seed = 1234;
-  OptimConfig optim;            // total_steps is set from steps
+  uint64_t seed = 1234;         // weights and data order
   int eval_every = 100;         // validation every N steps (and at the end); 0 = only at the end
   int eval_batches = 8;
-  int threads = 1;              // BLAS threads
-  bool progress = true;         // live progress line on stderr
-  bool profile = false;         // --profile: MoE step times in metrics.jsonl, a summary at the end
-  model::MoeOptions moe;
+};
+
+struct ParallelOptions {
   parallel::ParallelDims dims;  // --pp --dp --ep --tp
   std::string a2a = "flat";     // token exchange: flat | rbd | halo
   int topo_ranks_per_node = 0;  // force the topology (0 = from the launcher)
@@ -42,35 +47,61 @@ struct TrainOptions {
   int micro_batches = 1;        // M: per-rank batch split into M micro-batches (gradient accumulation)
   std::vector<int> pp_layers;   // explicit layers per stage (--pp.layers); empty = even split
   std::string schedule = "1f1b";  // pipeline schedule: 1f1b | gpipe
-  std::string recompute = "none";  // activation checkpointing: none | moe | full
+  bool zero1 = false;           // --zero1: AdamW state split over the ranks sharing each gradient
+};
+
+struct BalanceOptions {
   // --balance.bias-rate: gamma of aux-loss-free balancing (topk_method noaux_tc); unset = the
   // config's bias_update_speed (default 1e-3).
   std::optional<float> bias_rate;
   // Expert migration (train/migration.h): every N steps (0 = never), the layers whose max/mean
   // EP-rank load exceeds the threshold (> 1) move experts between the ranks of their EP group.
   int migrate_every = 0;
-  double migrate_threshold = 1.1;
+  double threshold = 1.1;
+};
+
+struct CheckpointOptions {
   // Checkpoints (train/checkpoint.h): folder (default <out>/checkpoints), every N steps (0: only
   // at the end and on SIGTERM/SIGINT), how many to keep; resume from "latest" or a folder.
-  std::string checkpoint_dir;
-  int checkpoint_every = 0;
-  int checkpoint_keep = 3;
+  std::string dir;
+  int every = 0;
+  int keep = 3;
   std::string resume;
+};
+
+struct FaultOptions {
   int max_bad_steps = 5;        // non-finite steps in a row before the run stops with an error
-  std::vector<int> fault_nan_steps;  // test hook: poison the gradients of these (1-based) steps
-  std::vector<int> fault_inf_weight_steps;  // test hook: an Inf weight after these steps' updates
+  std::vector<int> nan_steps;   // test hook: poison the gradients of these (1-based) steps
+  std::vector<int> inf_weight_steps;  // test hook: an Inf weight after these steps' updates
   // A rank waiting longer than this in one MPI operation ends the job naming itself, the
   // operation and the group (comm::CommTimeout). 0 = wait forever.
   double comm_timeout_s = 600;
+};
+
+struct DeviceOptions {
   // Where the model runs (--device cpu|cuda; a rank uses the GPU of its local rank modulo the
-  // visible GPUs) and the GEMM input precision (--precision fp32|bf16; bf16 needs cuda).
-  std::string device = "cpu";
+  // visible GPUs) and the GEMM input precision (--precision fp32|bf16).
+  std::string name = "cpu";
   std::string precision = "fp32";
   // How device buffers move between ranks (--comm.backend auto|mpi|nccl): auto = NCCL when every
   // rank has its own GPU and libnccl.so.2 loads, else staged through the host over MPI.
   std::string comm_backend = "auto";
-  // --zero1: AdamW state split over the ranks that share each gradient (parallel/zero1.h).
-  bool zero1 = false;
+  int threads = 1;              // BLAS threads
+};
+
+struct TrainOptions {
+  std::string out_dir = "out";
+  int steps = 1200;   // the default job: about 4.5 minutes of the tiny model on one core
+  bool progress = true;         // live progress line on stderr
+  bool profile = false;         // --profile: MoE step times in metrics.jsonl, a summary at the end
+  ModelOptions model;
+  DataOptions data;
+  OptimConfig optim;            // total_steps is set from steps
+  ParallelOptions parallel;
+  BalanceOptions balance;
+  CheckpointOptions checkpoint;
+  FaultOptions faults;
+  DeviceOptions device;
 };
 
 // Every option's value on its own (ranges, finiteness, consistency between flags): throws

@@ -1,0 +1,208 @@
+#include "train/run_setup.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "io/dataset.h"
+#include "io/indexed_dataset.h"
+#include "parallel/parallel_dims.h"
+#include "train/checkpoint.h"
+#include "train/checkpointer.h"
+#include "train/run_memory.h"
+#include "train/score_bias.h"
+
+namespace moe::train {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+void agree(const comm::Group& world, const std::string& error) {
+  if (world.size() > 1) {
+    int64_t flag = error.empty() ? 0 : world.size() - world.rank();
+    world.allreduce_max(&flag, 1);
+    if (flag > 0) {
+      const int reporter = world.size() - static_cast<int>(flag);
+      throw SetupError(error.empty() ? "another rank failed during setup" : error, world.rank() == reporter);
+    }
+  } else if (!error.empty()) {
+    throw SetupError(error, true);
+  }
+}
+
+std::unique_ptr<RunSetup> setup_run(const TrainOptions& opts) {
+  // Setup: everything that bad input can break, checked on every rank, then agreed on. Nothing
+  // large is allocated and no output is touched before the memory estimate and the folder locks.
+  auto run = std::make_unique<RunSetup>();
+  RunSetup& r = *run;
+  r.world = comm::Group::world();
+  const comm::Group& world = r.world;
+  if (world.size() > 1 && std::isfinite(opts.faults.comm_timeout_s) && opts.faults.comm_timeout_s > 0 &&
+      opts.faults.comm_timeout_s < 1e9)
+    r.comm_timeout.emplace(opts.faults.comm_timeout_s, &g_stop_requested);
+  // Which ranks share this host (their memory adds up): a hash of each rank's host name.
+  std::vector<double>& host_of = r.host_of;
+  host_of.assign(world.size(), 0.0);
+  {
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    const double mine = static_cast<double>(std::hash<std::string>{}(host) >> 12);  // exact in a double
+    if (world.size() > 1)
+      world.allgather(&mine, host_of.data(), 1);
+    else
+      host_of[0] = mine;
+  }
+  model::ModelConfig& cfg = r.cfg;
+  r.root = world.rank() == 0;
+  const bool root = r.root;
+  std::string setup_error;
+  std::string& ckpt_dir = r.ckpt_dir;
+  std::string& resume_path = r.resume_path;
+  try {
+    validate_options(opts);
+    r.a2a = comm::parse_a2a_algorithm(opts.parallel.a2a);
+    r.comm_backend = comm::parse_comm_backend(opts.device.comm_backend, "--comm.backend");
+    r.schedule = parallel::parse_schedule(opts.parallel.schedule);
+    r.recompute = model::parse_recompute(opts.model.recompute);
+    r.bf16 = opts.device.precision == "bf16";
+    comm::Topology::detect(world.size(), opts.parallel.topo_ranks_per_node, opts.parallel.topo_nodes_per_group);
+    // The device: usable here (a CUDA build and a GPU), and a layout the GPU path has.
+    r.device = parse_device(opts.device.name, "--device");
+    const Device device = r.device;
+    require_device(device, "--device");
+    MOE_CHECK(device == Device::kCpu || !opts.model.moe.padded,
+              "--padded: the capacity-padded baseline runs on the CPU only (--device cpu)");
+    cfg = opts.model.config_path.empty() ? model::preset(opts.model.preset) : model::load_config(opts.model.config_path);
+    MOE_CHECK(opts.data.seq_len <= cfg.max_position_embeddings, "--seq-len ", opts.data.seq_len,
+              " exceeds the model's max_position_embeddings ", cfg.max_position_embeddings);
+    if (opts.model.vocab_size > 0) cfg.vocab_size = opts.model.vocab_size;  // --vocab-size: a tokenized dataset's
+    static_cast<void>(ScoreBias(cfg, opts.balance.bias_rate));  // --balance.bias-rate against the model, before any output
+    const std::string data_path = opts.data.path.empty() ? default_corpus_path() : opts.data.path;
+    const bool indexed = io::is_indexed_dataset(data_path);
+    // Byte-level text needs the 256 byte ids; an indexed dataset's ids are checked when it loads.
+    MOE_CHECK(indexed || cfg.vocab_size >= 256, "byte-level data needs vocab_size >= 256, the config has ",
+              cfg.vocab_size);
+    opts.parallel.dims.validate(world.size(), cfg);
+    if (opts.parallel.dims.tp > 1) {
+      // Each TP rank takes n = batch·seq_len/tp rows of every micro-batch (model.h: TensorParallel).
+      MOE_CHECK(opts.data.seq_len % opts.parallel.dims.tp == 0, "--tp ", opts.parallel.dims.tp, " does not divide --seq-len ",
+                opts.data.seq_len);
+      MOE_CHECK(!(cfg.seq_aux && cfg.aux_loss_alpha > 0 && cfg.num_moe_layers() > 0) ||
+                    (opts.data.batch / opts.parallel.micro_batches) % opts.parallel.dims.tp == 0,
+                "--tp ", opts.parallel.dims.tp, " with seq_aux: the micro-batch of ", opts.data.batch / opts.parallel.micro_batches,
+                " sequences per rank must split into whole sequences per TP rank");
+      MOE_CHECK(opts.balance.migrate_every == 0, "--balance.migrate-every with --tp ", opts.parallel.dims.tp,
+                ": expert migration under tensor parallelism is not supported yet; use --tp 1");
+    }
+    MOE_CHECK(opts.balance.migrate_every == 0 || opts.parallel.dims.ep > 1, "--balance.migrate-every ", opts.balance.migrate_every,
+              " needs expert parallelism (--ep > 1): with --ep ", opts.parallel.dims.ep, " every expert is on every rank");
+    parallel::split_layers(cfg, opts.parallel.dims.pp, opts.parallel.pp_layers);
+    if (opts.data.path.empty() && !fs::exists(data_path))
+      throw Error(str_cat(data_path, ": built-in corpus not found; run scripts/setup.sh first"));
+    // A FIFO would block the open, a device never ends: only a regular file, checked by stat.
+    if (indexed) {
+      check_regular_input(io::idx_path(io::indexed_prefix(data_path)), "--data");
+      check_regular_input(io::bin_path(io::indexed_prefix(data_path)), "--data");
+    } else {
+      check_regular_input(data_path, "--data");
+    }
+    {
+      // Memory: every rank on this host, before anything of that size is allocated.
+      const double corpus_bytes = io::corpus_resident_bytes(data_path);  // mmapped data: its tables only
+      const std::vector<RankMemory> need = estimate_run_memory(cfg, opts, world.size(), corpus_bytes);
+      std::vector<int> here;
+      for (int r = 0; r < world.size(); ++r)
+        if (host_of[r] == host_of[world.rank()]) here.push_back(r);
+      check_memory_fits(need, here, available_memory(), opts);
+      if (device == Device::kCuda) {
+        // The model's state and activations live on the GPU: they must fit in what it has free.
+        size_t free_b = 0, total_b = 0;
+        cuda_mem_info(&free_b, &total_b);
+        const double gpu_need = need[world.rank()].state + need[world.rank()].activations;
+        MOE_CHECK(gpu_need <= static_cast<double>(free_b), "not enough GPU memory: this run needs ",
+                  format_bytes(gpu_need), " (", static_cast<uint64_t>(gpu_need), " bytes: ",
+                  format_bytes(need[world.rank()].state), " weights, gradients and AdamW state, ",
+                  format_bytes(need[world.rank()].activations), " activations and workspace) on the GPU, ",
+                  format_bytes(static_cast<double>(free_b)), " (", free_b, " bytes) free of ",
+                  format_bytes(static_cast<double>(total_b)), "; use a smaller --batch or --seq-len, ",
+                  "more --micro-batches or --recompute");
+      }
+    }
+    r.corpus = io::open_corpus(data_path, cfg.vocab_size);
+    io::Corpus* corpus = r.corpus.get();
+    // Both splits must hold a window (the checks name the file and the sizes).
+    const int n_data = opts.parallel.dims.dp * opts.parallel.dims.ep;
+    corpus->val_batches(opts.data.batch * n_data, opts.data.seq_len, 1);
+    {
+      Rng probe(0);
+      std::vector<int32_t> one(static_cast<size_t>(opts.data.seq_len) + 1);
+      corpus->sample_batch(one.data(), 1, opts.data.seq_len, probe, io::Split::kTrain);
+    }
+    ckpt_dir = opts.checkpoint.dir.empty() ? opts.out_dir + "/checkpoints" : opts.checkpoint.dir;
+    if (root) {
+      // Outputs: writable now, not after the last step; one run per folder (the lock is held
+      // until this process ends; its file names the holder for a second run).
+      const std::string what = str_cat("moetrain train --out ", opts.out_dir, " (", world.size(), " rank(s))");
+      check_output_dir(opts.out_dir, "--out");
+      r.out_lock = DirLock::acquire(opts.out_dir, "--out", what);
+      for (const char* f : {"model.safetensors", "config.json", "metrics.jsonl"}) {
+        const fs::path p = fs::path(opts.out_dir) / f;
+        std::error_code ec;
+        MOE_CHECK(!fs::exists(p, ec) || fs::is_regular_file(p, ec), p.string(),
+                  ": exists and is not a regular file; the run could not write its results there");
+      }
+      check_output_dir(ckpt_dir, opts.checkpoint.dir.empty() ? "--out (its checkpoints folder)" : "--checkpoint.dir");
+      std::error_code ec;
+      if (!fs::equivalent(ckpt_dir, opts.out_dir, ec))
+        r.ckpt_lock = DirLock::acquire(ckpt_dir, opts.checkpoint.dir.empty() ? "--out (its checkpoints folder)"
+                                                                            : "--checkpoint.dir", what);
+    }
+    if (!opts.checkpoint.resume.empty()) {
+      resume_path = opts.checkpoint.resume == "latest" ? find_latest_checkpoint(ckpt_dir) : opts.checkpoint.resume;
+      MOE_CHECK(!resume_path.empty(), ckpt_dir, ": --resume latest found no complete checkpoint");
+      CheckpointMeta meta = read_checkpoint_meta(resume_path, /*verify=*/true);
+      const json want = model::config_to_json(cfg);
+      for (const auto& [key, value] : want.items())
+        MOE_CHECK(meta.config.contains(key) && meta.config[key] == value, resume_path,
+                  ": checkpoint was written for a different model (", key, " = ",
+                  meta.config.contains(key) ? meta.config[key].dump() : "missing", ", this run: ",
+                  value.dump(), ")");
+      MOE_CHECK(meta.step <= opts.steps, resume_path, ": checkpoint is at step ", meta.step,
+                ", beyond --steps ", opts.steps);
+      static_cast<void>(restored_placement(meta, cfg, opts.parallel.dims.ep, resume_path));  // checked before any output
+    }
+  } catch (const std::bad_alloc&) {
+    setup_error = "out of memory during setup (std::bad_alloc): the memory estimate fitted, the machine did not";
+  } catch (const std::exception& e) {
+    setup_error = e.what();
+  }
+  agree(world, setup_error);
+  // Every check passed: only now is metrics.jsonl touched, so a run refused in setup leaves an
+  // earlier run's file as it was. A resumed run appends to the run it continues; a fresh one
+  // keeps the earlier file as metrics.jsonl.prev.
+  if (root) {
+    try {
+      const std::string metrics_path = opts.out_dir + "/metrics.jsonl";
+      std::error_code ec;
+      if (opts.checkpoint.resume.empty() && fs::exists(metrics_path, ec) && fs::file_size(metrics_path, ec) > 0) {
+        fs::rename(metrics_path, metrics_path + ".prev", ec);
+        MOE_CHECK(!ec, metrics_path, ": cannot keep the earlier run's metrics as ", metrics_path, ".prev (",
+                  ec.message(), ")");
+        if (opts.progress)
+          std::fprintf(stderr, "moetrain: %s holds an earlier run's metrics: kept as metrics.jsonl.prev\n",
+                       opts.out_dir.c_str());
+      }
+      r.metrics.open(metrics_path, opts.checkpoint.resume.empty() ? std::ios::trunc : std::ios::app);
+      MOE_CHECK(r.metrics.good(), metrics_path, ": cannot open for writing");
+    } catch (const std::exception& e) {
+      setup_error = e.what();
+    }
+  }
+  agree(world, setup_error);
+  return run;
+}
+
+}  // namespace moe::train
