@@ -5,7 +5,8 @@
 # validation p2p move device buffers, staged through the host by comm/ (MPI here is not
 # CUDA-aware). In fp32 the emulated device runs the CPU kernels, so each layout with --device cuda
 # must equal the same layout with --device cpu bit for bit: every logged quantity and the final
-# weights, with expert migration too. Then a multi-rank device checkpoint resumes exactly.
+# weights, with tensor parallelism and expert migration too. Then a multi-rank device checkpoint
+# resumes exactly.
 # Usage: emulated_multirank.sh MOETRAIN CORPUS WORKDIR MPIRUN
 set -euo pipefail
 bin="$1"
@@ -59,6 +60,10 @@ pair dp2 2 --dp 2
 pair pp2ep2 4 --pp 2 --ep 2 --micro-batches 2
 pair ep4.halo 4 --ep 4 --a2a halo --topo.ranks-per-node 2
 pair ep4.rbd 4 --ep 4 --a2a rbd --topo.ranks-per-node 2
+# Tensor parallelism: the TP all-gathers / reduce-scatters and the TP gradient sum move device
+# buffers; a TP checkpoint gathers the slices from the devices.
+pair tp2ep2 4 --tp 2 --ep 2 --checkpoint.every 2
+pair tp2dp2.zero1 4 --tp 2 --dp 2 --zero1
 # Expert migration after every step: weights and AdamW moments moved between the ranks' devices.
 pair ep4.migrate 4 --ep 4 --balance.migrate-every 1 --balance.threshold 1.01
 check "ep4.migrate: experts moved on the devices" grep -q '"migration"' "$work/ep4.migrate.cuda/metrics.jsonl"
