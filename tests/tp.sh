@@ -60,56 +60,19 @@ run res.tp2-to-single 1 "${m[@]}" --batch 8 --resume "$work/tp2/checkpoints/step
 run res.single-to-tp2 2 "${m[@]}" --batch 8 --tp 2 --resume "$work/single/checkpoints/step-10"
 run res.tp2-to-tp2 2 "${m[@]}" --batch 8 --tp 2 --resume "$work/tp2/checkpoints/step-10"
 
-/usr/bin/env python3 - "$work" <<'PY'
-import json, os, struct, sys
+/usr/bin/env python3 - "$work" "$(dirname "$0")" <<'PY'
+import json, os, sys
 work = sys.argv[1]
-passed = failed = 0
-def check(ok, msg):
-    global passed, failed
-    if ok: passed += 1
-    else: failed += 1
-    print(("ok   " if ok else "FAIL ") + msg)
-def metrics(name):
-    with open(os.path.join(work, name, "metrics.jsonl")) as f:
-        return [json.loads(l) for l in f]
-def weights(name):  # safetensors: 8-byte header length, JSON header, float32 data
-    with open(os.path.join(work, name, "model.safetensors"), "rb") as f:
-        raw = f.read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    head = json.loads(raw[8:8 + n])
-    out, shapes = {}, {}
-    for k, v in head.items():
-        if k == "__metadata__": continue
-        assert v["dtype"] == "F32", (name, k, v["dtype"])
-        b, e = v["data_offsets"]
-        out[k] = struct.unpack(f"<{(e - b) // 4}f", raw[8 + n + b:8 + n + e])
-        shapes[k] = v["shape"]
-    return out, shapes
-def rel(a, b):
-    d = abs(a - b) / abs(b) if b != 0 else (0.0 if a == 0 else float("inf"))
-    return d if d == d else float("inf")
+sys.path.insert(0, sys.argv[2])
+import run_files as rf
+check = rf.Checks()
+rel, worst_weights = rf.rel, rf.worst_weights
+metrics = lambda name: rf.metrics(work, name)
+weights = lambda name: rf.weights(work, name)
+same_file = lambda a, b: rf.same_weights_file(work, a, b)
 QS = ("loss", "ce_loss", "aux_loss", "val_loss", "grad_norm")
-def worst_metrics(got, ref):
-    if len(got) != len(ref): return float("inf")
-    w = 0.0
-    for g, r in zip(got, ref):
-        if g["step"] != r["step"]: return float("inf")
-        for q in QS:
-            if (q in g) != (q in r): return float("inf")
-            if q in r: w = max(w, rel(g[q], r[q]))
-    return w
-def worst_weights(a, b):
-    if a.keys() != b.keys(): return float("inf")
-    w = 0.0
-    for k in a:
-        scale = max(abs(x) for x in b[k]) or 1.0  # relative to the tensor's largest weight
-        w = max(w, max(abs(x - y) for x, y in zip(a[k], b[k])) / scale)
-    return w
-def bits_equal(a, b):
-    return len(a) == len(b) and all(x.get(q) == y.get(q) for x, y in zip(a, b) for q in QS)
-def same_file(a, b):
-    return open(os.path.join(work, a, "model.safetensors"), "rb").read() == \
-           open(os.path.join(work, b, "model.safetensors"), "rb").read()
+worst_metrics = lambda got, ref: rf.worst_metrics(got, ref, QS)
+bits_equal = lambda a, b: rf.bits_equal(a, b, QS)
 
 # 1. Parity with one process.
 for run, ref in [("tp2", "single"), ("tp4", "single"), ("tp2ep2", "single"), ("tp2dp2", "single"),
@@ -181,6 +144,5 @@ for res, ref, exact in [("res.tp2-to-single", "single", False), ("res.single-to-
         check(bits_equal(got, want) and same_file(res, ref), f"{res}: steps 11-20 and final weights bit for bit with {ref}")
     else:
         check(wm <= 1e-5 and ww <= 1e-5, f"{res}: steps 11-20 vs {ref}: {wm:.2e}, weights {ww:.2e} (<= 1e-5)")
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+sys.exit(check.exit_code())
 PY

@@ -82,52 +82,18 @@ for i in "${!words[@]}"; do [ "${words[$i]}" = moetrain ] && words[$i]="$bin"; d
 "${words[@]}" --steps 2 --eval-every 0 --eval-batches 1 --quiet --data "$corpus" --out "$work/plan-cmd"
 echo "ok   the planner's command ran: $cmd"
 
-/usr/bin/env python3 - "$work" <<'PY'
-import json, os, struct, sys
+/usr/bin/env python3 - "$work" "$(dirname "$0")" <<'PY'
+import json, os, sys
 work = sys.argv[1]
-passed = failed = 0
-def check(ok, msg):
-    global passed, failed
-    if ok: passed += 1
-    else: failed += 1
-    print(("ok   " if ok else "FAIL ") + msg)
-def metrics(name):
-    with open(os.path.join(work, name, "metrics.jsonl")) as f:
-        return [json.loads(l) for l in f]
-def weights(name):  # safetensors: 8-byte header length, JSON header, float32 data
-    with open(os.path.join(work, name, "model.safetensors"), "rb") as f:
-        raw = f.read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    head = json.loads(raw[8:8 + n])
-    out = {}
-    for k, v in head.items():
-        if k == "__metadata__": continue
-        assert v["dtype"] == "F32", (name, k, v["dtype"])
-        b, e = v["data_offsets"]
-        out[k] = struct.unpack(f"<{(e - b) // 4}f", raw[8 + n + b:8 + n + e])
-    return out
-def rel(a, b):
-    d = abs(a - b) / abs(b) if b != 0 else (0.0 if a == 0 else float("inf"))
-    return d if d == d else float("inf")
+sys.path.insert(0, sys.argv[2])
+import run_files as rf
+check = rf.Checks()
+metrics = lambda name: rf.metrics(work, name)
+weights = lambda name: rf.weights(work, name)[0]
 LOSSES = ("loss", "ce_loss", "aux_loss", "val_loss")
-def worst_metrics(got, ref, qs=LOSSES + ("grad_norm",)):
-    w = 0.0
-    if len(got) != len(ref): return float("inf")
-    for g, r in zip(got, ref):
-        assert g["step"] == r["step"]
-        for q in qs:
-            if (q in g) != (q in r): return float("inf")
-            if q in r: w = max(w, rel(g[q], r[q]))
-    return w
-def worst_weights(a, b):
-    if a.keys() != b.keys(): return float("inf")
-    w = 0.0
-    for k in a:
-        scale = max(abs(x) for x in b[k]) or 1.0  # relative to the tensor's largest weight
-        w = max(w, max(abs(x - y) for x, y in zip(a[k], b[k])) / scale)
-    return w
-def bits_equal(a, b, qs=LOSSES):
-    return len(a) == len(b) and all(x.get(q) == y.get(q) for x, y in zip(a, b) for q in qs)
+worst_metrics = lambda got, ref, qs=LOSSES + ("grad_norm",): rf.worst_metrics(got, ref, qs)
+worst_weights = rf.worst_weights
+bits_equal = lambda a, b, qs=LOSSES: rf.bits_equal(a, b, qs)
 
 # 1. Parity with one process, 2. bit for bit against the same layout without --zero1.
 for z, plain, ref, expect_bits in [("single-z", "single", "single", True), ("dp2-z", "dp2", "single", True),
@@ -203,6 +169,5 @@ for res, ref, exact in [("res.dp2-z-to-dp2", "dp2", True), ("res.dp2-z-to-single
         check(bits_equal(got, want) and ww == 0, f"{res}: steps 11-20 and final weights bit for bit with {ref}")
     else:
         check(wm <= 1e-5 and ww <= 1e-5, f"{res}: steps 11-20 vs {ref}: {wm:.2e}, weights {ww:.2e} (<= 1e-5)")
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+sys.exit(check.exit_code())
 PY
