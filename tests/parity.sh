@@ -25,22 +25,12 @@ corpus="$3"
 work="$4"
 rm -rf "$work"
 mkdir -p "$work"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 steps=20
 [ "$suite" = migrate ] && steps=50
 common=(train --steps "$steps" --seq-len 32 --eval-every 10 --eval-batches 1 --quiet --data "$corpus"
         --lr 3e-3 --warmup 5)
 
-# run NAME NP ARGS...: one process when NP is 1, else mpirun.
-run() {
-  local name="$1" np="$2"
-  shift 2
-  if [ "$np" -eq 1 ]; then
-    "$bin" "${common[@]}" "$@" --out "$work/$name"
-  else
-    mpirun --oversubscribe --bind-to none -np "$np" "$bin" "${common[@]}" "$@" --out "$work/$name"
-  fi
-}
+source "$(dirname "$0")/layout_runs.sh"  # run NAME NP ARGS...: one process when NP is 1, else mpirun
 
 case "$suite" in
   ep)  # global batch 8, one micro-batch

@@ -25,18 +25,9 @@ corpus="$2"
 work="$3"
 rm -rf "$work"
 mkdir -p "$work"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 common=(train --steps 20 --seq-len 32 --eval-every 10 --eval-batches 1 --quiet --data "$corpus"
         --lr 3e-3 --warmup 5)
-run() {  # run NAME NP ARGS...
-  local name="$1" np="$2"
-  shift 2
-  if [ "$np" -eq 1 ]; then
-    "$bin" "${common[@]}" "$@" --out "$work/$name"
-  else
-    mpirun --oversubscribe --bind-to none -np "$np" "$bin" "${common[@]}" "$@" --out "$work/$name"
-  fi
-}
+source "$(dirname "$0")/layout_runs.sh"  # run NAME NP ARGS...
 m=(--preset test-moe --checkpoint.every 10)
 run single 1 "${m[@]}" --batch 8
 run tp2 2 "${m[@]}" --batch 8 --tp 2
