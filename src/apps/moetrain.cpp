@@ -76,7 +76,7 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   t->add_option("--pp", o.parallel.dims.pp, "pipeline-parallel stages")->capture_default_str();
   t->add_option("--dp", o.parallel.dims.dp, "data-parallel degree")->capture_default_str();
   t->add_option("--ep", o.parallel.dims.ep, "expert-parallel degree (splits the routed experts)")->capture_default_str();
-  t->add_option("--tp", o.parallel.dims.tp, "tensor-parallel degree")->capture_default_str();
+  t->add_option("--tp", o.parallel.dims.tp, "tensor-parallel degree: heads, dense FFN and tokens split over tp adjacent ranks (Megatron TP + SP, SSMB MoE)")->capture_default_str();
   t->add_option("--micro-batches", o.parallel.micro_batches, "micro-batches per step (pipeline / gradient accumulation)")->capture_default_str();
   t->add_option("--pp.layers", o.parallel.pp_layers, "layers per pipeline stage, e.g. 5,4,4,3 (default: even)")->delimiter(',');
   t->add_option("--pp.schedule", o.parallel.schedule, "pipeline schedule: 1f1b or gpipe")->capture_default_str();

@@ -1,8 +1,11 @@
 // The training loop: data -> forward -> backward -> gradient sync -> clip -> AdamW, with a live
 // progress line, one JSON line of metrics per step, periodic validation, and at the end the
 // weights as safetensors (Hugging Face DeepSeek names) plus config.json in the output folder.
-// One process, or many under mpirun (expert-data parallelism: every EP × DP rank reads its own
-// share of the global batch; experts split over EP). Needs MPI initialised (comm::MpiRuntime).
+// One process, or many under mpirun: every EP × DP rank reads its own share of the global batch,
+// experts split over EP, stages over PP, heads / dense FFN / tokens over TP (model.h:
+// TensorParallel). Needs MPI initialised (comm::MpiRuntime). The run's parts: train/run_setup.h
+// (checks and parsed options), the Trainer in trainer.cpp (step, evaluate, metrics),
+// train/checkpointer.h (checkpoints and the weights file).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -32,7 +35,8 @@ struct ModelOptions {
 struct DataOptions {
   std::string path;             // text file, bytes are tokens; default: the built-in KJV corpus;
                                 // or an indexed dataset PREFIX[.idx|.bin] (io/corpus.h)
-  int batch = 16;               // sequences per step per data rank (global = batch · ep · dp)
+  int batch = 16;               // sequences per step per data rank (global = batch · ep · dp; the
+                                // TP ranks of a data rank share it)
   int seq_len = 128;
   uint64_t seed = 1234;         // weights and data order
   int eval_every = 100;         // validation every N steps (and at the end); 0 = only at the end
