@@ -7,7 +7,8 @@
 //         node; on the way back, contributions are summed on that node before crossing back
 //   halo  Piper's 3-phase all-to-all: I intra-node (overlapped with II/III), II one packed message
 //         per destination node rail to rail (local rank j -> local rank j), III intra-node forward
-// Only this file's implementation and comm/ talk to the network.
+// Only its implementation (exchange.cpp, one exchange_<algorithm>.cpp per algorithm behind
+// exchange_internal.h) and comm/ talk to the network.
 #pragma once
 #include <cstdint>
 #include <memory>
