@@ -122,9 +122,8 @@ CheckpointMeta Checkpointer::resume(const std::string& path, model::Model& model
     const model::ParamLayout unsplit = parallel::unsplit_layout(model.layout(), cfg_);
     std::vector<float> p(unsplit.total()), m(unsplit.total()), v(unsplit.total());
     load_checkpoint_tensors(path, unsplit, p.data(), m.data(), v.data());
-    parallel::tp_slice(unsplit, p.data(), model.layout(), h.params());
-    parallel::tp_slice(unsplit, m.data(), model.layout(), h.m());
-    parallel::tp_slice(unsplit, v.data(), model.layout(), h.v());
+    for (auto [full, mine] : {std::pair{&p, h.params()}, {&m, h.m()}, {&v, h.v()}})
+      parallel::tp_slice(unsplit, full->data(), model.layout(), mine);
   } else {
     load_checkpoint_tensors(path, model.layout(), h.params(), h.m(), h.v());
   }
@@ -145,9 +144,8 @@ std::string Checkpointer::save(CheckpointMeta meta, model::Model& model, AdamW& 
     // writing to its first rank).
     const model::ParamLayout unsplit = parallel::unsplit_layout(model.layout(), cfg_);
     std::vector<float> p(unsplit.total()), m(unsplit.total()), v(unsplit.total());
-    parallel::tp_gather(model.layout(), h.params(), unsplit, p.data(), grid_.tp);
-    parallel::tp_gather(model.layout(), h.m(), unsplit, m.data(), grid_.tp);
-    parallel::tp_gather(model.layout(), h.v(), unsplit, v.data(), grid_.tp);
+    for (auto [mine, full] : {std::pair{h.params(), &p}, {h.m(), &m}, {h.v(), &v}})
+      parallel::tp_gather(model.layout(), mine, unsplit, full->data(), grid_.tp);
     last_ = save_checkpoint(grid_.world, dir_, keep_, meta, {&unsplit, p.data(), m.data(), v.data(), writes});
   } else {
     last_ = save_checkpoint(grid_.world, dir_, keep_, meta, {&model.layout(), h.params(), h.m(), h.v(), writes});
