@@ -7,7 +7,7 @@
 # gradient's norm, so a gradient that is wrong on one rank shows at the first step). Measured worst:
 # 1.5e-7 (grad_norm of pp2ep2dp2 at a later step), 4.5e-9 at step 1; others ~1e-8.
 # Runs named BASE@VARIANT must be bit-identical (all of those and final weights) to every other variant
-# of the same BASE: the three token exchanges (flat/rbd/halo), the two pipeline schedules
+# of the same BASE: the four token exchanges (flat/rbd/halo/rbd-halo), the two pipeline schedules
 # (1f1b/gpipe), the three recompute modes (none/moe/full). A run named X.NAME is compared with the
 # one-process run single.X (another global batch); others with single.
 # Suite noaux: DeepSeek-V3's aux-loss-free balancing (test-moe-noaux): the selection bias moves after
@@ -15,7 +15,7 @@
 # the same, bit for bit, on every layout.
 # Suite migrate: expert migration (train/migration.h) on a skewed router (test-moe widened to E=16,
 # k=4, no aux loss) over 50 steps. EP4 migrating every 5 steps is bit-identical to the same run whose
-# threshold never triggers (@off), with flat, rbd and halo (2 emulated nodes), and after a stop and
+# threshold never triggers (@off), with flat, rbd, halo and rbd-halo (2 emulated nodes), and after a stop and
 # resume across migrations (the placement comes back from the manifest); EP2 x DP2 migrates too.
 # Usage: parity.sh SUITE MOETRAIN CORPUS WORKDIR      SUITE: ep | pp | noaux | migrate
 set -euo pipefail
@@ -43,6 +43,9 @@ case "$suite" in
       run "ep4-2nodes@$algo" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 2 --a2a "$algo"
       run "ep8-4nodes@$algo" 8 "${m[@]}" --batch 1 --ep 8 --topo.ranks-per-node 2 --a2a "$algo"
     done
+    # rbd-halo differs from rbd only across nodes: the multi-node layouts.
+    run "ep4-2nodes@rbd-halo" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 2 --a2a rbd-halo
+    run "ep8-4nodes@rbd-halo" 8 "${m[@]}" --batch 1 --ep 8 --topo.ranks-per-node 2 --a2a rbd-halo
     run "dp2@flat" 2 "${m[@]}" --batch 4 --dp 2
     ;;
   pp)  # global batch 8 in 4 micro-batches; a 4-layer model so that PP=4 has a layer per stage
@@ -93,6 +96,8 @@ JSON
     run "ep4mig@off" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 4 --balance.threshold 1e9
     run "ep4mig@rbd" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 2 --balance.threshold 1.05 --a2a rbd
     run "ep4mig@halo" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 2 --balance.threshold 1.05 --a2a halo
+    run "ep4mig@rbd-halo" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 2 --balance.threshold 1.05 \
+      --a2a rbd-halo
     run "ep2dp2mig" 4 "${m[@]}" --batch 2 --ep 2 --dp 2 --balance.threshold 1.05
     # Stop after step 20 (three migrations in), resume: bit for bit the uninterrupted run.
     run "ep4mig@resume" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 4 --balance.threshold 1.05 \

@@ -94,7 +94,7 @@ TEST(Placement, ParamLayoutNamesEachSlotByItsLogicalExpert) {
   for (int l = 0; l < c.num_hidden_layers; ++l) is_moe[l] = c.is_moe_layer(l);
   Placement p = Placement::contiguous(is_moe, c.n_routed_experts, 2);
   const model::ParamLayout before(c, model::ExpertShard::of(p, 1));
-  EXPECT_EQ(before.total(), model::ParamLayout(c, model::ExpertShard{4, 4}).total());
+  EXPECT_EQ(before.total(), model::ParamLayout(c, model::ExpertShard{4, 4, {}}).total());
   p.layers[1].swap_experts(5, 2);  // rank 1 slot 1 now holds expert 2
   const model::ParamLayout after(c, model::ExpertShard::of(p, 1));
   ASSERT_EQ(after.total(), before.total());

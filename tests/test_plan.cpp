@@ -160,7 +160,7 @@ TEST(PlanMemory, StageParametersAreTheTrainersLayout) {
   const plan::MemoryEstimate e = plan::estimate_memory(m, l, {64, 4, "fp32"}, o);
   const std::vector<int> split = parallel::split_layers(c, 2, {});
   for (int s = 0; s < 2; ++s) {
-    model::ParamLayout pl(c, model::ExpertShard{0, c.n_routed_experts / 2}, parallel::stage_spec(split, s));
+    model::ParamLayout pl(c, model::ExpertShard{0, c.n_routed_experts / 2, {}}, parallel::stage_spec(split, s));
     EXPECT_EQ(e.stages[s].param_count, static_cast<double>(pl.total())) << "stage " << s;
     EXPECT_EQ(e.stages[s].params + e.stages[s].grads + e.stages[s].optimizer, 16.0 * pl.total());
   }
@@ -170,7 +170,7 @@ TEST(PlanMemory, StageParametersAreTheTrainersLayout) {
   l.zero1 = true;
   o.zero1 = true;
   const plan::MemoryEstimate z = plan::estimate_memory(m, l, {64, 8, "fp32"}, o);
-  model::ParamLayout full(c, model::ExpertShard{0, c.n_routed_experts / 2});
+  model::ParamLayout full(c, model::ExpertShard{0, c.n_routed_experts / 2, {}});
   size_t experts = 0;
   for (const model::ParamSpec& p : full.specs()) experts += p.is_expert ? p.numel : 0;
   EXPECT_DOUBLE_EQ(z.stages[0].optimizer, 8.0 * (full.total() - experts) / 4 + 8.0 * experts / 2);

@@ -581,6 +581,7 @@ TEST(PlanTerms, CpuPipelineSimulationWithSharedCores) {
 //     50 copied inside the node: max((100 + 50)/100, 150/5) + 5 = 35; k 1: the same as flat (45);
 //     k 8: pilots 1 - 1/256 of 4 rows: 49.8046875 cross: max(2.501953125, 9.9609375) + 5
 //   halo: max(phase I 100/100 + 1, phase II 200/5 + 1·2 + phase III 100/100 + 1) = 44
+//   rbd-halo, k 2: halo with rbd's 150 pilot bytes in phase II: max(2, 150/5 + 2 + 2) = 34
 //   ep 2 inside one node: 200 bytes cross at 100 B/s + 1 = 3, for every algorithm
 //   nodes beyond a switch group (inter-group 2 B/s + 3 s): flat max(1, 100) + 1 + 2·3 = 107
 //   tp 2, ep 2 (stride 2): one EP rank per node, 200 bytes cross at 5 B/s + 2 = 42
@@ -597,7 +598,8 @@ TEST(PlanTerms, AllToAllByAlgorithmAndLinkClass) {
   EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd", 4, 4, 1, 400, 1), 45);
   EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd", 4, 4, 1, 400, 8), 9.9609375 + 5);
   EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "halo", 4, 4, 1, 400, 2), 44);
-  for (const char* algo : {"flat", "rbd", "halo"}) EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, algo, 4, 2, 1, 400, 2), 3) << algo;
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd-halo", 4, 4, 1, 400, 2), 34);
+  for (const char* algo : {"flat", "rbd", "halo", "rbd-halo"}) EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, algo, 4, 2, 1, 400, 2), 3) << algo;
   EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "flat", 4, 2, 2, 400, 2), 42);
   EXPECT_EQ(plan::a2a_seconds(c, "flat", 4, 1, 1, 400, 2), 0);
   plan::ClusterProfile g = c;

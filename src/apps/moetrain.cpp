@@ -47,7 +47,7 @@ struct PipeCli {
 struct A2aCli {
   comm::A2aBenchOptions opts;
   std::string min_bytes = "256K", max_bytes = "8M";
-  std::vector<std::string> algorithms = {"flat", "rbd", "halo"};
+  std::vector<std::string> algorithms = {"flat", "rbd", "halo", "rbd-halo"};
   int ranks_per_node = 0, nodes_per_group = 0;
 };
 
@@ -89,7 +89,7 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
                 "expert migration (Piper): every N steps, rebalance the EP ranks' loads (0 = never)")->capture_default_str();
   t->add_option("--balance.threshold", o.balance.threshold,
                 "migrate a layer when its max/mean EP-rank load exceeds this (> 1)")->capture_default_str();
-  t->add_option("--a2a", o.parallel.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase)")->capture_default_str();
+  t->add_option("--a2a", o.parallel.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase), rbd-halo (both)")->capture_default_str();
   t->add_option("--topo.ranks-per-node", o.parallel.topo_ranks_per_node, "emulate nodes of this many ranks (0 = from the launcher)");
   t->add_option("--topo.nodes-per-group", o.parallel.topo_nodes_per_group, "emulate switch groups of this many nodes (0 = one group)");
   t->add_option("--checkpoint.dir", o.checkpoint.dir, "checkpoint folder (default <out>/checkpoints)");
@@ -176,7 +176,7 @@ void add_a2a_bench(CLI::App* bench, A2aCli& a) {
   m->add_option("--hidden", a.opts.hidden, "row width H")->capture_default_str();
   m->add_option("--experts", a.opts.experts, "experts E")->capture_default_str();
   m->add_option("--topk", a.opts.topk, "experts per token k")->capture_default_str();
-  m->add_option("--algos", a.algorithms, "algorithms (flat,rbd,halo)")->delimiter(',');
+  m->add_option("--algos", a.algorithms, "algorithms (flat,rbd,halo,rbd-halo)")->delimiter(',');
   m->add_option("--routing", a.opts.routing, "uniform, skewed or node-limited")->capture_default_str();
   m->add_option("--topk-group", a.opts.topk_group, "node-limited: nodes a token may reach (DeepSeek-V3's M)");
   m->add_option("--iters", a.opts.iters, "timed iterations")->capture_default_str();

@@ -239,12 +239,12 @@ std::string format_a2a_table(const A2aBenchResult& r) {
      << " (fp32 rows); iters " << o.iters << ", warmup " << o.warmup << ", seed " << o.seed << "\n";
   os << "# time: plan + multicast, median over iters of the slowest rank; bytes: all ranks, one "
         "dispatch\n#\n";
-  std::snprintf(line, sizeof line, "%12s %9s %5s %11s %11s %11s %15s %15s %11s %7s\n", "size",
+  std::snprintf(line, sizeof line, "%12s %9s %8s %11s %11s %11s %15s %15s %11s %7s\n", "size",
                 "count", "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "inter-node(B)",
                 "intra-node(B)", "inter-msg/r", "#wrong");
   os << line;
   for (const A2aBenchRow& x : r.rows) {
-    std::snprintf(line, sizeof line, "%12lld %9lld %5s %11.1f %11.3f %11.3f %15llu %15llu %11.2f %7lld\n",
+    std::snprintf(line, sizeof line, "%12lld %9lld %8s %11.1f %11.3f %11.3f %15llu %15llu %11.2f %7lld\n",
                   static_cast<long long>(x.size), static_cast<long long>(x.count),
                   a2a_algorithm_name(x.algo), x.time_us, x.algbw_gbps, x.busbw_gbps,
                   static_cast<unsigned long long>(x.inter_node_bytes),

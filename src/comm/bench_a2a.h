@@ -34,7 +34,7 @@ struct A2aBenchOptions {
   int experts = 64;               // E (a multiple of the number of ranks)
   int topk = 8;                   // k
   std::vector<A2aAlgorithm> algorithms = {A2aAlgorithm::kFlat, A2aAlgorithm::kRbd,
-                                          A2aAlgorithm::kHalo};
+                                          A2aAlgorithm::kHalo, A2aAlgorithm::kRbdHalo};
   std::string routing = "uniform";  // "uniform" | "skewed" | "node-limited"
   int topk_group = 0;             // node-limited: nodes a token may reach (required there only)
   int iters = 20, warmup = 5;

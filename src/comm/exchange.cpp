@@ -21,7 +21,8 @@ A2aAlgorithm parse_a2a_algorithm(const std::string& name) {
   if (name == "flat") return A2aAlgorithm::kFlat;
   if (name == "rbd") return A2aAlgorithm::kRbd;
   if (name == "halo") return A2aAlgorithm::kHalo;
-  throw Error(str_cat("unknown all-to-all algorithm '", name, "' (expected flat, rbd or halo)"));
+  if (name == "rbd-halo") return A2aAlgorithm::kRbdHalo;
+  throw Error(str_cat("unknown all-to-all algorithm '", name, "' (expected flat, rbd, halo or rbd-halo)"));
 }
 
 const char* a2a_algorithm_name(A2aAlgorithm a) {
@@ -29,6 +30,7 @@ const char* a2a_algorithm_name(A2aAlgorithm a) {
     case A2aAlgorithm::kFlat: return "flat";
     case A2aAlgorithm::kRbd: return "rbd";
     case A2aAlgorithm::kHalo: return "halo";
+    case A2aAlgorithm::kRbdHalo: return "rbd-halo";
   }
   return "?";
 }
@@ -111,6 +113,7 @@ const Algorithm& algorithm_of(A2aAlgorithm a) {
     case A2aAlgorithm::kFlat: return flat_algorithm();
     case A2aAlgorithm::kRbd: return rbd_algorithm();
     case A2aAlgorithm::kHalo: return halo_algorithm();
+    case A2aAlgorithm::kRbdHalo: return rbd_halo_algorithm();
   }
   throw Error(str_cat("TokenExchange: algorithm ", static_cast<int>(a), " has no implementation"));
 }

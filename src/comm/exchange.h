@@ -1,12 +1,16 @@
 // The token exchange of expert parallelism: a sparse multicast of rows from source ranks to the
 // ranks that hold their experts, and its reverse, a sparse reduction back to the sources. Three
-// algorithms move the same rows behind one interface, and give bit-identical results:
+// algorithms (and their combination) move the same rows behind one interface, and give
+// bit-identical results:
 //   flat  one alltoallv over the group (per (token, destination) pair, padding-free rows)
 //   rbd   X-MoE redundancy-bypassing dispatch: a row crosses to a remote node once per
 //         (row, destination node) as a pilot; the pilot's rank copies it to the other ranks of its
 //         node; on the way back, contributions are summed on that node before crossing back
 //   halo  Piper's 3-phase all-to-all: I intra-node (overlapped with II/III), II one packed message
 //         per destination node rail to rail (local rank j -> local rank j), III intra-node forward
+//   rbd-halo  both: rbd's pilots, one per (row, destination node), travel as halo's phase II (one
+//         packed message per remote node, to my rail peer there), which copies each pilot to the
+//         ranks of its pairs on that node (phase III); sums fold on that node on the way back
 // Only its implementation (exchange.cpp, one exchange_<algorithm>.cpp per algorithm behind
 // exchange_internal.h) and comm/ talk to the network.
 #pragma once
@@ -22,8 +26,9 @@
 
 namespace moe::comm {
 
-enum class A2aAlgorithm { kFlat, kRbd, kHalo };
-A2aAlgorithm parse_a2a_algorithm(const std::string& name);  // "flat" | "rbd" | "halo"; error names it
+enum class A2aAlgorithm { kFlat, kRbd, kHalo, kRbdHalo };
+// "flat" | "rbd" | "halo" | "rbd-halo"; the error names it.
+A2aAlgorithm parse_a2a_algorithm(const std::string& name);
 const char* a2a_algorithm_name(A2aAlgorithm a);
 
 // Device buffers: src/recv/rows/dst/values may be GPU memory (device_of decides); they are staged

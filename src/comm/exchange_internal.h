@@ -1,6 +1,6 @@
 // The token exchange's internal interface, shared by exchange.cpp (TokenExchange, plan(), the
-// stage runner, the source fold) and one file per algorithm (exchange_flat.cpp, exchange_rbd.cpp,
-// exchange_halo.cpp). Internal to comm/: nothing outside the exchange includes it.
+// stage runner, the source fold) and one file per algorithm (exchange_flat.cpp, exchange_rbd.cpp
+// with rbd-halo, exchange_halo.cpp). Internal to comm/: nothing outside the exchange includes it.
 //
 // Every algorithm is a few "stages" of point-to-point messages (flat: one alltoallv). A stage lists,
 // per peer, the rows it sends (indices into an input space) and the rows it receives (indices into
@@ -248,6 +248,7 @@ const Algorithm& algorithm_of(A2aAlgorithm a);
 const Algorithm& flat_algorithm();
 const Algorithm& rbd_algorithm();
 const Algorithm& halo_algorithm();
+const Algorithm& rbd_halo_algorithm();  // exchange_rbd.cpp: rbd's pilots on halo's rails
 
 // Flat's return of every pair's row (one alltoallv): also rbd's with a fold key.
 void return_rows_flat(const ExchangeRun& run, const float* rows, float* ret, int H);

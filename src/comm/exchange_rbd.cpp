@@ -1,8 +1,13 @@
-// rbd: X-MoE's redundancy-bypassing dispatch (see exchange.h). Stages (A: direct + pilots, B:
-// intra-node forward of pilots to replicas):
+// rbd: X-MoE's redundancy-bypassing dispatch, and rbd-halo: the same pilots carried on HALO's rails
+// (see exchange.h). Stages (A: direct + pilots, B: intra-node forward of pilots to replicas):
 //   multicast  A: src[src_row[p]] -> [recv | pool]   B: pool -> pool (forward slots)   expand
 //   reduce     S_rank per pool slot; B': S_rank -> pilot rank; S_node per pilot; A' = A reversed:
 //              [rows | S_node] -> ret (the pilot pair's ret row holds S_node); source fold
+// The two differ only in the pilot rank of (t, remote node N): rbd sends the pilot to the
+// destination of t's first pair on N, so every node t reaches costs one message from each source
+// to each destination rank there; rbd-halo sends it to my rail peer on N (HALO's phase II: one
+// packed message per remote node), which copies it to every rank of t's pairs on N, itself only
+// when it holds one of them.
 #include <algorithm>
 #include <numeric>
 #include <unordered_map>
@@ -14,9 +19,10 @@
 namespace moe::comm::exchange_detail {
 namespace {
 
-// rbd, source side: the first pair of (t, remote node N) in pair order is the pilot; the other
-// pairs of (t, N) are its replicas. Extras to each pilot rank: (pilot idx, replica rank) records.
-void route_rbd_sources(PlanContext& c, std::vector<std::vector<int32_t>>& extra) {
+// Source side: the first pair of (t, remote node N) in pair order is the pilot; it goes to the
+// pilot rank (rbd: that pair's destination; on_rail: my rail peer on N), and every other rank of
+// (t, N)'s pairs is a replica. Extras to each pilot rank: (pilot idx, replica rank) records.
+void route_rbd_sources(PlanContext& c, std::vector<std::vector<int32_t>>& extra, bool on_rail) {
   c.pilot_pair_of.assign(c.num_pairs, -1);
   std::vector<int32_t> pilot_rank(c.num_pairs, -1), pilot_idx(c.num_pairs, -1);  // sent per pair
   c.pilots_to.assign(c.n, {});
@@ -28,13 +34,14 @@ void route_rbd_sources(PlanContext& c, std::vector<std::vector<int32_t>>& extra)
     auto [it, fresh] = pilot_of.try_emplace(static_cast<int64_t>(c.src_row[p]) * c.num_nodes + N, p);
     const int pp = it->second;
     if (fresh) {
-      pilot_idx[p] = static_cast<int32_t>(c.pilots_to[d].size());
-      c.pilots_to[d].push_back(p);
+      pilot_rank[p] = on_rail ? c.rail(c.me, N) : d;
+      pilot_idx[p] = static_cast<int32_t>(c.pilots_to[pilot_rank[p]].size());
+      c.pilots_to[pilot_rank[p]].push_back(p);
     }
     c.pilot_pair_of[p] = pp;
-    pilot_rank[p] = c.dst_rank[pp];
+    pilot_rank[p] = pilot_rank[pp];
     pilot_idx[p] = pilot_idx[pp];
-    if (d != c.dst_rank[pp] && (replicas[pp].empty() || replicas[pp].back() != d))
+    if (d != pilot_rank[pp] && (replicas[pp].empty() || replicas[pp].back() != d))
       replicas[pp].push_back(d);  // pairs are grouped by dst ascending: stays sorted, unique
   }
   c.pair_ints.resize(2 * static_cast<size_t>(c.num_pairs));
@@ -82,12 +89,19 @@ void build_rbd_stages(PlanContext& c, Impl& im) {
       if (im.recv_count[s]) A.recvs.push_back({s, recv_range(im, s)});
       continue;
     }
+    // Pilots from s: the highest pilot idx of my pairs from s or of s's replica records (an
+    // rbd-halo rail rank holds pilots none of whose pairs are its own).
     int m = 0;
     for (int i = im.recv_off[s]; i < im.recv_off[s] + im.recv_count[s]; ++i) {
       MOE_CHECK(c.recv_pilot_rank[i] >= 0 && c.node_of[c.recv_pilot_rank[i]] == c.my_node,
                 "TokenExchange::plan (rbd): inconsistent pilot rank ", c.recv_pilot_rank[i],
                 " from group rank ", s);
       if (c.recv_pilot_rank[i] == me) m = std::max(m, c.recv_pilot_idx[i] + 1);
+    }
+    const std::vector<int32_t>& x = c.extra_in[s];
+    for (size_t k = 0; k + 1 < x.size(); k += 2) {
+      MOE_CHECK(x[k] >= 0, "TokenExchange::plan (rbd): inconsistent replica record from group rank ", s);
+      m = std::max(m, x[k] + 1);
     }
     if (m) A.recvs.push_back({s, iota_vec(m, num_recv + num_pin)});
     num_pin += m;
@@ -172,7 +186,8 @@ void build_rbd_stages(PlanContext& c, Impl& im) {
   Bb.tag = kTagRbdBBack;
   Bb.sends = B.recvs;
   std::vector<std::vector<std::pair<int, int32_t>>> parts(num_pin);  // (rank, [S_rank|contrib] idx)
-  for (int k = 0; k < num_pin; ++k) parts[k].push_back({me, k});
+  for (int k = 0; k < num_pin; ++k)  // my S_rank, when I hold pairs of the pilot's row
+    if (im.slot_pair_off[k + 1] > im.slot_pair_off[k]) parts[k].push_back({me, k});
   int num_contrib = 0;
   for (const Msg& m : B.sends) {
     std::vector<int32_t> v;
@@ -186,6 +201,7 @@ void build_rbd_stages(PlanContext& c, Impl& im) {
   // S_node of each pilot: the node's contributions, ranks ascending.
   im.contrib_off.assign(1, 0);
   for (int k = 0; k < num_pin; ++k) {
+    MOE_CHECK(!parts[k].empty(), "TokenExchange::plan (rbd): pilot ", k, " reaches no rank");
     std::sort(parts[k].begin(), parts[k].end());
     for (auto& [rank, x] : parts[k]) im.contrib_idx.push_back(x);
     im.contrib_off.push_back(static_cast<int32_t>(im.contrib_idx.size()));
@@ -194,10 +210,11 @@ void build_rbd_stages(PlanContext& c, Impl& im) {
 
 class RbdAlgorithm final : public Algorithm {
  public:
+  explicit RbdAlgorithm(bool on_rail) : on_rail_(on_rail) {}
   int ints_per_pair() const override { return 2; }  // pilot rank, pilot idx
   bool sums_in_network() const override { return true; }
   void route_sources(PlanContext& c, std::vector<std::vector<int32_t>>& extra) const override {
-    route_rbd_sources(c, extra);
+    route_rbd_sources(c, extra, on_rail_);
   }
   void build_stages(PlanContext& c, Impl& im) const override { build_rbd_stages(c, im); }
 
@@ -225,9 +242,10 @@ class RbdAlgorithm final : public Algorithm {
     // S_rank per pool slot (my pairs of one (source, row) on this node), pair order.
     Rows srank(static_cast<size_t>(im.num_pool) * H, run.staging);
     RowSpace rows_space = space(rows, im.num_recv);
-    for (int k = 0; k < im.num_pool; ++k)
-      fold_rows(srank.data() + static_cast<int64_t>(k) * H, rows_space,
-                im.slot_pairs.data() + im.slot_pair_off[k], im.slot_pair_off[k + 1] - im.slot_pair_off[k], H);
+    for (int k = 0; k < im.num_pool; ++k)  // (an rbd-halo rail rank's pilot may have no pairs here)
+      if (im.slot_pair_off[k + 1] > im.slot_pair_off[k])
+        fold_rows(srank.data() + static_cast<int64_t>(k) * H, rows_space,
+                  im.slot_pairs.data() + im.slot_pair_off[k], im.slot_pair_off[k + 1] - im.slot_pair_off[k], H);
     // Replicas' S_rank to the pilot rank (intra-node).
     Rows contrib(static_cast<size_t>(im.num_contrib) * H, run.staging);
     StageRun b(run), a(run);
@@ -246,12 +264,20 @@ class RbdAlgorithm final : public Algorithm {
     a.finish();
     b.finish();
   }
+
+ private:
+  bool on_rail_;
 };
 
 }  // namespace
 
 const Algorithm& rbd_algorithm() {
-  static const RbdAlgorithm algo;
+  static const RbdAlgorithm algo(false);
+  return algo;
+}
+
+const Algorithm& rbd_halo_algorithm() {
+  static const RbdAlgorithm algo(true);
   return algo;
 }
 

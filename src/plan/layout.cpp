@@ -47,8 +47,8 @@ Layout parse_layout(const std::string& text) {
                 " (expected none, moe or full)");
       l.recompute = v;
     } else if (key == "a2a") {
-      MOE_CHECK(v == "flat" || v == "rbd" || v == "halo", "--layout: a2a=", v,
-                " (expected flat, rbd or halo)");
+      MOE_CHECK(v == "flat" || v == "rbd" || v == "halo" || v == "rbd-halo", "--layout: a2a=", v,
+                " (expected flat, rbd, halo or rbd-halo)");
       l.a2a = v;
     } else if (key == "zero1") {
       MOE_CHECK(v == "0" || v == "1" || v == "true" || v == "false", "--layout: zero1=", v,

@@ -123,7 +123,7 @@ std::string format_plans(const ReportContext& ctx, const SearchResult& r) {
     return s;
   }
   const Units u = units_for(ctx, r.best.front().memory.worst_stage().total);
-  s += str_cat("\n  #  pp  dp  ep tp   mb recompute a2a   imb | worst stage ", u.name,
+  s += str_cat("\n  #  pp  dp  ep tp   mb recompute a2a       imb | worst stage ", u.name,
                ": total = params grads optim activ work comm rsv  of cap | step s = compute a2a p2p bubble allreduce optim |   tok/s    MFU\n");
   int i = 0;
   for (const Candidate& c : r.best) {
@@ -131,7 +131,7 @@ std::string format_plans(const ReportContext& ctx, const SearchResult& r) {
     const TimeBreakdown& t = c.time;
     char line[512];
     std::snprintf(line, sizeof line,
-                  "%3d %3d %3d %3d %2d %4d %-9s %-4s %5.2f | %6.1f = %6.1f %5.1f %5.1f %5.1f %5.1f %4.1f %3.1f of %4.0f | %7s = %s %s %s %s %s %s | %7s %5.1f%%\n",
+                  "%3d %3d %3d %3d %2d %4d %-9s %-8s %5.2f | %6.1f = %6.1f %5.1f %5.1f %5.1f %5.1f %4.1f %3.1f of %4.0f | %7s = %s %s %s %s %s %s | %7s %5.1f%%\n",
                   ++i, c.layout.pp, c.layout.dp, c.layout.ep, c.layout.tp, c.layout.micro_batches,
                   c.layout.recompute.c_str(), c.layout.a2a.c_str(), c.imbalance_time, w.total / u.div, w.params / u.div,
                   w.grads / u.div, w.optimizer / u.div, w.activations / u.div, w.workspace / u.div,

@@ -183,7 +183,7 @@ SearchResult search_plans(const PlanModel& m, const ClusterProfile& c, const Sea
             // Exchange algorithms: only different when the EP group spans nodes.
             const int group_nodes = (ep * tp + c.ranks_per_node - 1) / c.ranks_per_node;
             std::vector<std::string> algos = {"flat"};
-            if (ep > 1 && group_nodes > 1) algos = {"flat", "rbd", "halo"};
+            if (ep > 1 && group_nodes > 1) algos = {"flat", "rbd", "halo", "rbd-halo"};
             for (const std::string& a : algos) {
               Candidate cand;
               cand.layout = l;

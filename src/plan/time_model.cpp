@@ -71,20 +71,23 @@ double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, 
     return std::max(intra_bytes / c.intra_node.bandwidth, inter_bytes / inter.bandwidth) +
            (r_n - 1) * c.intra_node.latency + (ep - r_n) * inter.latency;
   }
+  // rbd and rbd-halo: one pilot per (token, remote node), (n_g − 1)(1 − (1 − 1/n_g)^k) rows
+  // instead of k (n_g − 1)/n_g.
+  const double pilots = (n_g - 1) * (1 - std::pow(1 - 1.0 / n_g, k));
+  const double rows = k * static_cast<double>(n_g - 1) / n_g;
+  const double inter_rbd = inter_bytes * pilots / rows;
   if (algo == "rbd") {
-    // One pilot per (token, remote node): (n_g − 1)(1 − (1 − 1/n_g)^k) rows instead of
-    // k (n_g − 1)/n_g; the replicas are copied inside the destination node.
-    const double pilots = (n_g - 1) * (1 - std::pow(1 - 1.0 / n_g, k));
-    const double rows = k * static_cast<double>(n_g - 1) / n_g;
-    const double inter_rbd = inter_bytes * pilots / rows;
+    // The replicas are copied inside the destination node.
     const double copies = inter_bytes - inter_rbd;
     return std::max((intra_bytes + copies) / c.intra_node.bandwidth, inter_rbd / inter.bandwidth) +
            (r_n - 1) * c.intra_node.latency + (ep - r_n) * inter.latency;
   }
-  // halo: phase I (intra) overlaps phase II (one message per remote node, rail to rail) and
-  // phase III (forward inside the destination node).
+  // halo: phase I (intra) overlaps phase II (one message per remote node, rail to rail, all
+  // rows; rbd-halo: the pilots) and phase III (forward inside the destination node: the rows
+  // whose rank is not the rail peer, (r_n − 1)/r_n of them; rbd-halo copies each pilot to its
+  // ranks there, about as many rows when a token's experts on a node sit on distinct ranks).
   const double phase1 = intra_bytes / c.intra_node.bandwidth + (r_n - 1) * c.intra_node.latency;
-  const double phase2 = inter_bytes / inter.bandwidth + (n_g - 1) * inter.latency;
+  const double phase2 = (algo == "rbd-halo" ? inter_rbd : inter_bytes) / inter.bandwidth + (n_g - 1) * inter.latency;
   const double phase3 = inter_bytes * (r_n - 1) / r_n / c.intra_node.bandwidth + (r_n - 1) * c.intra_node.latency;
   return std::max(phase1, phase2 + phase3);
 }

@@ -66,8 +66,9 @@ int main(int argc, char** argv) {
       MOE_CHECK(static_cast<bool>(is >> algo >> world >> ep >> bytes >> k) && world >= ep && ep >= 1 &&
                     k >= 1 && bytes >= 0,
                 "moetrain_a2a_predict: stdin line ", n, " '", line, "' is not \"ALGO WORLD EP BYTES K\"");
-      MOE_CHECK(algo == "flat" || algo == "rbd" || algo == "halo", "moetrain_a2a_predict: stdin line ", n,
-                ": algorithm '", algo, "' (expected flat, rbd or halo)");
+      MOE_CHECK(algo == "flat" || algo == "rbd" || algo == "halo" || algo == "rbd-halo",
+                "moetrain_a2a_predict: stdin line ", n, ": algorithm '", algo,
+                "' (expected flat, rbd, halo or rbd-halo)");
       std::printf("%s %d %d %.0f %d %.9g\n", algo.c_str(), world, ep, bytes, k,
                   moe::plan::a2a_seconds(c, algo, world, ep, 1, bytes, k));
     }

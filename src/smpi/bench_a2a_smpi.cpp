@@ -49,7 +49,7 @@ int64_t parse_size(const std::string& flag, const std::string& v) {
 struct Cli {
   moe::comm::A2aBenchOptions opts;
   std::string min_bytes = "256K", max_bytes = "8M";
-  std::vector<std::string> algorithms = {"flat", "rbd", "halo"};
+  std::vector<std::string> algorithms = {"flat", "rbd", "halo", "rbd-halo"};
   int ranks_per_node = 0, nodes_per_group = 0;
   double overhead_us = 0;
   bool no_check_rows = false;
@@ -63,7 +63,7 @@ void add_options(CLI::App& app, Cli& a) {
   app.add_option("--hidden", a.opts.hidden, "row width H")->capture_default_str();
   app.add_option("--experts", a.opts.experts, "experts E")->capture_default_str();
   app.add_option("--topk", a.opts.topk, "experts per token k")->capture_default_str();
-  app.add_option("--algos", a.algorithms, "algorithms (flat,rbd,halo)")->delimiter(',');
+  app.add_option("--algos", a.algorithms, "algorithms (flat,rbd,halo,rbd-halo)")->delimiter(',');
   app.add_option("--routing", a.opts.routing, "uniform or skewed")->capture_default_str();
   app.add_option("--iters", a.opts.iters, "timed iterations")->capture_default_str();
   app.add_option("--warmup", a.opts.warmup, "untimed iterations")->capture_default_str();

@@ -449,7 +449,7 @@ void run_calibrate(const CalibrateOptions& o) {
     for (int g = 2; g <= n; ++g) {
       if (n % g != 0) continue;
       ms.push_back(comm::measure_allreduce(world, g, 4096, o.quick ? 1 << 20 : 64 << 20, iters));
-      for (auto& m : comm::measure_a2a(world, topo, g, {"flat", "rbd", "halo"}, 16384, big,
+      for (auto& m : comm::measure_a2a(world, topo, g, {"flat", "rbd", "halo", "rbd-halo"}, 16384, big,
                                        o.quick ? 64 : 128, 2, iters))
         ms.push_back(m);
     }

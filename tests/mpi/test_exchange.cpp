@@ -1,5 +1,5 @@
 // Multi-rank tests of comm/: Group operations, Topology, TrafficStats, and the token exchange
-// (flat, rbd, halo) against naive expectations built from a test-only global view of everyone's
+// (flat, rbd, halo, rbd-halo) against naive expectations built from a test-only global view of everyone's
 // pairs. Rows are stamped with their origin (world rank * 1000000 + token), so a receiver checks
 // where every row came from. Plain main, run under mpirun (see CMakeLists.txt): every rank runs
 // every check; rank 0 prints "N passed, M failed"; the exit code is non-zero on any failure.
@@ -314,7 +314,8 @@ Global gather_pairs(const Group& g, const Pairs& mine) {
   return G;
 }
 
-const char* kAlgos[] = {"flat", "rbd", "halo"};
+const char* kAlgos[] = {"flat", "rbd", "halo", "rbd-halo"};
+constexpr int kNumAlgos = 4;
 
 // One scenario: every algorithm, every check.
 void run_scenario(const std::string& name, const Group& g, const Topology& topo, const Pairs& mine,
@@ -366,8 +367,9 @@ void run_scenario(const std::string& name, const Group& g, const Topology& topo,
   // Naive traffic of the reduce: rows I send back. flat: one per received remote pair; rbd: one per
   // pilot I hold (the first pair of (source, row) to my node is mine).
   // halo: rows from remote sources whose rail peer on my node is me (same local index among the
-  // node's ranks, modulo the node's size) go back through me, one per pair.
-  uint64_t back_flat_inter = 0, back_rbd_inter = 0, back_halo_inter = 0;
+  // node's ranks, modulo the node's size) go back through me, one per pair; rbd-halo: one per
+  // distinct row of theirs.
+  uint64_t back_flat_inter = 0, back_rbd_inter = 0, back_halo_inter = 0, back_rbdhalo_inter = 0;
   {
     std::map<int, std::vector<int>> members;  // node -> group ranks, ascending
     for (int r = 0; r < n; ++r) members[node(r)].push_back(r);
@@ -378,7 +380,13 @@ void run_scenario(const std::string& name, const Group& g, const Topology& topo,
     const std::vector<int>& mine_m = members[my_node];
     for (int s = 0; s < n; ++s) {
       if (node(s) == my_node || mine_m[local(s) % mine_m.size()] != me) continue;
-      for (int p = 0; p < G.of[s].size(); ++p) back_halo_inter += node(G.of[s].dst[p]) == my_node;
+      std::set<int> rows_here;
+      for (int p = 0; p < G.of[s].size(); ++p)
+        if (node(G.of[s].dst[p]) == my_node) {
+          ++back_halo_inter;
+          rows_here.insert(G.of[s].src_row[p]);
+        }
+      back_rbdhalo_inter += rows_here.size();
     }
   }
   for (const Expect& e : exp) {
@@ -430,8 +438,8 @@ void run_scenario(const std::string& name, const Group& g, const Topology& topo,
     }
   }
 
-  std::vector<std::vector<float>> recv_of(3), reduce_of(3);
-  for (int a = 0; a < 3; ++a) {
+  std::vector<std::vector<float>> recv_of(kNumAlgos), reduce_of(kNumAlgos);
+  for (int a = 0; a < kNumAlgos; ++a) {
     const std::string al = str_cat(at, kAlgos[a], ": ");
     TrafficStats stats;
     TokenExchange ex(g, topo, parse_a2a_algorithm(kAlgos[a]), &stats);
@@ -493,8 +501,10 @@ void run_scenario(const std::string& name, const Group& g, const Topology& topo,
             " x ", rb);
       CHECK(stats.bytes[0] == flat_self * rb, al, "same-rank bytes");
     } else {
-      CHECK(stats.inter_node_bytes() == flat_inter * rb, al, "inter-node bytes ",
-            stats.inter_node_bytes(), " want ", flat_inter * rb);
+      // halo: flat's rows; rbd-halo: rbd's pilots. Both: one message per remote node.
+      const uint64_t want_rows = a == 2 ? flat_inter : row_node.size();
+      CHECK(stats.inter_node_bytes() == want_rows * rb, al, "inter-node bytes ",
+            stats.inter_node_bytes(), " want ", want_rows * rb);
       CHECK(stats.inter_node_messages() == remote_nodes.size(), al, "inter-node messages ",
             stats.inter_node_messages(), " want one per remote node with rows: ", remote_nodes.size());
       if (uniform_full)
@@ -524,6 +534,10 @@ void run_scenario(const std::string& name, const Group& g, const Topology& topo,
       CHECK(stats.inter_node_bytes() == back_halo_inter * rb, al, "reduce inter-node bytes ",
             stats.inter_node_bytes(), " want the rows of the sources I am rail peer of: ",
             back_halo_inter * rb);
+    if (a == 3)
+      CHECK(stats.inter_node_bytes() == back_rbdhalo_inter * rb, al, "reduce inter-node bytes ",
+            stats.inter_node_bytes(), " want one per distinct row of the sources I am rail peer of: ",
+            back_rbdhalo_inter * rb);
 
     // return_values
     std::vector<float> rv(exp.size()), sv(mine.size(), -1.0f);
@@ -539,7 +553,7 @@ void run_scenario(const std::string& name, const Group& g, const Topology& topo,
     ex.multicast(plan, src.data(), again.data(), H);
     CHECK(again == recv, al, "plan reuse");
   }
-  for (int a = 1; a < 3; ++a) {
+  for (int a = 1; a < kNumAlgos; ++a) {
     CHECK(recv_of[a] == recv_of[0], at, kAlgos[a], " multicast differs from flat");
     CHECK(reduce_of[a].size() == reduce_of[0].size() &&
               std::memcmp(reduce_of[a].data(), reduce_of[0].data(),
@@ -616,7 +630,7 @@ void test_keyed_fold(const Group& g, const Topology& topo) {
       key.push_back(q);
       val.push_back(1.0f);
     }
-    for (int a = 0; a < 3; ++a) {
+    for (int a = 0; a < kNumAlgos; ++a) {
       TokenExchange ex(g, topo, parse_a2a_algorithm(kAlgos[a]), nullptr);
       ExchangePlan plan = ex.plan(T, static_cast<int>(src_row.size()), src_row.data(), dst.data(), tag.data(),
                                   val.data(), key.data());
