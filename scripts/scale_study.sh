@@ -6,7 +6,13 @@
 # Environment (defaults in brackets):
 #   NODES ["2 4 8"]  ROUTINGS ["uniform skewed"]  SIZES ["256K"] (bytes per rank, flat dispatch)
 #   OVERHEADS ["cal 0"] (us per message sent and received; cal = platforms/calibration.json)
-#   PLATFORM [frontier]  HIDDEN [256]  EXPERTS [256]  TOPK [6]
+#   PLATFORM [frontier]  HIDDEN [auto: 256 below 1 MiB per rank, 4096 from 1 MiB]  EXPERTS [256]
+#   TOPK [6]
+#   ALGOS ["flat rbd halo"] (any exchange moetrain_smpi_a2a --algos takes)
+#   PRECISION [auto] (SimGrid surf/precision, seconds; auto: 1e-7 below 128 ranks, 1e-6 from 128:
+#     see docs/scale_study.md "Simulation precision")
+# EXPERTS is raised to the next multiple of the ranks where it is not one (the bench places
+# E / ranks experts on each rank: 512 ranks get E = 512).
 #   SMPI_BUILD [build-smpi] (configured and built here when missing)
 #   PREDICT [build/moetrain_a2a_predict] (the planner; its columns are empty when it is missing)
 # Writes OUT_DIR/points.csv, OUT_DIR/scale_study.svg and one JSON per simulation (raw/).
@@ -15,7 +21,8 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$root/out/scale_study}"
 NODES="${NODES:-2 4 8}"; ROUTINGS="${ROUTINGS:-uniform skewed}"; SIZES="${SIZES:-256K}"
 OVERHEADS="${OVERHEADS:-cal 0}"; PLATFORM="${PLATFORM:-frontier}"
-HIDDEN="${HIDDEN:-256}"; EXPERTS="${EXPERTS:-256}"; TOPK="${TOPK:-6}"
+HIDDEN="${HIDDEN:-auto}"; EXPERTS="${EXPERTS:-256}"; TOPK="${TOPK:-6}"
+ALGOS="${ALGOS:-flat rbd halo}"; PRECISION="${PRECISION:-auto}"
 SMPI_BUILD="${SMPI_BUILD:-$root/build-smpi}"; PREDICT="${PREDICT:-$root/build/moetrain_a2a_predict}"
 mkdir -p "$out/raw"
 if [ ! -x "$SMPI_BUILD/moetrain_smpi_a2a" ]; then
@@ -29,21 +36,55 @@ cal=$(python3 -c "import json;print(json.load(open('$root/platforms/calibration.
 # does not crash at 100 GB/s links.
 cfg=(--cfg=smpi/simulate-computation:no --cfg=smpi/send-is-detached-thresh:0 --cfg=smpi/bw-factor:0:1
      --cfg=smpi/lat-factor:0:1 --cfg=maxmin/precision:1e-4 --cfg=contexts/stack-size:128)
-sizes=$(echo $SIZES | tr ' ' ',')
+algos=$(echo $ALGOS | tr ' ' ',')
+# surf/precision: flow completions closer than this (s) are handled as one event. smpirun's 1e-9
+# re-solves every flow at each of ~P^2 completions (random routing: every pair a different
+# size): 80 s at 64 ranks. 1e-7 / 1e-6 coalesce them; the error this costs is measured in the doc.
+bytes_of() {  # "256K" -> 262144
+  python3 -c "import sys;s=sys.argv[1];m={'K':2**10,'M':2**20,'G':2**30}.get(s[-1],1);print(int(float(s.rstrip('KMG'))*m))" "$1"
+}
+precision_for() {  # SIZE RANKS
+  if [ "$PRECISION" != auto ]; then echo "$PRECISION"; return; fi
+  if [ "$2" -lt 128 ]; then echo 1e-7; else echo 1e-6; fi
+}
+hidden_for() {  # 256K: 168 tokens x k 6 x H 256; 24M: 256 tokens x k 6 x H 4096 (X-MoE-Small's bytes)
+  if [ "$HIDDEN" != auto ]; then echo "$HIDDEN"; return; fi
+  if [ "$(bytes_of "$1")" -lt 1048576 ]; then echo 256; else echo 4096; fi
+}
+# Memory: every rank holds its send, receive and staging rows (~3 x size). Above 4 GiB in all,
+# buffers of 1 MiB or more are folded onto one shared block (smpi/auto-shared-malloc-thresh): row
+# contents are then garbage, so those points check origins and counts only (--no-check-rows).
+fold_args() {
+  if [ $(( $2 * $(bytes_of "$1") * 3 )) -gt $(( 4 << 30 )) ]; then
+    echo "--cfg=smpi/auto-shared-malloc-thresh:1048576"
+  fi
+}
 for n in $NODES; do
   python3 "$root/platforms/gen_platform.py" "$PLATFORM" "$n" "$out/raw/$PLATFORM-$n.xml"
+  ranks=$((8 * n)); experts=$EXPERTS
+  [ $((experts % ranks)) -eq 0 ] || experts=$(( (experts + ranks - 1) / ranks * ranks ))
   for routing in $ROUTINGS; do
     for ov in $OVERHEADS; do
       o=$ov; [ "$ov" = cal ] && o=$cal
       tag="$PLATFORM-n$n-$routing-o$o"
       [ -s "$out/raw/$tag.json" ] && continue   # resumable
       for s in $SIZES; do
-        start=$(date +%s)
-        (cd "$out/raw" && smpirun -np $((8 * n)) -platform "$PLATFORM-$n.xml" -hostfile "$PLATFORM-$n.hosts" \
-           "${cfg[@]}" "$SMPI_BUILD/moetrain_smpi_a2a" --topo.ranks-per-node 8 -b "$s" -e "$s" \
-           --hidden "$HIDDEN" --experts "$EXPERTS" --topk "$TOPK" --routing "$routing" --iters 1 \
-           --warmup 0 --msg-overhead-us "$o" --json 2>"$tag-$s.log" | sed -n '/^{/,/^}/p' >"$tag-$s.part")
-        echo "scale_study: $tag size $s: $(( $(date +%s) - start )) s wall"
+        start=$(date +%s); prec=$(precision_for "$s" "$ranks"); fold=$(fold_args "$s" "$ranks")
+        (cd "$out/raw" && smpirun -np "$ranks" -platform "$PLATFORM-$n.xml" -hostfile "$PLATFORM-$n.hosts" \
+           "${cfg[@]}" --cfg=surf/precision:"$prec" $fold "$SMPI_BUILD/moetrain_smpi_a2a" \
+           --topo.ranks-per-node 8 -b "$s" -e "$s" --hidden "$(hidden_for "$s")" --experts "$experts" \
+           --topk "$TOPK" --routing "$routing" --iters 1 --warmup 0 --msg-overhead-us "$o" \
+           --algos "$algos" ${fold:+--no-check-rows} --json 2>"$tag-$s.log" |
+           sed -n '/^{/,/^}/p' >"$tag-$s.part")
+        wall=$(( $(date +%s) - start ))
+        python3 - "$out/raw/$tag-$s.part" "$prec" "$wall" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["surf_precision"], j["wall_s"] = float(sys.argv[2]), int(sys.argv[3])
+j["rows_checked"] = j["options"]["check_rows"]
+json.dump(j, open(sys.argv[1], "w"))
+PY
+        echo "scale_study: $tag size $s (E $experts, surf/precision $prec${fold:+, rows folded}): $wall s wall"
       done
       python3 - "$out/raw" "$tag" $SIZES <<'PY'
 import json, sys
@@ -52,6 +93,8 @@ rows, head = [], None
 for s in sizes:
     j = json.load(open(f"{d}/{tag}-{s}.part"))
     head = head or j
+    for r in j["rows"]:
+        r["surf_precision"], r["wall_s"] = j["surf_precision"], j["wall_s"]
     rows += j["rows"]
 head["rows"] = rows
 json.dump(head, open(f"{d}/{tag}.json", "w"), indent=1)

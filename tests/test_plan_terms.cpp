@@ -617,6 +617,26 @@ TEST(PlanTerms, AllToAllByAlgorithmAndLinkClass) {
   EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "halo", 4, 4, 1, 400, 2), 44);  // no curve for halo
 }
 
+// Wire latency, paid once per dependent phase (the links above plus 0.5 s intra, 4 s inter on
+// the wire): flat one inter-node phase 45 + 4 = 49; rbd pilots then the copy inside the node
+// 35 + 4 + 0.5 = 39.5; halo max(phase I 2 + 0.5, phase II 42 + 4 + phase III 2 + 0.5) = 48.5;
+// rbd-halo the same phases with phase II's 150 pilot bytes: 32 + 4 + 2.5 = 38.5; inside one node
+// (ep 2) one intra-node phase: 3 + 0.5.
+TEST(PlanTerms, AllToAllWireLatencyPerPhase) {
+  plan::ClusterProfile c = unit_profile();
+  c.intra_node = {100, 1, 0.5};
+  c.inter_node = {10, 2, 4};
+  c.inter_group = {2, 3, 6};
+  c.nics_per_node = 1;
+  c.nic_bandwidth = 10;
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "flat", 4, 4, 1, 400, 2), 49);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd", 4, 4, 1, 400, 2), 39.5);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "halo", 4, 4, 1, 400, 2), 48.5);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd-halo", 4, 4, 1, 400, 2), 38.5);
+  for (const char* algo : {"flat", "rbd", "halo", "rbd-halo"})
+    EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, algo, 4, 2, 1, 400, 2), 3.5) << algo;
+}
+
 // Ring all-reduce 2·(g-1)/g·bytes/bw + 2·(g-1)·latency on the slowest link the group spans, and
 // p2p latency + bytes/bw, with the links above (4 ranks, nodes of 2).
 //   group 2, stride 1 (one node): 400/100 + 2 = 6; stride 2 (two nodes, 5 B/s): 80 + 4 = 84;

@@ -207,6 +207,11 @@ A2aBenchResult run_a2a_bench(const Group& group, const Topology& topo, const A2a
                          static_cast<int64_t>(stats.inter_node_messages()), wrong,
                          plan.num_recv};
       group.allreduce_sum(sums, 6);
+      std::vector<int64_t> node_rows(topo.num_nodes(), 0);
+      node_rows[topo.node_of(group.world_rank())] = plan.num_recv;
+      group.allreduce_sum(node_rows.data(), static_cast<int64_t>(node_rows.size()));
+      int64_t rank_rows = plan.num_recv;
+      group.allreduce_max(&rank_rows, 1);
       A2aBenchRow row;
       row.size = T * row_bytes;
       row.count = T;
@@ -221,6 +226,8 @@ A2aBenchResult run_a2a_bench(const Group& group, const Topology& topo, const A2a
       row.same_rank_bytes = static_cast<uint64_t>(sums[2]);
       row.inter_node_msgs_per_rank = static_cast<double>(sums[3]) / n;
       row.wrong = sums[4] + std::llabs(sums[5] - T * k * n);  // plus rows lost or invented
+      row.max_rank_recv_rows = rank_rows;
+      row.max_node_recv_rows = *std::max_element(node_rows.begin(), node_rows.end());
       res.rows.push_back(row);
     }
   }
@@ -283,7 +290,9 @@ std::string a2a_bench_json(const A2aBenchResult& r) {
                     {"intra_node_bytes", x.intra_node_bytes},
                     {"same_rank_bytes", x.same_rank_bytes},
                     {"inter_node_msgs_per_rank", x.inter_node_msgs_per_rank},
-                    {"wrong", x.wrong}});
+                    {"wrong", x.wrong},
+                    {"max_rank_recv_rows", x.max_rank_recv_rows},
+                    {"max_node_recv_rows", x.max_node_recv_rows}});
   j["rows"] = rows;
   return j.dump(2);
 }

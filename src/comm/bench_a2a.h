@@ -58,6 +58,10 @@ struct A2aBenchRow {
   uint64_t same_rank_bytes = 0;   // row bytes a rank routed to itself, all ranks
   double inter_node_msgs_per_rank = 0;  // non-empty inter-node row messages, mean over ranks
   int64_t wrong = 0;              // rows with a wrong origin or content, plus missing rows
+  // Receive-side imbalance (rows each rank's experts get; the same in every algorithm): the
+  // busiest rank's rows and the hottest node's rows (its ranks summed). Under skewed routing these
+  // bind, not the mean; the planner's a2a_seconds takes them as the bytes of the exchange.
+  int64_t max_rank_recv_rows = 0, max_node_recv_rows = 0;
 };
 
 struct A2aBenchResult {

@@ -75,9 +75,11 @@ ClusterProfile cluster_preset(const std::string& name) {
     p.reserved_bytes = 2e9;
     p.peak_flops = 191.5e12;
     p.mem_bandwidth = 1.6e12;
-    p.intra_node = {50e9, 5e-6};
-    p.inter_node = {12.5e9, 10e-6};
-    p.inter_group = {0.57 * 12.5e9, 15e-6};
+    // Wire latency (platforms/gen_platform.py's frontier figures): 0.9 us between GCDs (measured
+    // shared-memory latency), 1 us per NIC end + 0.35 us per switch hop (assumed) between nodes.
+    p.intra_node = {50e9, 5e-6, 0.9e-6};
+    p.inter_node = {12.5e9, 10e-6, 2.35e-6};
+    p.inter_group = {0.57 * 12.5e9, 15e-6, 2.7e-6};
     p.gemm_nt = p.gemm_nn = p.gemm_tn = roofline_gemm(p.peak_flops, p.mem_bandwidth, 0.70, 2, 8e-6);
     p.attention = roofline_attention(p.peak_flops, 0.45);
     p.notes = "preset from REFERENCE §4 (published figures); GEMM/attention tables are a roofline";
@@ -94,9 +96,11 @@ ClusterProfile cluster_preset(const std::string& name) {
     p.reserved_bytes = 3e9;
     p.peak_flops = 989e12;
     p.mem_bandwidth = 3.35e12;
-    p.intra_node = {450e9, 3e-6};
-    p.inter_node = {50e9, 8e-6};
-    p.inter_group = {50e9, 10e-6};
+    // Wire latency (platforms/gen_platform.py's dgx-h100 figures): 0.9 us inside the node, 1 us
+    // per NIC end + 3 x 0.3 us leaf-spine-leaf between nodes (assumed).
+    p.intra_node = {450e9, 3e-6, 0.9e-6};
+    p.inter_node = {50e9, 8e-6, 2.9e-6};
+    p.inter_group = {50e9, 10e-6, 2.9e-6};
     p.gemm_nt = p.gemm_nn = p.gemm_tn = roofline_gemm(p.peak_flops, p.mem_bandwidth, 0.75, 2, 5e-6);
     p.attention = roofline_attention(p.peak_flops, 0.5);
     p.notes = "preset from vendor figures; GEMM/attention tables are a roofline";
@@ -172,6 +176,9 @@ void ClusterProfile::validate(const std::string& w) const {
   non_negative("links.intra_node.latency", intra_node.latency);
   non_negative("links.inter_node.latency", inter_node.latency);
   non_negative("links.inter_group.latency", inter_group.latency);
+  non_negative("links.intra_node.wire_latency", intra_node.wire_latency);
+  non_negative("links.inter_node.wire_latency", inter_node.wire_latency);
+  non_negative("links.inter_group.wire_latency", inter_group.wire_latency);
   MOE_CHECK(!elem_fwd.empty() && !elem_bwd.empty() && !recompute_fwd.empty() && !recompute_bwd.empty(), w,
             ": \"elementwise\" tables are missing");
   positive("optimizer_s_per_param", optimizer_s_per_param);
@@ -184,7 +191,9 @@ void ClusterProfile::validate(const std::string& w) const {
 }
 
 json profile_to_json(const ClusterProfile& p) {
-  auto link = [](const LinkClass& l) { return json{{"bandwidth", l.bandwidth}, {"latency", l.latency}}; };
+  auto link = [](const LinkClass& l) {
+    return json{{"bandwidth", l.bandwidth}, {"latency", l.latency}, {"wire_latency", l.wire_latency}};
+  };
   json comm = json::array();
   for (const CommCurve& c : p.comm)
     comm.push_back({{"op", c.op}, {"algo", c.algo}, {"world", c.world}, {"group", c.group},
@@ -257,7 +266,10 @@ class Fields {
     const json& links = need(j_, "links", "links");
     const std::string path = std::string("links.") + f;
     const json& l = need(links, f, path);
-    return {number(l, "bandwidth", path + ".bandwidth"), number(l, "latency", path + ".latency")};
+    const double wire = l.is_object() && l.contains("wire_latency")
+                            ? number(l, "wire_latency", path + ".wire_latency")
+                            : 0;  // profiles written before the field: no per-phase term
+    return {number(l, "bandwidth", path + ".bandwidth"), number(l, "latency", path + ".latency"), wire};
   }
 
  private:

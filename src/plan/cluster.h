@@ -17,6 +17,9 @@ namespace moe::plan {
 struct LinkClass {
   double bandwidth = 0;  // bytes/s
   double latency = 0;    // seconds per message
+  // Seconds one way on the wire (NICs, switch hops), paid once per dependent phase of an
+  // exchange, not per message (JSON "wire_latency", optional: 0).
+  double wire_latency = 0;
 };
 
 // A measured communication curve: seconds by bytes per rank.

@@ -67,9 +67,13 @@ double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, 
   const LinkClass inter = link_between_nodes(c, n_g);
   const double intra_bytes = bytes * (r_n - 1) / ep;
   const double inter_bytes = bytes * (ep - r_n) / ep;
+  // Each dependent phase also waits one wire latency (the per-message cost is CPU time, this is
+  // the signal's flight): flat has one phase, rbd and halo two (inter-node, then the forward
+  // inside the destination node).
   if (n_g == 1 || algo == "flat") {
     return std::max(intra_bytes / c.intra_node.bandwidth, inter_bytes / inter.bandwidth) +
-           (r_n - 1) * c.intra_node.latency + (ep - r_n) * inter.latency;
+           (r_n - 1) * c.intra_node.latency + (ep - r_n) * inter.latency +
+           (n_g == 1 ? c.intra_node.wire_latency : inter.wire_latency);
   }
   // rbd and rbd-halo: one pilot per (token, remote node), (n_g − 1)(1 − (1 − 1/n_g)^k) rows
   // instead of k (n_g − 1)/n_g.
@@ -80,15 +84,18 @@ double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, 
     // The replicas are copied inside the destination node.
     const double copies = inter_bytes - inter_rbd;
     return std::max((intra_bytes + copies) / c.intra_node.bandwidth, inter_rbd / inter.bandwidth) +
-           (r_n - 1) * c.intra_node.latency + (ep - r_n) * inter.latency;
+           (r_n - 1) * c.intra_node.latency + (ep - r_n) * inter.latency + inter.wire_latency +
+           c.intra_node.wire_latency;
   }
   // halo: phase I (intra) overlaps phase II (one message per remote node, rail to rail, all
   // rows; rbd-halo: the pilots) and phase III (forward inside the destination node: the rows
   // whose rank is not the rail peer, (r_n − 1)/r_n of them; rbd-halo copies each pilot to its
   // ranks there, about as many rows when a token's experts on a node sit on distinct ranks).
-  const double phase1 = intra_bytes / c.intra_node.bandwidth + (r_n - 1) * c.intra_node.latency;
-  const double phase2 = (algo == "rbd-halo" ? inter_rbd : inter_bytes) / inter.bandwidth + (n_g - 1) * inter.latency;
-  const double phase3 = inter_bytes * (r_n - 1) / r_n / c.intra_node.bandwidth + (r_n - 1) * c.intra_node.latency;
+  const double intra_phase = (r_n - 1) * c.intra_node.latency + c.intra_node.wire_latency;
+  const double phase1 = intra_bytes / c.intra_node.bandwidth + intra_phase;
+  const double phase2 = (algo == "rbd-halo" ? inter_rbd : inter_bytes) / inter.bandwidth +
+                        (n_g - 1) * inter.latency + inter.wire_latency;
+  const double phase3 = inter_bytes * (r_n - 1) / r_n / c.intra_node.bandwidth + intra_phase;
   return std::max(phase1, phase2 + phase3);
 }
 
