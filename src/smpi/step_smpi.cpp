@@ -95,8 +95,8 @@ class StepRunner {
  public:
   StepRunner(const StepSpec& sp, const parallel::Grid& g, comm::A2aAlgorithm algo, uint64_t seed)
       : sp_(sp), g_(g), st_(sp.stages[g.me.pp]), ex_(g.ep, g.topo, algo, nullptr),
-        N_(static_cast<int>(sp.rank.tokens)), H_(sp.row_floats),
-        src_(static_cast<size_t>(N_) * H_), act_(static_cast<size_t>(std::ceil(sp.p2p_floats)) * 2),
+        N_(static_cast<int>(sp.rank.tokens)), H_(sp.row_floats), p2p_n_(floats_of(sp.p2p_floats * 4)),
+        src_(static_cast<size_t>(N_) * H_), act_(static_cast<size_t>(p2p_n_) * 2),
         grads_(grad_floats() * 2 + 2) {
     MOE_CHECK(sp.rank.tokens < (1 << 24), "moetrain_smpi_step: ", sp.rank.tokens,
               " tokens per micro-batch is too many (max 2^24)");
@@ -119,7 +119,10 @@ class StepRunner {
         plan::schedule_ops(sp_.layout.schedule, sp_.layout.pp, g_.me.pp, sp_.layout.micro_batches);
     g_.world.barrier();
     const double t0 = now_seconds();
-    for (const plan::PipeOpSpec& op : ops) (op.forward ? forward(op.micro_batch, t) : backward(op.micro_batch, t));
+    for (const plan::PipeOpSpec& op : ops) {
+      if (op.forward) forward(op.micro_batch, t);
+      else backward(op.micro_batch, t);
+    }
     {
       ScopedTimer timer(t.p2p);
       comm::wait_all(sends_);
@@ -175,7 +178,7 @@ class StepRunner {
     const int s = g_.me.pp;
     if (s > 0) {
       ScopedTimer timer(t.p2p);
-      g_.pp.recv(act_.data(), floats_of(sp_.p2p_floats * 4), s - 1, 2 * mb);
+      g_.pp.recv(act_.data(), p2p_n_, s - 1, 2 * mb);
     }
     for (size_t l = 0; l < st_.layers.size(); ++l) {
       const LayerWork& w = st_.layers[l];
@@ -193,14 +196,14 @@ class StepRunner {
       if (mb == 0) check_plan(plans_[l]);
       round_trip(l, w.ffn_fwd, t);
     }
-    if (s + 1 < sp_.layout.pp) sends_.push_back(g_.pp.isend(act_.data(), floats_of(sp_.p2p_floats * 4) , s + 1, 2 * mb));
+    if (s + 1 < sp_.layout.pp) sends_.push_back(g_.pp.isend(act_.data(), p2p_n_, s + 1, 2 * mb));
   }
 
   void backward(int mb, StepTimes& t) {
     const int s = g_.me.pp;
     if (s + 1 < sp_.layout.pp) {
       ScopedTimer timer(t.p2p);
-      g_.pp.recv(act_.data() + act_.size() / 2, floats_of(sp_.p2p_floats * 4), s + 1, 2 * mb + 1);
+      g_.pp.recv(act_.data() + p2p_n_, p2p_n_, s + 1, 2 * mb + 1);
     }
     for (size_t l = st_.layers.size(); l-- > 0;) {
       const LayerWork& w = st_.layers[l];
@@ -213,7 +216,7 @@ class StepRunner {
       round_trip(l, w.ffn_bwd, t);
       inject(w.attn_bwd, t.compute);
     }
-    if (s > 0) sends_.push_back(g_.pp.isend(act_.data() + act_.size() / 2, floats_of(sp_.p2p_floats * 4), s - 1, 2 * mb + 1));
+    if (s > 0) sends_.push_back(g_.pp.isend(act_.data() + p2p_n_, p2p_n_, s - 1, 2 * mb + 1));
   }
 
   const StepSpec& sp_;
@@ -221,6 +224,7 @@ class StepRunner {
   const StageSpec& st_;
   comm::TokenExchange ex_;
   int N_, H_;
+  int64_t p2p_n_;  // floats of one pipeline message (forward activations or their gradient)
   SharedFloats src_, act_, grads_;
   std::unique_ptr<SharedFloats> rows_;  // received rows, grown to the largest plan
   std::vector<comm::A2aRouting> routes_;

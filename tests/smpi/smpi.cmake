@@ -12,3 +12,5 @@ set_tests_properties(smpi_exchange_smoke PROPERTIES LABELS "smpi" TIMEOUT 600 SK
 # counts, the planner's injected compute, the all-reduce within 25% of the ring model (~1 min).
 add_test(NAME smpi_step COMMAND ${CMAKE_SOURCE_DIR}/tests/smpi/step.sh ${CMAKE_BINARY_DIR}/smpi)
 set_tests_properties(smpi_step PROPERTIES LABELS "smpi" TIMEOUT 300 SKIP_RETURN_CODE 77)
+# Both configure and build the same SMPI build dir: never at once.
+set_tests_properties(smpi_exchange_smoke smpi_step PROPERTIES RESOURCE_LOCK smpi_build_dir)
