@@ -17,3 +17,16 @@ target_compile_definitions(moetrain_smpi_comm PUBLIC MOETRAIN_SMPI=1
 target_link_libraries(moetrain_smpi_comm PUBLIC nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
 add_executable(moetrain_smpi_a2a ${S}/smpi/bench_a2a_smpi.cpp)
 target_link_libraries(moetrain_smpi_a2a PRIVATE moetrain_smpi_comm CLI11::CLI11)
+# moetrain_smpi_step: one training step, communication only, compute injected from the planner's
+# time model (src/smpi/step_*.cpp). It links the planner and what it reads (model config, the
+# dispatch layout's capacity, the pipeline schedules, the grid), all compiled with smpicxx too.
+set(smpi_plan_src ${S}/model/config.cpp ${S}/model/params.cpp ${S}/model/memory_sizes.cpp
+    ${S}/moe/layout.cpp ${S}/kernels/permute.cpp ${S}/kernels/device_select.cpp
+    ${S}/parallel/schedule.cpp ${S}/parallel/parallel_dims.cpp ${S}/parallel/grid.cpp
+    ${S}/io/safetensors.cpp)
+file(GLOB plan_src CONFIGURE_DEPENDS ${S}/plan/*.cpp)
+add_library(moetrain_smpi_plan STATIC ${plan_src} ${smpi_plan_src} ${S}/smpi/step_spec.cpp
+            ${S}/smpi/step_report.cpp)
+target_link_libraries(moetrain_smpi_plan PUBLIC moetrain_smpi_comm)
+add_executable(moetrain_smpi_step ${S}/smpi/step_smpi.cpp)
+target_link_libraries(moetrain_smpi_step PRIVATE moetrain_smpi_plan CLI11::CLI11)

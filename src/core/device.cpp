@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#ifdef MOETRAIN_SMPI
+#include <unordered_map>
+#endif
 
 #include "core/error.h"
 
@@ -25,6 +28,15 @@ namespace moe {
 namespace {
 // Set by the first device allocation: before it, no pointer can be device memory.
 std::atomic<bool> g_device_allocated{false};
+#ifdef MOETRAIN_SMPI
+// SMPI's shared malloc (smpi/auto-shared-malloc-thresh) maps one block's pages into every rank,
+// so the raw pointer cannot live inside the block (the other ranks' would overwrite it): each
+// rank keeps its own (SMPI privatises this per rank).
+std::unordered_map<void*, void*>& smpi_raw_pointers() {
+  static std::unordered_map<void*, void*> raw;
+  return raw;
+}
+#endif
 }  // namespace
 
 #ifdef MOETRAIN_EMULATED_CUDA
@@ -163,7 +175,11 @@ void* device_alloc_zeroed(Device d, size_t bytes) {
     void* raw = std::calloc(1, padded + 64);
     MOE_CHECK(raw != nullptr, "out of host memory: could not allocate ", padded, " bytes");
     uintptr_t aligned = (reinterpret_cast<uintptr_t>(raw) + 64) & ~uintptr_t{63};
+#ifdef MOETRAIN_SMPI
+    smpi_raw_pointers()[reinterpret_cast<void*>(aligned)] = raw;
+#else
     reinterpret_cast<void**>(aligned)[-1] = raw;
+#endif
     return reinterpret_cast<void*>(aligned);
   }
 #ifdef MOE_REAL_CUDA
@@ -192,7 +208,14 @@ void* device_alloc_zeroed(Device d, size_t bytes) {
 void device_free(Device d, void* p) {
   if (!p) return;
   if (d == Device::kCpu) {
+#ifdef MOETRAIN_SMPI
+    auto it = smpi_raw_pointers().find(p);
+    if (it == smpi_raw_pointers().end()) return;  // not from device_alloc_zeroed (a bug; never throw here)
+    std::free(it->second);
+    smpi_raw_pointers().erase(it);
+#else
     std::free(static_cast<void**>(p)[-1]);
+#endif
     return;
   }
 #ifdef MOE_REAL_CUDA
