@@ -8,7 +8,7 @@
 #   OVERHEADS ["cal 0"] (us per message sent and received; cal = platforms/calibration.json)
 #   PLATFORM [frontier]  HIDDEN [auto: 256 below 1 MiB per rank, 4096 from 1 MiB]  EXPERTS [256]
 #   TOPK [6]
-#   ALGOS ["flat rbd halo"] (any exchange moetrain_smpi_a2a --algos takes)
+#   ALGOS ["flat rbd halo rbd-halo"] (any exchange moetrain_smpi_a2a --algos takes)
 #   PRECISION [auto] (SimGrid surf/precision, seconds; auto: 1e-7 below 128 ranks, 1e-6 from 128:
 #     see docs/scale_study.md "Simulation precision")
 # EXPERTS is raised to the next multiple of the ranks where it is not one (the bench places
@@ -22,7 +22,7 @@ out="${1:-$root/out/scale_study}"
 NODES="${NODES:-2 4 8}"; ROUTINGS="${ROUTINGS:-uniform skewed}"; SIZES="${SIZES:-256K}"
 OVERHEADS="${OVERHEADS:-cal 0}"; PLATFORM="${PLATFORM:-frontier}"
 HIDDEN="${HIDDEN:-auto}"; EXPERTS="${EXPERTS:-256}"; TOPK="${TOPK:-6}"
-ALGOS="${ALGOS:-flat rbd halo}"; PRECISION="${PRECISION:-auto}"
+ALGOS="${ALGOS:-flat rbd halo rbd-halo}"; PRECISION="${PRECISION:-auto}"
 SMPI_BUILD="${SMPI_BUILD:-$root/build-smpi}"; PREDICT="${PREDICT:-$root/build/moetrain_a2a_predict}"
 mkdir -p "$out/raw"
 if [ ! -x "$SMPI_BUILD/moetrain_smpi_a2a" ]; then

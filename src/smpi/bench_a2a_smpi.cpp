@@ -14,7 +14,7 @@
 #undef exit
 #include <CLI/CLI.hpp>
 namespace {
-int cli_exit(const CLI::App& app, const CLI::ParseError& e) { return cli_exit(app, e); }
+int cli_exit(const CLI::App& app, const CLI::ParseError& e) { return app.exit(e); }
 }  // namespace
 #pragma pop_macro("exit")
 #include <cmath>
