@@ -14,19 +14,8 @@
 # Usage: tests/smpi/smoke.sh BUILD_DIR
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-mkdir -p "${1:?usage: smoke.sh BUILD_DIR}"
-build="$(cd "$1" && pwd)"   # absolute: smpirun runs in a scratch dir below it
-if ! command -v smpicxx >/dev/null || ! command -v smpirun >/dev/null; then
-  echo "smpi smoke: SimGrid not installed (scripts/setup.sh installs libsimgrid-dev): skipped"
-  exit 77
-fi
-log="$build/build.log"
-if ! { cmake -S "$root" -B "$build" -DMOETRAIN_SMPI=ON &&
-       cmake --build "$build" --target moetrain_smpi_a2a -j"$(nproc)"; } >"$log" 2>&1; then
-  tail -30 "$log" >&2
-  echo "smpi smoke: the SMPI build failed; full log: $log" >&2
-  exit 1
-fi
+source "$root/tests/smpi/common.sh"
+smpi_setup smoke "${1:?usage: smoke.sh BUILD_DIR}" moetrain_smpi_a2a
 run="$build/run"
 mkdir -p "$run"   # smpirun writes smpitmp-* files into the current directory
 python3 "$root/platforms/gen_platform.py" frontier 8 "$run/frontier-8.xml"

@@ -15,19 +15,8 @@
 # Usage: tests/smpi/step.sh BUILD_DIR
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-mkdir -p "${1:?usage: step.sh BUILD_DIR}"
-build="$(cd "$1" && pwd)"
-if ! command -v smpicxx >/dev/null || ! command -v smpirun >/dev/null; then
-  echo "smpi step: SimGrid not installed (scripts/setup.sh installs libsimgrid-dev): skipped"
-  exit 77
-fi
-log="$build/build-step.log"
-if ! { cmake -S "$root" -B "$build" -DMOETRAIN_SMPI=ON &&
-       cmake --build "$build" --target moetrain_smpi_step -j"$(nproc)"; } >"$log" 2>&1; then
-  tail -30 "$log" >&2
-  echo "smpi step: the SMPI build failed; full log: $log" >&2
-  exit 1
-fi
+source "$root/tests/smpi/common.sh"
+smpi_setup step "${1:?usage: step.sh BUILD_DIR}" moetrain_smpi_step
 run="$build/run-step"
 mkdir -p "$run"
 python3 "$root/platforms/gen_platform.py" frontier 4 "$run/frontier-4.xml"
