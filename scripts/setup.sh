@@ -10,8 +10,10 @@ PKGS=(build-essential cmake pkg-config
       libsentencepiece-dev python3-torch python3-numpy bible-kjv "$@")
 # The SMPI scale study and its CI smoke test (tests/smpi/): SimGrid's smpicxx and smpirun.
 PKGS+=(libsimgrid-dev)
-# --precision bf16 on the CPU: oneDNN's bf16 matmul (src/kernels/gemm_bf16_cpu.*).
-PKGS+=(libdnnl-dev)
+# --precision bf16 on the CPU: oneDNN's bf16 matmul (src/kernels/gemm_bf16_cpu.*). Debian's
+# dnnl-config.cmake requires OpenCL (its GPU runtime): ocl-icd-opencl-dev is only a Recommends of
+# libdnnl-dev, so without it a fresh machine fails to configure.
+PKGS+=(libdnnl-dev ocl-icd-opencl-dev)
 # tests/report.sh renders moetrain report's pages in headless Chromium (skipped without it).
 PKGS+=(chromium)
 
