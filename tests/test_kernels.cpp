@@ -374,9 +374,13 @@ std::vector<OpCase> make_ops() {
         MlpWeights w{in[1].data(), in[2].data(), in[3].data()};
         grouped_swiglu_forward(y.data(), g.data(), u.data(), h.data(), in[0].data(),
                                kGroupOffsets.data(), kGroupE, w, kMlpH, kMlpF);
-        grouped_swiglu_backward(d[0].data(), {d[1].data(), d[2].data(), d[3].data()}, dy.data(),
+        // The grouped backward writes dx (weight gradients add): add it into d[0] here, as the
+        // table's contract says.
+        Vec dx(R * kMlpH);
+        grouped_swiglu_backward(dx.data(), {d[1].data(), d[2].data(), d[3].data()}, dy.data(),
                                 in[0].data(), g.data(), u.data(), h.data(), kGroupOffsets.data(),
                                 kGroupE, w, kMlpH, kMlpF, scratch.data());
+        for (size_t i = 0; i < dx.size(); ++i) d[0][i] += dx[i];
       },
       1e-6, 2e-3, 1e-3});
 
@@ -582,7 +586,8 @@ TEST(GroupedSwiglu, EqualsLoopOverExperts) {
   MlpWeights w{gate.data(), up.data(), down.data()};
 
   Vec y(R * H), g(R * F), u(R * F), h(R * F), scratch(2 * R * F);
-  Vec dx(R * H), dgate(E * fh), dup(E * fh), ddown(E * fh);
+  // dx is written, not added to: whatever it held before must not show.
+  Vec dx(R * H, 7.0f), dgate(E * fh), dup(E * fh), ddown(E * fh);
   grouped_swiglu_forward(y.data(), g.data(), u.data(), h.data(), x.data(), off.data(), E, w, H, F);
   grouped_swiglu_backward(dx.data(), {dgate.data(), dup.data(), ddown.data()}, dy.data(), x.data(),
                           g.data(), u.data(), h.data(), off.data(), E, w, H, F, scratch.data());

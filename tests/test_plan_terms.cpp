@@ -221,9 +221,10 @@ TEST(PlanTerms, TensorParallelActivations) {
 // layer (92 + 101 = 193) + the head: kept 253. Peaks (elements):
 //   forward 193 + its output n·H 8 = 201 < kept;
 //   head backward 253 + dx n·H 8 + dlogits n·V 20 + dln n·H 8 = 289;
-//   layer backward 193 + dx n·H 8 + gathered d(out) N·H 16 + max(dln n·H 8 + routed n·k + 2·R·H +
-//     2·R·F = 8 + 4 + 32 + 24, dln N·H 16 + attention grads N·(q+k+v+o)/2 + T² = 16 + 32 + 16) = 285.
-//   workspace 289 - 253 = 36 elements = 72 bytes.
+//   layer backward 193 + dx n·H 8 + gathered d(out) N·H 16 + max(dln n·H 8, dln N·H 16 +
+//     attention grads N·(q+k+v+o)/2 + T² = 16 + 32 + 16) = 281;
+//   every moment + the MoE backward workspace n·k + 2·R·H + 2·R·F = 4 + 32 + 24 = 60: 289 + 60 = 349.
+//   workspace 349 - 253 = 96 elements = 192 bytes.
 // A dense layer (100 + 36 = 136), no head: forward 136 + out 8 + down's partial sums N·H 16 = 160
 // (o_proj's, with the attention's 100 - ln2 16 - rstd2 2 allocated: 8 + 82 + 16 = 106); backward
 // 136 + 8 + 16 + max(dln N·H 16 + 2·N·I/2 24, 16 + 48) = 224 -> workspace 88 elements. Full
@@ -238,7 +239,7 @@ TEST(PlanTerms, TensorParallelHeadAndWorkspaceOnTheShard) {
   l.tp = 2;
   const plan::StageMemory st = plan::estimate_memory(toy({true}), l, {4, 1, "bf16"}, o).stages[0];
   EXPECT_EQ(st.kept_per_micro_batch, 2 * 253.0);
-  EXPECT_EQ(st.workspace, 2 * 36.0);
+  EXPECT_EQ(st.workspace, 2 * 96.0);
   o.embeddings = false;
   EXPECT_EQ(plan::estimate_memory(toy({false}), l, {4, 1, "bf16"}, o).stages[0].workspace, 2 * 88.0);
   l.recompute = "full";
@@ -322,11 +323,12 @@ TEST(PlanTerms, InFlightGPipeHoldsEveryMicroBatch) {
 // Workspace = max over the micro-batch's forward and backward peaks - kept, x 2 bytes.
 // One MoE layer (full 361, kept 361), no head, ep 1:
 //   forward  = full + N·H = 361 + 16 = 377
-//   backward = full + dx N·H + dln N·H + max(routed: d(combine weights) N·k + 2·R·H + 2·R·F =
-//              8 + 64 + 48 = 120, attention grads N·(q+k+v+o) + T² = 64 + 16 = 80)
-//              = 361 + 32 + 120 = 513
-//   workspace = 513 - 361 = 152 elements = 304 bytes.
-// Recompute moe: kept 168 -> 345 elements; full: kept 16 -> 497 (backward rebuilds the layer).
+//   backward = full + dx N·H + max(dln N·H 16 (no shared experts' scratch), N·H 16 + attention
+//              grads N·(q+k+v+o) + T² = 64 + 16 = 80) = 361 + 16 + 96 = 473
+//   + the MoE backward workspace, held from the first backward on: d(combine weights) N·k +
+//     dy, dx rows 2·R·H + SwiGLU scratch 2·R·F = 8 + 64 + 48 = 120 -> 593
+//   workspace = 593 - 361 = 232 elements = 464 bytes.
+// Recompute moe: kept 168 -> 425 elements; full: kept 16 -> 577 (backward rebuilds the layer).
 TEST(PlanTerms, WorkspaceMoeLayerBackwardPeak) {
   const plan::PlanModel m = toy({true});
   plan::MemoryOptions o = bare();
@@ -334,9 +336,9 @@ TEST(PlanTerms, WorkspaceMoeLayerBackwardPeak) {
   auto ws = [&](const char* rc) {
     return plan::estimate_memory(m, layout(1, 1, 1, 1, rc), {4, 1, "bf16"}, o).stages[0].workspace;
   };
-  EXPECT_EQ(ws("none"), 2 * 152.0);
-  EXPECT_EQ(ws("moe"), 2 * 345.0);
-  EXPECT_EQ(ws("full"), 2 * 497.0);
+  EXPECT_EQ(ws("none"), 2 * 232.0);
+  EXPECT_EQ(ws("moe"), 2 * 425.0);
+  EXPECT_EQ(ws("full"), 2 * 577.0);
   o.workspace = false;
   EXPECT_EQ(ws("none"), 0);
 }
@@ -356,27 +358,30 @@ TEST(PlanTerms, WorkspaceAttentionScratchAndPrefix) {
 }
 
 // Head backward on the last stage: kept 361 + head (2·N·H + 2·N + 2·N·V = 32 + 8 + 80 = 120) =
-// 481; head backward = 481 + dx N·H 16 + dlogits N·V 40 + dln N·H 16 = 553 > the layer's 513 ->
-// 72 elements = 144 bytes.
+// 481; head backward = 481 + dx N·H 16 + dlogits N·V 40 + dln N·H 16 = 553 > the layer's 473;
+// + the MoE backward workspace 120 (held from the previous step's backward) = 673 -> 192 elements
+// = 384 bytes.
 TEST(PlanTerms, WorkspaceHeadBackward) {
   plan::MemoryOptions o = bare();
   o.workspace = true;
   o.embeddings = true;
   const plan::StageMemory st = plan::estimate_memory(toy({true}), layout(1, 1, 1, 1), {4, 1, "bf16"}, o).stages[0];
   EXPECT_EQ(st.kept_per_micro_batch, 2 * 481.0);
-  EXPECT_EQ(st.workspace, 2 * 72.0);
+  EXPECT_EQ(st.workspace, 2 * 192.0);
 }
 
-// Expert parallelism changes the routed scratch to N·k + 2·R·H + max(2·R·F, R·H) (d(combine
-// weights), dy rows, dx rows, then the return rows). With F = 1 (MoE FFN 145, full 313), R = 8:
-// one rank 8 + 2·8·4 + 2·8·1 = 88, EP 8 + 64 + max(16, 32) = 104 > attention grads 80. Backward
-// 313 + 32 + 104 = 449 -> 136 elements (one rank: 313 + 32 + 88 = 433 -> 120).
+// Expert parallelism adds the exchange's rows on top of the MoE backward workspace (here
+// 8 + 2·8·4 + 2·8·1 = 88 with F = 1: MoE FFN 145, full 313, R = 8): the dispatch scratch R·H = 32
+// in forward (313 + 16 + 32 = 361) and the received / returned rows R·H in backward (313 + 16 +
+// max(16 + 32, 16 + attention grads 80) = 425). The attention grads are larger here, so both
+// layouts peak at 425 + 88 = 513 -> 200 elements; the exchange's rows show in tp_plan.sh's
+// measured EP runs.
 TEST(PlanTerms, WorkspaceExpertParallelReturnRows) {
   plan::MemoryOptions o = bare();
   o.workspace = true;
   const plan::PlanModel m = toy({true}, 1);
-  EXPECT_EQ(plan::estimate_memory(m, layout(1, 1, 1, 1), {4, 1, "bf16"}, o).stages[0].workspace, 2 * 120.0);
-  EXPECT_EQ(plan::estimate_memory(m, layout(1, 1, 2, 1), {4, 2, "bf16"}, o).stages[0].workspace, 2 * 136.0);
+  EXPECT_EQ(plan::estimate_memory(m, layout(1, 1, 1, 1), {4, 1, "bf16"}, o).stages[0].workspace, 2 * 200.0);
+  EXPECT_EQ(plan::estimate_memory(m, layout(1, 1, 2, 1), {4, 2, "bf16"}, o).stages[0].workspace, 2 * 200.0);
 }
 
 // ---------------------------------------------------------------- memory: buffers, reserved

@@ -70,7 +70,7 @@ MlpStepTimes* set_mlp_step_times(MlpStepTimes* times) {
 
 void swiglu_mlp_backward(float* dx, const MlpGrads& dw, const float* dy, const float* x,
                          const float* g, const float* u, const float* h, const MlpWeights& w, int N,
-                         int H, int F, float* scratch) {
+                         int H, int F, float* scratch, bool accumulate_dx) {
   check_sizes("swiglu_mlp_backward", N, H, F);
   if (N == 0) return;
   MOE_CHECK(scratch != nullptr, "swiglu_mlp_backward: scratch (2·N·F floats) is null");
@@ -91,9 +91,9 @@ void swiglu_mlp_backward(float* dx, const MlpGrads& dw, const float* dy, const f
   // dW_gate[F,H] += dg^T · x ; dW_up[F,H] += du^T · x
   if (dw.gate) gemm(true, false, F, H, N, 1.0f, dg, 0, x, 0, 1.0f, dw.gate, 0);
   if (dw.up) gemm(true, false, F, H, N, 1.0f, du, 0, x, 0, 1.0f, dw.up, 0);
-  // dx[N,H] += dg · gate + du · up
+  // dx[N,H] (+)= dg · gate + du · up
   if (dx) {
-    gemm(false, false, N, H, F, 1.0f, dg, 0, w.gate, 0, 1.0f, dx, 0);
+    gemm(false, false, N, H, F, 1.0f, dg, 0, w.gate, 0, accumulate_dx ? 1.0f : 0.0f, dx, 0);
     gemm(false, false, N, H, F, 1.0f, du, 0, w.up, 0, 1.0f, dx, 0);
   }
 }
@@ -144,9 +144,10 @@ void grouped_swiglu_backward(float* dx, const MlpGrads& dw, const float* dy, con
     if (n == 0) continue;
     size_t r = static_cast<size_t>(offsets_E1[e]);
     // Each expert reuses the start of scratch (2·n·F floats): a smaller, cache-warm footprint.
+    // Its dx rows are written, not added to: every row belongs to exactly one expert's segment.
     swiglu_mlp_backward(dx ? dx + r * H : nullptr, expert_grads(dw, e, H, F), dy + r * H, x + r * H,
                         g + r * F, u + r * F, h + r * F, expert_weights(w, e, H, F), n, H, F,
-                        scratch);
+                        scratch, /*accumulate_dx=*/false);
   }
 }
 

@@ -35,14 +35,16 @@ MlpStepTimes* set_mlp_step_times(MlpStepTimes* times);
 // y = mlp(x) (y += when accumulate)
 void swiglu_mlp_forward(float* y, float* g, float* u, float* h, const float* x, const MlpWeights& w,
                         int N, int H, int F, bool accumulate = false);
-// dx += ..., dw += ... ; scratch holds 2·N·F floats.
+// dx += ... (dx = ... when !accumulate_dx: dx need not be initialised), dw += ... ; scratch holds
+// 2·N·F floats.
 void swiglu_mlp_backward(float* dx, const MlpGrads& dw, const float* dy, const float* x,
                          const float* g, const float* u, const float* h, const MlpWeights& w, int N,
-                         int H, int F, float* scratch);
+                         int H, int F, float* scratch, bool accumulate_dx = true);
 
 // offsets_E1 has E+1 entries (exclusive prefix sums; offsets[E] = total rows).
 void grouped_swiglu_forward(float* y, float* g, float* u, float* h, const float* x,
                             const int32_t* offsets_E1, int E, const MlpWeights& w, int H, int F);
+// dx rows are written (each row is in exactly one segment; dx need not be initialised), dw += ... ;
 // scratch holds 2·(total rows)·F floats.
 void grouped_swiglu_backward(float* dx, const MlpGrads& dw, const float* dy, const float* x,
                              const float* g, const float* u, const float* h,

@@ -405,10 +405,10 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
   Buffer<float> dln(moe ? nH : NH, work, dev_);
   // FFN branch: out = h + ffn(ln2(h)); dx holds d(out).
   if (moe) {
+    mx::MoeConfig cfg = moe_config(c, moe_options_, ep_, layer_placement(l), &work_mem_, layer_score_bias(l));
+    cfg.workspace = &moe_work_;
     mx::moe_backward(dln.data(), moe_grads(G), dx, /*aux_grad=*/loss_scale, a.moe, a.ln2.data(),
-                     moe_weights(W),
-                     moe_config(c, moe_options_, ep_, layer_placement(l), &work_mem_, layer_score_bias(l)), n,
-                     moe_sequences(B));
+                     moe_weights(W), cfg, n, moe_sequences(B));
   } else {
     Buffer<float> scratch(2 * static_cast<size_t>(N) * I, work, dev_);
     k::swiglu_mlp_backward(dln.data(), {G.mlp_gate, G.mlp_up, G.mlp_down}, gathered(dx), a.ln2.data(),

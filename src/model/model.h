@@ -195,6 +195,7 @@ class Model {
   ModelTensors w_, g_;
   kernels::RopeTable rope_;
   MemTracker total_mem_, act_mem_, work_mem_;
+  mixture::MoeBackwardWorkspace moe_work_;  // its MoE layers' backward temporaries (work_mem_)
   MicroBatchPtr whole_;  // state of the whole-model API
   Buffer<float> score_bias_;  // [num_hidden_layers, E] on dev_ (noaux_tc only; rows of MoE layers)
 };

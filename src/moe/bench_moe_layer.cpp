@@ -221,6 +221,8 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
 
     MemTracker tracker;
     MoeActivations act;
+    MoeBackwardWorkspace workspace;  // backward's temporaries kept across iterations, as in training
+    cfg.workspace = &workspace;
     std::vector<double> fwd, bwd, tot, expert;
     std::vector<MoeStepTimes> steps;
     size_t act_bytes = 0;
@@ -357,7 +359,9 @@ std::string format_moe_bench_table(const MoeBenchResult& r) {
                 "%s %s^3: %.1f GFLOP/s\n",
                 o.tokens, o.hidden, o.experts, o.topk, o.ffn, o.shared, o.capacity_factor,
                 device_name(o.device), o.bf16 ? "bf16" : "fp32",
-                o.device == Device::kCuda ? "cuBLAS" : "BLAS fp32 peak, best of",
+                o.device == Device::kCuda ? "cuBLAS"
+                : o.bf16                  ? "oneDNN bf16 peak, best of"
+                                          : "BLAS fp32 peak, best of",
                 sizes.c_str(),
                 r.blas_gflops_1024);
   os << line;

@@ -214,39 +214,52 @@ void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_g
   const size_t N = dispatcher->num_rows(act);
   const int32_t* offsets = dispatcher->expert_offsets(act);
   const int El = dispatcher->num_local_experts();
-  // Backward's temporaries (zeroed: combine' and the experts' dx add into them), sized as the
-  // planner's memory model counts them (plan/memory_model.cpp: 2·R·H + 2·R·F).
-  std::unique_ptr<Scratch> dweight, dy_rows, dx_rows, scratch;
+  // Backward's temporaries, sized as the planner's memory model counts them
+  // (plan/memory_model.h: n·k + 2·R·H + 2·R·F): the caller's workspace, or fresh ones for this call.
+  // combine' adds into the first two, so those are zeroed; the experts write their dx rows and
+  // SwiGLU scratch before reading them.
+  MoeBackwardWorkspace own;
+  MoeBackwardWorkspace& ws = cfg.workspace ? *cfg.workspace : own;
+  float *dweight, *dy_rows, *dx_rows, *scratch;
   {
     StepTimer st(&MoeStepTimes::buffers_bwd);
-    dweight = std::make_unique<Scratch>(static_cast<size_t>(T) * k, cfg.scratch_tracker);
-    dy_rows = std::make_unique<Scratch>(N * H, cfg.scratch_tracker);
-    dx_rows = std::make_unique<Scratch>(dx ? N * H : 0, cfg.scratch_tracker);
-    scratch = std::make_unique<Scratch>(2 * N * F, cfg.scratch_tracker);
+    auto take = [&](Buffer<float>& b, size_t n, bool zeroed) -> float* {
+      if (n == 0) return nullptr;
+      const Device dev = kernels::active_device();
+      if (b.size() < n || b.device() != dev) {
+        b.resize(n, cfg.scratch_tracker, dev);  // fresh: already zero
+      } else if (zeroed) {
+        device_memset_zero(dev, b.data(), n * sizeof(float));
+      }
+      return b.data();
+    };
+    dweight = take(ws.dweight, static_cast<size_t>(T) * k, true);
+    dy_rows = take(ws.dy_rows, N * H, true);
+    dx_rows = take(ws.dx_rows, dx ? N * H : 0, false);
+    scratch = take(ws.scratch, 2 * N * F, false);
   }
   // 5'. combine': dy_rows = w · dy[t] (a dispatch of dy), dweight = dot(y_row, dy[t]).
   {
     StepTimer st(&MoeStepTimes::combine_bwd);
-    dispatcher->combine_backward(dy_rows->data(), dweight->data(), dy, act);
+    dispatcher->combine_backward(dy_rows, dweight, dy, act);
   }
   // 4'. experts': dx_rows, expert weight gradients. Local.
   {
     StepTimer st(&MoeStepTimes::experts_bwd);
     ExpertPartsTimer parts;
-    kernels::grouped_swiglu_backward(dx_rows->data(), grads.experts, dy_rows->data(),
-                                     act.x_rows.data(), act.g.data(), act.u.data(), act.h.data(),
-                                     offsets, El, w.experts, H, F, scratch->data());
+    kernels::grouped_swiglu_backward(dx_rows, grads.experts, dy_rows, act.x_rows.data(), act.g.data(),
+                                     act.u.data(), act.h.data(), offsets, El, w.experts, H, F, scratch);
   }
   // 3'. dispatch': dx[t] += sum_j dx_rows[row(t,j)] (a combine without weights).
   if (dx) {
     StepTimer st(&MoeStepTimes::dispatch_bwd);
-    dispatcher->dispatch_backward(dx, dx_rows->data(), act);
+    dispatcher->dispatch_backward(dx, dx_rows, act);
   }
 
   // 1'. route': through top-k weights, aux loss, softmax and the gate linear. Local.
   {
     StepTimer st(&MoeStepTimes::route_bwd);
-    router_backward(dx, grads.gate_EH, dweight->data(), aux_grad, act.routing, x, w.gate_EH, H,
+    router_backward(dx, grads.gate_EH, dweight, aux_grad, act.routing, x, w.gate_EH, H,
                     router_config(cfg));
   }
 }

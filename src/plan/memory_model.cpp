@@ -204,6 +204,13 @@ double micro_batch_peak(const PlanModel& m, const Layout& lay, const MemoryOptio
   const double att_scratch = o.attention_s2 ? static_cast<double>(T) * T : 0;
   double kept = head;
   for (const LayerActivation& a : acts) kept += a.kept;
+  // moe_backward's temporaries (d(combine weights) n·k, dy and dx rows, the SwiGLU scratch) live in
+  // one workspace per model (mixture::MoeBackwardWorkspace), held from the first MoE backward on:
+  // from the second step every moment below has it on top, sized for the stage's largest layer.
+  double workspace = 0;
+  for (size_t i = 0; i < acts.size(); ++i)
+    if (m.is_moe_layer(first + static_cast<int>(i)))
+      workspace = std::max(workspace, n * m.top_k + 2 * acts[i].rows * H + 2 * acts[i].rows * F);
   double peak = kept, prefix = 0;
   if (head > 0) peak = std::max(peak, kept + n * H + n * V + n * H);  // dx, dlogits, dln
   for (size_t i = 0; i < acts.size(); ++i) {
@@ -223,9 +230,9 @@ double micro_batch_peak(const PlanModel& m, const Layout& lay, const MemoryOptio
     if (a.kept < a.full) peak = std::max(peak, forward(prefix + 2 * n * H, lay.recompute == "full"));  // + dx, out
     double ffn_scratch;
     if (moe) {
-      // d(combine weights) n·k, then the rows' gradients (moe_backward's temporaries).
-      const double rows = exchange ? 2 * R * H + std::max(2 * R * F, R * H) : 2 * R * H + 2 * R * F;
-      ffn_scratch = std::max(2 * n * Fs, n * m.top_k + rows);
+      // On top of the workspace: the shared experts' scratch, then (EP) the exchange's received or
+      // returned rows.
+      ffn_scratch = std::max(2 * n * Fs, exchange ? R * H : 0);
     } else {
       ffn_scratch = 2 * N * m.dense_ffn / lay.tp;
     }
@@ -235,7 +242,7 @@ double micro_batch_peak(const PlanModel& m, const Layout& lay, const MemoryOptio
                               std::max(dln_ffn + ffn_scratch, N * H + attn_grads));
     prefix += a.kept;
   }
-  return peak;
+  return peak + workspace;
 }
 
 }  // namespace

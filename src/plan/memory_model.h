@@ -14,9 +14,11 @@
 //   backward of layer l:  prefix_{<l} + full_l + n·H (dx) + N·H (dln; with TP the gathered
 //                         d(out) / the input gradient before its reduce-scatter)
 //                         + max(FFN scratch, N·(q+k+v+o)/tp (attention grads) [+ T² with attention_s2])
-//     FFN scratch: dense 2·N·I/tp; MoE max(2·n·Fs, routed) with routed = n·k (d combine weights)
-//     + 2·R·H + 2·R·F (one rank) or + 2·R·H + max(2·R·F, R·H) (expert parallel: dy rows, dx rows,
-//     then the return rows)
+//     FFN scratch: dense 2·N·I/tp; MoE max(2·n·Fs (shared experts), R·H (expert parallel: the
+//     received or returned rows))
+//   every moment above + the MoE backward workspace (mixture::MoeBackwardWorkspace, one per model,
+//     held from the first MoE backward on): max over the stage's MoE layers of n·k (d combine
+//     weights) + 2·R·H (dy rows, dx rows) + 2·R·F (SwiGLU scratch)
 // The stage peak is (in_flight − 1) · kept + max over one micro-batch's forward and backward.
 // Tensor parallelism is Megatron's with sequence parallelism for attention and the dense FFN, and
 // X-MoE's SSMB for the MoE block (full experts on each rank's n tokens); the embedding, head,
