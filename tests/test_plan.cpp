@@ -382,7 +382,16 @@ TEST(PlanCluster, ProfilesValidateAndRoundTrip) {
     const plan::ClusterProfile q = plan::profile_from_json(plan::profile_to_json(p), "roundtrip");
     EXPECT_EQ(q.hbm_bytes, p.hbm_bytes);
     EXPECT_EQ(q.gemm_nt.gflops, p.gemm_nt.gflops);
+    EXPECT_EQ(q.intra_node.injection, p.intra_node.injection);
   }
+  // A profile without "injection" (written before the field) shares one path among the peers.
+  nlohmann::json old = plan::profile_to_json(plan::cluster_preset("frontier"));
+  EXPECT_EQ(old["links"]["intra_node"]["injection"], 350e9);
+  old["links"]["intra_node"].erase("injection");
+  EXPECT_EQ(plan::profile_from_json(old, "old.json").intra_node.injection, 0);
+  old["links"]["intra_node"]["injection"] = -1;
+  EXPECT_EQ(error_of([&] { plan::profile_from_json(old, "c.json"); }),
+            "c.json: \"links.intra_node.injection\" must be >= 0, got -1");
   nlohmann::json j = plan::profile_to_json(plan::cluster_preset("dgx-h100"));
   j["ranks_per_node"] = 0;
   EXPECT_EQ(error_of([&] { plan::profile_from_json(j, "c.json"); }), "c.json: \"ranks_per_node\" must be positive, got 0");

@@ -622,6 +622,27 @@ TEST(PlanTerms, AllToAllByAlgorithmAndLinkClass) {
   EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "halo", 4, 4, 1, 400, 2), 44);  // no curve for halo
 }
 
+// A fan-out over peers with paths of their own: each peer's share at the link's bandwidth, the whole
+// under the injection limit (0: the bandwidth, one path shared). 600 bytes to 3 peers at 100 B/s:
+// shared 6 s; injection 300: max(2, 2) = 2; injection 1000: max(2, 0.6) = 2; injection 150: 4.
+// In a 4-rank node (one node, flat, 400 bytes: 300 to the 3 peers, latency 1 each): shared
+// 3 + 3 = 6, injection 300: 1 + 3 = 4, injection 150: 2 + 3 = 5.
+TEST(PlanTerms, IntraNodeFanOutInjection) {
+  EXPECT_DOUBLE_EQ(plan::fan_out_seconds({100, 1}, 600, 3), 6);
+  EXPECT_DOUBLE_EQ(plan::fan_out_seconds({100, 1, 0, 300}, 600, 3), 2);
+  EXPECT_DOUBLE_EQ(plan::fan_out_seconds({100, 1, 0, 1000}, 600, 3), 2);
+  EXPECT_DOUBLE_EQ(plan::fan_out_seconds({100, 1, 0, 150}, 600, 3), 4);
+  EXPECT_EQ(plan::fan_out_seconds({100, 1, 0, 300}, 600, 0), 0);
+  plan::ClusterProfile c = unit_profile();
+  c.ranks_per_node = 4;
+  c.intra_node = {100, 1};
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "flat", 4, 4, 1, 400, 2), 6);
+  c.intra_node.injection = 300;
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "flat", 4, 4, 1, 400, 2), 4);
+  c.intra_node.injection = 150;
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "flat", 4, 4, 1, 400, 2), 5);
+}
+
 // Wire latency, paid once per dependent phase (the links above plus 0.5 s intra, 4 s inter on
 // the wire): flat one inter-node phase 45 + 4 = 49; rbd pilots then the copy inside the node
 // 35 + 4 + 0.5 = 39.5; halo max(phase I 2 + 0.5, phase II 42 + 4 + phase III 2 + 0.5) = 48.5;

@@ -53,6 +53,12 @@ AttentionTable roofline_attention(double peak, double eff) {
   return t;
 }
 
+double fan_out_seconds(const LinkClass& l, double bytes, int peers) {
+  if (bytes <= 0 || peers <= 0) return 0;
+  const double whole = l.injection > 0 ? l.injection : l.bandwidth;
+  return std::max(bytes / peers / l.bandwidth, bytes / whole);
+}
+
 ClusterProfile cluster_preset(const std::string& name) {
   ClusterProfile p;
   p.name = name;
@@ -77,7 +83,10 @@ ClusterProfile cluster_preset(const std::string& name) {
     p.mem_bandwidth = 1.6e12;
     // Wire latency (platforms/gen_platform.py's frontier figures): 0.9 us between GCDs (measured
     // shared-memory latency), 1 us per NIC end + 0.35 us per switch hop (assumed) between nodes.
-    p.intra_node = {50e9, 5e-6, 0.9e-6};
+    // Each GCD reaches each of its 7 peers over Infinity Fabric links of its own pair (REFERENCE
+    // §4's 50-100 GB/s is per pair), so a fan-out to all of them runs at 7 x 50 GB/s, as on the
+    // simulated platform (platforms/gen_platform.py: each intra-node flow has its own 50 GB/s).
+    p.intra_node = {50e9, 5e-6, 0.9e-6, 7 * 50e9};
     p.inter_node = {12.5e9, 10e-6, 2.35e-6};
     p.inter_group = {0.57 * 12.5e9, 15e-6, 2.7e-6};
     p.gemm_nt = p.gemm_nn = p.gemm_tn = roofline_gemm(p.peak_flops, p.mem_bandwidth, 0.70, 2, 8e-6);
@@ -98,7 +107,8 @@ ClusterProfile cluster_preset(const std::string& name) {
     p.mem_bandwidth = 3.35e12;
     // Wire latency (platforms/gen_platform.py's dgx-h100 figures): 0.9 us inside the node, 1 us
     // per NIC end + 3 x 0.3 us leaf-spine-leaf between nodes (assumed).
-    p.intra_node = {450e9, 3e-6, 0.9e-6};
+    // NVSwitch: a GPU's 450 GB/s is shared by its peers (injection = bandwidth).
+    p.intra_node = {450e9, 3e-6, 0.9e-6, 450e9};
     p.inter_node = {50e9, 8e-6, 2.9e-6};
     p.inter_group = {50e9, 10e-6, 2.9e-6};
     p.gemm_nt = p.gemm_nn = p.gemm_tn = roofline_gemm(p.peak_flops, p.mem_bandwidth, 0.75, 2, 5e-6);
@@ -179,6 +189,9 @@ void ClusterProfile::validate(const std::string& w) const {
   non_negative("links.intra_node.wire_latency", intra_node.wire_latency);
   non_negative("links.inter_node.wire_latency", inter_node.wire_latency);
   non_negative("links.inter_group.wire_latency", inter_group.wire_latency);
+  non_negative("links.intra_node.injection", intra_node.injection);
+  non_negative("links.inter_node.injection", inter_node.injection);
+  non_negative("links.inter_group.injection", inter_group.injection);
   MOE_CHECK(!elem_fwd.empty() && !elem_bwd.empty() && !recompute_fwd.empty() && !recompute_bwd.empty(), w,
             ": \"elementwise\" tables are missing");
   positive("optimizer_s_per_param", optimizer_s_per_param);
@@ -192,7 +205,9 @@ void ClusterProfile::validate(const std::string& w) const {
 
 json profile_to_json(const ClusterProfile& p) {
   auto link = [](const LinkClass& l) {
-    return json{{"bandwidth", l.bandwidth}, {"latency", l.latency}, {"wire_latency", l.wire_latency}};
+    json j{{"bandwidth", l.bandwidth}, {"latency", l.latency}, {"wire_latency", l.wire_latency}};
+    if (l.injection > 0) j["injection"] = l.injection;
+    return j;
   };
   json comm = json::array();
   for (const CommCurve& c : p.comm)
@@ -269,7 +284,11 @@ class Fields {
     const double wire = l.is_object() && l.contains("wire_latency")
                             ? number(l, "wire_latency", path + ".wire_latency")
                             : 0;  // profiles written before the field: no per-phase term
-    return {number(l, "bandwidth", path + ".bandwidth"), number(l, "latency", path + ".latency"), wire};
+    const double injection = l.is_object() && l.contains("injection")
+                                 ? number(l, "injection", path + ".injection")
+                                 : 0;  // one path shared by the peers
+    return {number(l, "bandwidth", path + ".bandwidth"), number(l, "latency", path + ".latency"), wire,
+            injection};
   }
 
  private:

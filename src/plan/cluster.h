@@ -20,7 +20,14 @@ struct LinkClass {
   // Seconds one way on the wire (NICs, switch hops), paid once per dependent phase of an
   // exchange, not per message (JSON "wire_latency", optional: 0).
   double wire_latency = 0;
+  // Bytes/s one rank sends over this class to all its peers at once, when each peer has a path of
+  // its own at `bandwidth` (JSON "injection", optional; 0: `bandwidth`, one path shared by them).
+  double injection = 0;
 };
+
+// Seconds for one rank to send `bytes` spread evenly over `peers` peers of a link class: each
+// peer's share at the link's bandwidth, and the whole under its injection limit.
+double fan_out_seconds(const LinkClass& l, double bytes, int peers);
 
 // A measured communication curve: seconds by bytes per rank.
 //   a2a        dispatch of one MoE layer (plan + rows): bytes = rows sent · H · 4 per rank

@@ -70,8 +70,9 @@ double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, 
   // Each dependent phase also waits one wire latency (the per-message cost is CPU time, this is
   // the signal's flight): flat has one phase, rbd and halo two (inter-node, then the forward
   // inside the destination node).
+  const LinkClass& intra = c.intra_node;
   if (n_g == 1 || algo == "flat") {
-    return std::max(intra_bytes / c.intra_node.bandwidth, inter_bytes / inter.bandwidth) +
+    return std::max(fan_out_seconds(intra, intra_bytes, r_n - 1), inter_bytes / inter.bandwidth) +
            (r_n - 1) * c.intra_node.latency + (ep - r_n) * inter.latency +
            (n_g == 1 ? c.intra_node.wire_latency : inter.wire_latency);
   }
@@ -83,7 +84,7 @@ double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, 
   if (algo == "rbd") {
     // The replicas are copied inside the destination node.
     const double copies = inter_bytes - inter_rbd;
-    return std::max((intra_bytes + copies) / c.intra_node.bandwidth, inter_rbd / inter.bandwidth) +
+    return std::max(fan_out_seconds(intra, intra_bytes + copies, r_n - 1), inter_rbd / inter.bandwidth) +
            (r_n - 1) * c.intra_node.latency + (ep - r_n) * inter.latency + inter.wire_latency +
            c.intra_node.wire_latency;
   }
@@ -92,10 +93,10 @@ double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, 
   // whose rank is not the rail peer, (r_n − 1)/r_n of them; rbd-halo copies each pilot to its
   // ranks there, about as many rows when a token's experts on a node sit on distinct ranks).
   const double intra_phase = (r_n - 1) * c.intra_node.latency + c.intra_node.wire_latency;
-  const double phase1 = intra_bytes / c.intra_node.bandwidth + intra_phase;
+  const double phase1 = fan_out_seconds(intra, intra_bytes, r_n - 1) + intra_phase;
   const double phase2 = (algo == "rbd-halo" ? inter_rbd : inter_bytes) / inter.bandwidth +
                         (n_g - 1) * inter.latency + inter.wire_latency;
-  const double phase3 = inter_bytes * (r_n - 1) / r_n / c.intra_node.bandwidth + intra_phase;
+  const double phase3 = fan_out_seconds(intra, inter_bytes * (r_n - 1) / r_n, r_n - 1) + intra_phase;
   return std::max(phase1, phase2 + phase3);
 }
 
