@@ -33,9 +33,11 @@ fi
 cal=$(python3 -c "import json;print(json.load(open('$root/platforms/calibration.json'))['overhead_us'])")
 # SMPI settings, each for a reason (NOTES §D4): host code is not timed; no eager copies of small
 # messages; bandwidth/latency factors 1 (the platform's figures as they are); LMM precision that
-# does not crash at 100 GB/s links.
+# does not crash at 100 GB/s links; smpi/iprobe 1e-10 s: SMPI's MPI_Probe polls, sleeping a
+# growing multiple of this after each miss (default 1e-4 s: 100 us steps, 2.1 ms for the rails'
+# metadata at 64 ranks); 1e-10 and 1e-9 give the same plan time within 0.3 us.
 cfg=(--cfg=smpi/simulate-computation:no --cfg=smpi/send-is-detached-thresh:0 --cfg=smpi/bw-factor:0:1
-     --cfg=smpi/lat-factor:0:1 --cfg=maxmin/precision:1e-4 --cfg=contexts/stack-size:128)
+     --cfg=smpi/lat-factor:0:1 --cfg=maxmin/precision:1e-4 --cfg=smpi/iprobe:1e-10 --cfg=contexts/stack-size:128)
 algos=$(echo $ALGOS | tr ' ' ',')
 # surf/precision: flow completions closer than this (s) are handled as one event. smpirun's 1e-9
 # re-solves every flow at each of ~P^2 completions (random routing: every pair a different

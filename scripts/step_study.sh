@@ -28,7 +28,7 @@ o="$OVERHEAD"
 # 64-rank exchange 50x cheaper to simulate and within 1.6% of the default); shared malloc, local
 # (one block per call site), for this program's buffers and the exchange's (above 64 KiB).
 cfg=(--cfg=smpi/simulate-computation:no --cfg=smpi/send-is-detached-thresh:0 --cfg=smpi/bw-factor:0:1
-     --cfg=smpi/lat-factor:0:1 --cfg=maxmin/precision:1e-4 --cfg=contexts/stack-size:128
+     --cfg=smpi/lat-factor:0:1 --cfg=maxmin/precision:1e-4 --cfg=smpi/iprobe:1e-10 --cfg=contexts/stack-size:128
      --cfg=surf/precision:1e-6 --cfg=smpi/shared-malloc:local --cfg=smpi/auto-shared-malloc-thresh:65536)
 layout=(); [ -n "$LAYOUT" ] && layout=(--layout "$LAYOUT")
 for p in $RANKS; do

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <numeric>
 #include <utility>
@@ -173,6 +174,142 @@ const Impl& checked_impl(const ExchangePlan& plan, A2aAlgorithm algo, const Grou
 }
 
 
+bool group_in_topology(const Group& g, const Topology& topo) {
+  for (int r = 0; r < g.size(); ++r)
+    if (g.world_rank_of(r) >= topo.world_size) return false;
+  return true;
+}
+
+// plan()'s counts and metadata routed like HALO's rows (halo, rbd-halo). Block (s -> d) is s's 3
+// counts for d, then its mc[d] metadata ints. Phase I: my blocks to the ranks of my node, one
+// message each. Phase II: to my rail peer on each remote node, one message holding my blocks to
+// every rank there (ascending). Phase III: a rail rank forwards what came to it, one message per
+// rank of its node holding that rank's blocks from its rail sources (ascending). Phases I and II
+// are posted together, so the depth is two messages, as the flat alltoall + alltoallv; a rank
+// sends (ranks per node - 1) + (nodes - 1) + (ranks per node - 1) messages instead of 2 (n - 1).
+// Received sizes are probed (Group::probe_int32), then every receive of a phase is posted at
+// once: the counts come with the rows. Output as the flat
+// path's: counts_in [3n], meta_in with md_in[s] the offset of source s's ints.
+void rails_metadata_exchange(const Group& g, const PlanContext& c, int rec,
+                             const std::vector<int32_t>& counts_out,
+                             const std::vector<int32_t>& meta_out, const std::vector<int>& mc_out,
+                             const std::vector<int>& md_out, std::vector<int32_t>& counts_in,
+                             std::vector<int32_t>& meta_in, std::vector<int>& md_in,
+                             TrafficStats* stats, const std::vector<LinkClass>& link_to) {
+  const int n = c.n, me = c.me, my_node = c.my_node;
+  const std::vector<int>& local = c.members[my_node];
+  auto append_block = [&](std::vector<int32_t>& msg, int d) {
+    msg.insert(msg.end(), counts_out.begin() + 3 * d, counts_out.begin() + 3 * d + 3);
+    msg.insert(msg.end(), meta_out.begin() + md_out[d], meta_out.begin() + md_out[d] + mc_out[d]);
+  };
+  // Takes one block at pos of a received message (checked: a short or garbled message throws).
+  auto take_block = [&](const std::vector<int32_t>& msg, size_t& pos, int s, int d) {
+    MOE_CHECK(pos + 3 <= msg.size(), "TokenExchange::plan: metadata of group rank ", s, " for ",
+              d, " is cut short");
+    const int32_t pairs = msg[pos], extra = msg[pos + 1];
+    MOE_CHECK(pairs >= 0 && extra >= 0 && pos + 3 + static_cast<size_t>(pairs) * rec + extra <= msg.size(),
+              "TokenExchange::plan: metadata of group rank ", s, " for ", d, " is garbled");
+    const size_t end = pos + 3 + static_cast<size_t>(pairs) * rec + extra;
+    std::vector<int32_t> block(msg.begin() + pos, msg.begin() + end);
+    pos = end;
+    return block;
+  };
+  std::vector<std::vector<int32_t>> from(n);  // from[s]: s's block to me
+  std::deque<std::vector<int32_t>> sent, got;  // message buffers (stable addresses)
+  std::vector<Request> sreqs;
+  auto post = [&](std::vector<int32_t> msg, int peer, int tag) {
+    sent.push_back(std::move(msg));
+    sreqs.push_back(g.isend(sent.back().data(), static_cast<int64_t>(sent.back().size()), peer, tag));
+    if (stats) stats->add(link_to[peer], sent.back().size() * sizeof(int32_t), true);
+  };
+  // Receives from these peers, all posted before any is waited for (sizes probed first).
+  auto receive = [&](const std::vector<int>& peers, int tag) {
+    std::vector<Request> r;
+    std::vector<std::vector<int32_t>*> bufs;
+    for (int p : peers) {
+      got.emplace_back(static_cast<size_t>(g.probe_int32(p, tag)));
+      r.push_back(g.irecv(got.back().data(), static_cast<int64_t>(got.back().size()), p, tag));
+      bufs.push_back(&got.back());
+    }
+    return std::make_pair(std::move(r), std::move(bufs));
+  };
+  // Phase I and II, posted together.
+  std::vector<int> local_peers;
+  for (int d : local) {
+    if (d == me) continue;
+    local_peers.push_back(d);
+    std::vector<int32_t> msg;
+    append_block(msg, d);
+    post(std::move(msg), d, kTagMeta1);
+  }
+  append_block(from[me], me);
+  for (int N = 0; N < c.num_nodes; ++N) {
+    if (N == my_node || c.members[N].empty()) continue;
+    std::vector<int32_t> msg;
+    for (int d : c.members[N]) append_block(msg, d);
+    post(std::move(msg), c.rail(me, N), kTagMeta2);
+  }
+  // Remote sources that reach my node through rail rank R, ascending.
+  auto rail_sources = [&](int R) {
+    std::vector<int> v;
+    for (int s = 0; s < n; ++s)
+      if (c.node_of[s] != my_node && c.rail(s, my_node) == R) v.push_back(s);
+    return v;
+  };
+  const std::vector<int> mine = rail_sources(me);
+  auto [r2, in2] = receive(mine, kTagMeta2);
+  auto [r1, in1] = receive(local_peers, kTagMeta1);
+  // Phase II in, phase III out: my rail sources' blocks to each rank of my node.
+  wait_all(r2);
+  std::vector<std::vector<int32_t>> forward(local.size());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const int s = mine[i];
+    const std::vector<int32_t>& msg = *in2[i];
+    size_t pos = 0;
+    for (size_t j = 0; j < local.size(); ++j) {
+      std::vector<int32_t> block = take_block(msg, pos, s, local[j]);
+      if (local[j] == me) from[s] = std::move(block);
+      else forward[j].insert(forward[j].end(), block.begin(), block.end());
+    }
+    MOE_CHECK(pos == msg.size(), "TokenExchange::plan: rail metadata of group rank ", s,
+              " is longer than its blocks");
+  }
+  if (!mine.empty())
+    for (size_t j = 0; j < local.size(); ++j)
+      if (local[j] != me) post(std::move(forward[j]), local[j], kTagMeta3);
+  // Phase III in (from the rail ranks of my node that have rail sources), then phase I.
+  std::vector<int> rails;
+  for (int R : local_peers)
+    if (!rail_sources(R).empty()) rails.push_back(R);
+  auto [r3, in3] = receive(rails, kTagMeta3);
+  wait_all(r1);
+  wait_all(r3);
+  for (size_t i = 0; i < local_peers.size(); ++i) {
+    const int s = local_peers[i];
+    size_t pos = 0;
+    from[s] = take_block(*in1[i], pos, s, me);
+    MOE_CHECK(pos == in1[i]->size(), "TokenExchange::plan: metadata of group rank ", s,
+              " is longer than its block");
+  }
+  for (size_t i = 0; i < rails.size(); ++i) {
+    size_t pos = 0;
+    for (int s : rail_sources(rails[i])) from[s] = take_block(*in3[i], pos, s, me);
+    MOE_CHECK(pos == in3[i]->size(), "TokenExchange::plan: forwarded metadata from group rank ",
+              rails[i], " is longer than its blocks");
+  }
+  wait_all(sreqs);
+  size_t total = 0;
+  for (int s = 0; s < n; ++s) total += from[s].size() - 3;
+  meta_in.assign(total, 0);
+  size_t off = 0;
+  for (int s = 0; s < n; ++s) {
+    std::copy(from[s].begin(), from[s].begin() + 3, counts_in.begin() + 3 * s);
+    md_in[s] = static_cast<int>(off);
+    std::copy(from[s].begin() + 3, from[s].end(), meta_in.begin() + off);
+    off += from[s].size() - 3;
+  }
+}
+
 // Why a rank's pairs are unusable ("" when fine). Checked before any communication.
 std::string validate_pairs(const Group& g, const Topology& topo, int num_src_rows, int num_pairs,
                            const int32_t* src_row, const int32_t* dst_rank) {
@@ -264,15 +401,12 @@ ExchangePlan TokenExchange::plan(int num_src_rows, int num_pairs, const int32_t*
   const Algorithm& algo = algorithm_of(algo_);
   const int ipp = algo.ints_per_pair();
 
-  // The counts alltoall also carries an "invalid input" flag: every rank learns of a bad rank in
-  // that one collective and all of them throw (none is left waiting in the next one).
+  // The counts also carry an "invalid input" flag: every rank learns of a bad rank in that one
+  // exchange and all of them throw (none is left waiting in the next one).
   const std::string bad = validate_pairs(g, topo_, num_src_rows, num_pairs, src_row, dst_rank);
+  const bool by_rails = algo.metadata_by_rails() && group_in_topology(g, topo_);
   std::vector<int32_t> counts_out(3 * n, 0), counts_in(3 * n);
-  auto exchange_counts = [&] {
-    g.alltoall(counts_out.data(), counts_in.data(), 3);
-    if (stats_)
-      for (int d = 0; d < n; ++d)
-        stats_->add(topo_.link(g.world_rank(), g.world_rank_of(d)), 3 * sizeof(int32_t), true);
+  auto check_flags = [&] {
     if (!bad.empty())
       throw Error(str_cat("TokenExchange::plan (group rank ", me, " of ", n, "): ", bad));
     std::string others;
@@ -282,7 +416,14 @@ ExchangePlan TokenExchange::plan(int num_src_rows, int num_pairs, const int32_t*
       throw Error(str_cat("TokenExchange::plan: invalid pairs on group rank(s) ", others,
                           " (see that rank's error)"));
   };
-  if (!bad.empty()) {
+  auto exchange_counts = [&] {
+    g.alltoall(counts_out.data(), counts_in.data(), 3);
+    if (stats_)
+      for (int d = 0; d < n; ++d)
+        stats_->add(topo_.link(g.world_rank(), g.world_rank_of(d)), 3 * sizeof(int32_t), true);
+    check_flags();
+  };
+  if (!bad.empty() && !by_rails) {
     for (int d = 0; d < n; ++d) counts_out[3 * d + 2] = 1;
     exchange_counts();  // throws
   }
@@ -303,7 +444,6 @@ ExchangePlan TokenExchange::plan(int num_src_rows, int num_pairs, const int32_t*
   im->me = me;
   im->num_src_rows = num_src_rows;
   im->num_send_pairs = num_pairs;
-  im->src_row.assign(src_row, src_row + num_pairs);
   im->link_to.resize(n);
   for (int r = 0; r < n; ++r) {
     im->link_to[r] = topo_.link(g.world_rank(), g.world_rank_of(r));
@@ -312,6 +452,16 @@ ExchangePlan TokenExchange::plan(int num_src_rows, int num_pairs, const int32_t*
     c.members[c.node_of[r]].push_back(r);
   }
   c.my_node = c.node_of[me];
+  const int rec = 2 + ipp;  // ints per pair in the metadata: tag, value, the algorithm's
+  std::vector<int> mc_out(n, 0), mc_in(n), md_out(n, 0), md_in(n);
+  std::vector<int32_t> meta_out, meta_in;
+  if (!bad.empty()) {  // by rails: the flags travel the rails, then every rank throws
+    for (int d = 0; d < n; ++d) counts_out[3 * d + 2] = 1;
+    rails_metadata_exchange(g, c, rec, counts_out, meta_out, mc_out, md_out, counts_in, meta_in,
+                            md_in, stats_, im->link_to);
+    check_flags();  // throws
+  }
+  im->src_row.assign(src_row, src_row + num_pairs);
   im->send_count.assign(n, 0);
   for (int p = 0; p < num_pairs; ++p) im->send_count[dst_rank[p]]++;
   im->send_off = offsets_of(im->send_count);
@@ -319,26 +469,15 @@ ExchangePlan TokenExchange::plan(int num_src_rows, int num_pairs, const int32_t*
   std::vector<std::vector<int32_t>> extra(n);  // the algorithm's extra ints to each rank
   algo.route_sources(c, extra);
 
-  // ---- counts: (pairs, extra ints, invalid-input flag) per rank ----
+  // ---- counts (pairs, extra ints, invalid-input flag) and per-pair metadata (tag, value, the
+  // algorithm's ints) + extras, per rank ----
   for (int d = 0; d < n; ++d) {
     counts_out[3 * d] = im->send_count[d];
     counts_out[3 * d + 1] = static_cast<int32_t>(extra[d].size());
+    mc_out[d] = im->send_count[d] * rec + static_cast<int>(extra[d].size());
   }
-  exchange_counts();
-  im->recv_count.assign(n, 0);
-  for (int s = 0; s < n; ++s) im->recv_count[s] = counts_in[3 * s];
-  im->recv_off = offsets_of(im->recv_count);
-  const int num_recv = n ? im->recv_off[n - 1] + im->recv_count[n - 1] : 0;
-  im->num_recv = num_recv;
-
-  // ---- per-pair metadata (tag, value, the algorithm's ints) + extras: one flat alltoallv ----
-  const int rec = 2 + ipp;
-  std::vector<int> mc_out(n), mc_in(n);
-  for (int d = 0; d < n; ++d) mc_out[d] = im->send_count[d] * rec + static_cast<int>(extra[d].size());
-  for (int s = 0; s < n; ++s) mc_in[s] = im->recv_count[s] * rec + counts_in[3 * s + 1];
-  std::vector<int> md_out = offsets_of(mc_out), md_in = offsets_of(mc_in);
-  std::vector<int32_t> meta_out(n ? md_out[n - 1] + mc_out[n - 1] : 0);
-  std::vector<int32_t> meta_in(n ? md_in[n - 1] + mc_in[n - 1] : 0);
+  md_out = offsets_of(mc_out);
+  meta_out.resize(n ? md_out[n - 1] + mc_out[n - 1] : 0);
   for (int d = 0; d < n; ++d) {
     int32_t* o = meta_out.data() + md_out[d];
     for (int p = im->send_off[d]; p < im->send_off[d] + im->send_count[d]; ++p) {
@@ -348,10 +487,25 @@ ExchangePlan TokenExchange::plan(int num_src_rows, int num_pairs, const int32_t*
     }
     std::copy(extra[d].begin(), extra[d].end(), o);
   }
-  g.alltoallv(meta_out.data(), mc_out, md_out, meta_in.data(), mc_in, md_in);
-  if (stats_)
-    for (int d = 0; d < n; ++d)
-      if (mc_out[d]) stats_->add(im->link_to[d], mc_out[d] * sizeof(int32_t), true);
+  if (by_rails) {
+    rails_metadata_exchange(g, c, rec, counts_out, meta_out, mc_out, md_out, counts_in, meta_in,
+                            md_in, stats_, im->link_to);
+    check_flags();
+  } else {
+    exchange_counts();
+    for (int s = 0; s < n; ++s) mc_in[s] = counts_in[3 * s] * rec + counts_in[3 * s + 1];
+    md_in = offsets_of(mc_in);
+    meta_in.resize(n ? md_in[n - 1] + mc_in[n - 1] : 0);
+    g.alltoallv(meta_out.data(), mc_out, md_out, meta_in.data(), mc_in, md_in);
+    if (stats_)
+      for (int d = 0; d < n; ++d)
+        if (mc_out[d]) stats_->add(im->link_to[d], mc_out[d] * sizeof(int32_t), true);
+  }
+  im->recv_count.assign(n, 0);
+  for (int s = 0; s < n; ++s) im->recv_count[s] = counts_in[3 * s];
+  im->recv_off = offsets_of(im->recv_count);
+  const int num_recv = n ? im->recv_off[n - 1] + im->recv_count[n - 1] : 0;
+  im->num_recv = num_recv;
 
   ExchangePlan out;
   out.num_src_rows = num_src_rows;

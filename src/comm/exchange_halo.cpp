@@ -98,6 +98,7 @@ class HaloAlgorithm final : public Algorithm {
     route_halo_sources(c, extra);
   }
   void build_stages(PlanContext& c, Impl& im) const override { build_halo_stages(c, im); }
+  bool metadata_by_rails() const override { return true; }
 
   // Phase I posted first and waited last, overlapping II -> III.
   void multicast(const ExchangeRun& run, const float* src, float* recv, int H) const override {

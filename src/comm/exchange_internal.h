@@ -24,6 +24,7 @@ namespace exchange_detail {
 constexpr int kTagRbdA = 30001, kTagRbdB = 30002, kTagRbdABack = 30003, kTagRbdBBack = 30004;
 constexpr int kTagHalo1 = 30011, kTagHalo2 = 30012, kTagHalo3 = 30013;
 constexpr int kTagHalo1Back = 30014, kTagHalo2Back = 30015, kTagHalo3Back = 30016;
+constexpr int kTagMeta1 = 30021, kTagMeta2 = 30022, kTagMeta3 = 30023;
 
 // One message: the peer and the rows it carries, in message order.
 struct Msg {
@@ -231,6 +232,9 @@ class Algorithm {
   // True when a remote node's S_node comes back ready in one pair's ret row (rbd's pilot), so the
   // source fold takes it instead of folding that node's pairs.
   virtual bool sums_in_network() const { return false; }
+  // True when plan()'s counts and metadata travel HALO's way (rails_metadata_exchange below)
+  // instead of one alltoall and one alltoallv over every pair of ranks.
+  virtual bool metadata_by_rails() const { return false; }
   // Source side, before the metadata exchange: c.pair_ints and the extra ints to each rank.
   virtual void route_sources(PlanContext& c, std::vector<std::vector<int32_t>>& extra) const {
     (void)c, (void)extra;

@@ -217,6 +217,7 @@ class RbdAlgorithm final : public Algorithm {
     route_rbd_sources(c, extra, on_rail_);
   }
   void build_stages(PlanContext& c, Impl& im) const override { build_rbd_stages(c, im); }
+  bool metadata_by_rails() const override { return on_rail_; }  // rbd-halo
 
   void multicast(const ExchangeRun& run, const float* src, float* recv, int H) const override {
     const Impl& im = run.im;

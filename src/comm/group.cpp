@@ -628,6 +628,22 @@ void Group::blocking(bool is_recv, int dtype, void* data, int64_t count, int pee
   h.store();
 }
 
+int64_t Group::probe_int32(int peer, int tag) const {
+  check_peer(peer, "MPI_Probe");
+  MPI_Status st;
+  int rc;
+  {
+    OpScope scope("MPI_Probe", rank_, size_, members_, peer, world_ranks_[peer], tag);
+    rc = MPI_Probe(peer, tag, unpack<MPI_Comm>(comm_), &st);
+  }
+  if (rc != MPI_SUCCESS) fail("MPI_Probe", rc, rank_, size_, peer, tag);
+  int got = 0;
+  MPI_Get_count(&st, MPI_INT32_T, &got);
+  MOE_CHECK(got >= 0, "MPI_Probe on group rank ", rank_, " of ", size_, " (peer ", peer, ", tag ",
+            tag, "): the message is not a whole number of int32");
+  return got;
+}
+
 Request Group::post(bool is_recv, int dtype, void* data, int64_t count, int peer, int tag) const {
   const char* op = is_recv ? "MPI_Irecv" : "MPI_Isend";
   check_peer(peer, op);

@@ -133,6 +133,9 @@ class Group {
   void send(const int32_t* data, int64_t count, int peer, int tag = 0) const;
   void recv(float* data, int64_t count, int peer, int tag = 0) const;   // exactly count arrive
   void recv(int32_t* data, int64_t count, int peer, int tag = 0) const;
+  // The length in int32 of the next message from peer with this tag (MPI_Probe; it stays to be
+  // received): for a message whose size the receiver cannot know without another round trip.
+  int64_t probe_int32(int peer, int tag = 0) const;
   Request isend(const float* data, int64_t count, int peer, int tag = 0) const;
   Request isend(const int32_t* data, int64_t count, int peer, int tag = 0) const;
   Request irecv(float* data, int64_t count, int peer, int tag = 0) const;

@@ -719,9 +719,10 @@ void test_exchange(const Group& world, const Topology& topo) {
                  5, false);
   }
 
-  // bad input: one rank errs with the field named; the others learn which rank erred
-  {
-    TokenExchange ex(world, topo, A2aAlgorithm::kRbd, nullptr);
+  // bad input: one rank errs with the field named; the others learn which rank erred (flat
+  // metadata: rbd; metadata by rails: rbd-halo)
+  for (A2aAlgorithm algo : {A2aAlgorithm::kRbd, A2aAlgorithm::kRbdHalo}) {
+    TokenExchange ex(world, topo, algo, nullptr);
     const int bad = n - 1;
     std::vector<int32_t> rows = {0, 1}, dsts = {std::min(1, n - 1), 0}, tags = {0, 0};
     std::vector<float> vals = {1, 1};
@@ -747,7 +748,8 @@ void test_exchange(const Group& world, const Topology& topo) {
     ExchangePlan p = ex.plan(1, 1, zero.data(), zero.data(), tags.data(), vals.data());
     TokenExchange flat(world, topo, A2aAlgorithm::kFlat, nullptr);
     float x = 1, y = 0;
-    expect_error("plan/algorithm mismatch", [&] { flat.multicast(p, &x, &y, 1); }, {"'rbd'", "'flat'"});
+    expect_error("plan/algorithm mismatch", [&] { flat.multicast(p, &x, &y, 1); },
+                 {str_cat("'", a2a_algorithm_name(algo), "'"), "'flat'"});
     // after the errors, exchanges still work
     std::vector<float> recv(p.num_recv, 0.0f);
     x = static_cast<float>(r);

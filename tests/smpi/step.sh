@@ -22,7 +22,7 @@ mkdir -p "$run"
 python3 "$root/platforms/gen_platform.py" frontier 4 "$run/frontier-4.xml"
 overhead=$(python3 -c "import json;print(json.load(open('$root/platforms/calibration.json'))['overhead_us'])")
 cfg=(--cfg=smpi/simulate-computation:no --cfg=smpi/send-is-detached-thresh:0 --cfg=smpi/bw-factor:0:1
-     --cfg=smpi/lat-factor:0:1 --cfg=maxmin/precision:1e-4 --cfg=contexts/stack-size:128
+     --cfg=smpi/lat-factor:0:1 --cfg=maxmin/precision:1e-4 --cfg=smpi/iprobe:1e-10 --cfg=contexts/stack-size:128
      --cfg=surf/precision:1e-6 --cfg=smpi/shared-malloc:local --cfg=smpi/auto-shared-malloc-thresh:65536)
 step() {
   (cd "$run" && smpirun -np 32 -platform frontier-4.xml -hostfile frontier-4.hosts "${cfg[@]}" \
