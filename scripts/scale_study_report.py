@@ -89,8 +89,9 @@ def table(points, algos):
     others = [a for a in algos if a != "flat"]
     print("| platform | nodes | ranks | routing | overhead (us) | bytes/rank | "
           + " | ".join(f"{a} (us)" for a in algos) + " | speed-up " + " / ".join(others)
-          + " | rbd byte ratio | planner " + " / ".join(algos) + " (us) | planner error | plan (us) | #wrong | wall (s) |")
-    print("|" + "---|" * (13 + len(algos)))
+          + " | rbd byte ratio | planner " + " / ".join(algos) + " (us) | planner error | plan " + " / ".join(algos)
+          + " (us) | speed-up with plan " + " / ".join(others) + " | #wrong | wall (s) |")
+    print("|" + "---|" * (14 + len(algos)))
     for k in keys:
         ps = {p["algo"]: p for p in points if (p["platform"], p["size"], p["routing"], p["overhead_us"], p["nodes"]) == k}
         if "flat" not in ps:
@@ -103,9 +104,11 @@ def table(points, algos):
         errs = [ps[a]["planner_err"] for a in ps if "planner_err" in ps[a]]
         err = f"{100 * min(errs):+.0f}..{100 * max(errs):+.0f}%" if errs else "-"
         rb = cell("rbd", lambda p: f'{p["byte_ratio"]:.2f}')
+        plans = " / ".join(cell(a, lambda p: f'{p["plan_us"]:.1f}') for a in algos)
+        sp_total = " / ".join(cell(a, lambda p: f'{fl["total_us"] / p["total_us"]:.2f}') for a in others)
         wrong = str(sum(p["wrong"] for p in ps.values())) + ("" if fl["rows_checked"] else " (origins)")
         print(f'| {k[0]} | {k[4]} | {fl["ranks"]} | {k[2]} | {k[3]:g} | {k[1]} | {times} | {sp} | {rb} | {pl} | '
-              f'{err} | {fl["plan_us"]:.1f} | {wrong} | {fl["wall_s"]} |')
+              f'{err} | {plans} | {sp_total} | {wrong} | {fl["wall_s"]} |')
     bad = [p for p in points if "planner_err" in p and abs(p["planner_err"]) > 0.25]
     n = sum(1 for p in points if "planner_err" in p)
     print(f"\nplanner within 25% of the simulation: {n - len(bad)} of {n} points")
@@ -128,6 +131,8 @@ def svg(sel, algos, title):
 
     def panel(x0, key, ptitle):
         ys = [p[key] for p in sel if not math.isnan(p[key])]
+        if not ys:  # e.g. no flat run among the points: no speed-up to draw
+            return
         ymax, ymin = max(ys) * 1.1, 0
         xs = lambda n: x0 + M + (nodes.index(n) / max(1, len(nodes) - 1)) * (W - M - 10)
         yv = lambda v: 20 + (H - 40) * (1 - (v - ymin) / (ymax - ymin))
