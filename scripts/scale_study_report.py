@@ -4,8 +4,9 @@
   scale_study_report.py OUT_DIR PREDICT CAL_OVERHEAD_US TOPK
 Any exchange names in the JSON are reported (flat first, as the speed-up's reference).
 The planner (PREDICT = moetrain_a2a_predict, plan/time_model.cpp's a2a_seconds) models the rows
-of one exchange, so it is compared with the simulated multicast (rows only); the simulated plan
-(counts + metadata: two flat collectives in every algorithm) is reported beside it. Its
+of one exchange, so it is compared with the simulated multicast (rows only); its plan
+(a2a_plan_seconds: counts + metadata, flat collectives for flat and rbd, by rails for halo and
+rbd-halo) is compared with the simulated plan. Its
 per-message cost is the simulation's: the overhead is charged once at each end, 2 x overhead.
 Its bytes are the hottest node's per rank (max_node_recv_rows / 8 rows, all algorithms the same):
 the simulated node pools its NICs, so the node's ejection link binds, and under skewed routing
@@ -30,6 +31,7 @@ def load(out):
                 platform="-".join(base[:-3]), nodes=ranks // RPN, ranks=ranks, routing=j["options"]["routing"],
                 experts=j["options"]["experts"], hidden=j["options"]["hidden"], overhead_us=o, size=r["size"],
                 algo=r["algo"], exchange_us=r["multicast_us"], plan_us=r["plan_us"], total_us=r["time_us"],
+                pairs=rows_per_rank,
                 inter_node_bytes=r["inter_node_bytes"], msgs_per_rank=r["inter_node_msgs_per_rank"],
                 wrong=r["wrong"], rows_checked=j["options"]["check_rows"],
                 surf_precision=r.get("surf_precision", float("nan")), wall_s=r.get("wall_s", ""),
@@ -49,8 +51,8 @@ def planner(pts):
     for p in pts:
         groups.setdefault((p["platform"], p["overhead_us"], p["algo"]), []).append(p)
     for (platform, o, algo), ps in groups.items():
-        lines = "".join(f'{algo} {p["ranks"]} {p["ranks"]} {p["size"] * p["hot_node_factor"]:.0f} {topk}\n'
-                        for p in ps)
+        lines = "".join(f'{algo} {p["ranks"]} {p["ranks"]} {p["size"] * p["hot_node_factor"]:.0f} {topk} '
+                        f'{p["pairs"]}\n' for p in ps)
         res = subprocess.run([predict, "--cluster", platform, "--per-message-us", str(2 * o)],
                              input=lines, capture_output=True, text=True)
         if res.returncode != 0:
@@ -58,8 +60,11 @@ def planner(pts):
                   file=sys.stderr)
             continue
         for p, line in zip(ps, res.stdout.split("\n")):
-            p["planner_us"] = float(line.split()[-1]) * 1e6
+            fields = line.split()
+            p["planner_us"] = float(fields[5]) * 1e6
             p["planner_err"] = p["planner_us"] / p["exchange_us"] - 1
+            p["planner_plan_us"] = float(fields[6]) * 1e6
+            p["planner_plan_err"] = p["planner_plan_us"] / p["plan_us"] - 1
 
 
 def algo_order(points):
@@ -74,7 +79,7 @@ def write_csv(points):
     cols = ["platform", "nodes", "ranks", "routing", "experts", "hidden", "overhead_us", "size", "algo",
             "exchange_us", "plan_us", "total_us", "speedup", "inter_node_bytes", "byte_ratio", "msgs_per_rank",
             "wrong", "rows_checked", "hot_node_factor", "hot_rank_factor", "planner_us", "planner_err",
-            "surf_precision", "wall_s"]
+            "surf_precision", "wall_s", "planner_plan_us", "planner_plan_err"]
     with open(os.path.join(out, "points.csv"), "w") as f:
         f.write(",".join(cols) + "\n")
         for p in points:
@@ -90,8 +95,8 @@ def table(points, algos):
     print("| platform | nodes | ranks | routing | overhead (us) | bytes/rank | "
           + " | ".join(f"{a} (us)" for a in algos) + " | speed-up " + " / ".join(others)
           + " | rbd byte ratio | planner " + " / ".join(algos) + " (us) | planner error | plan " + " / ".join(algos)
-          + " (us) | speed-up with plan " + " / ".join(others) + " | #wrong | wall (s) |")
-    print("|" + "---|" * (14 + len(algos)))
+          + " (us) | planner's plan (us), error | speed-up with plan " + " / ".join(others) + " | #wrong | wall (s) |")
+    print("|" + "---|" * (15 + len(algos)))
     for k in keys:
         ps = {p["algo"]: p for p in points if (p["platform"], p["size"], p["routing"], p["overhead_us"], p["nodes"]) == k}
         if "flat" not in ps:
@@ -105,16 +110,27 @@ def table(points, algos):
         err = f"{100 * min(errs):+.0f}..{100 * max(errs):+.0f}%" if errs else "-"
         rb = cell("rbd", lambda p: f'{p["byte_ratio"]:.2f}')
         plans = " / ".join(cell(a, lambda p: f'{p["plan_us"]:.1f}') for a in algos)
+        pplans = " / ".join(cell(a, lambda p: f'{p.get("planner_plan_us", float("nan")):.1f}') for a in algos)
+        perrs = [ps[a]["planner_plan_err"] for a in ps if "planner_plan_err" in ps[a]]
+        if perrs:
+            pplans += f", {100 * min(perrs):+.0f}..{100 * max(perrs):+.0f}%"
         sp_total = " / ".join(cell(a, lambda p: f'{fl["total_us"] / p["total_us"]:.2f}') for a in others)
         wrong = str(sum(p["wrong"] for p in ps.values())) + ("" if fl["rows_checked"] else " (origins)")
         print(f'| {k[0]} | {k[4]} | {fl["ranks"]} | {k[2]} | {k[3]:g} | {k[1]} | {times} | {sp} | {rb} | {pl} | '
-              f'{err} | {plans} | {sp_total} | {wrong} | {fl["wall_s"]} |')
+              f'{err} | {plans} | {pplans} | {sp_total} | {wrong} | {fl["wall_s"]} |')
     bad = [p for p in points if "planner_err" in p and abs(p["planner_err"]) > 0.25]
     n = sum(1 for p in points if "planner_err" in p)
     print(f"\nplanner within 25% of the simulation: {n - len(bad)} of {n} points")
     for p in bad:
         print(f'  outside: {p["platform"]} {p["nodes"]} nodes {p["routing"]} o {p["overhead_us"]:g} {p["size"]} '
               f'{p["algo"]}: {p["exchange_us"]:.1f} simulated, {p["planner_us"]:.1f} planned ({100 * p["planner_err"]:+.0f}%)')
+    bad = [p for p in points if "planner_plan_err" in p and abs(p["planner_plan_err"]) > 0.25]
+    n = sum(1 for p in points if "planner_plan_err" in p)
+    print(f"planner's plan within 25% of the simulated plan: {n - len(bad)} of {n} points")
+    for p in bad:
+        print(f'  outside: {p["platform"]} {p["nodes"]} nodes {p["routing"]} o {p["overhead_us"]:g} {p["size"]} '
+              f'{p["algo"]}: plan {p["plan_us"]:.1f} simulated, {p["planner_plan_us"]:.1f} planned '
+              f'({100 * p["planner_plan_err"]:+.0f}%)')
 
 
 COLORS = ["#444", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]

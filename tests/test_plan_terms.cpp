@@ -500,15 +500,18 @@ TEST(PlanTerms, StepDenseLayerGemmAttentionElementsOptimizerRecompute) {
 //   forward GEMMs: attention 512, router nt(4, E 4, H 4) 128, 2 local experts on r = R/El = 8/2 =
 //   4 rows: gate + up 4 x 2·4·3·4 = 384, down 2 x 96 = 192, head 320; attention 256 -> 1792 ns.
 //   all-to-all of R·H·2 = 64 bytes over 2 ranks: 32 bytes cross, 1 ns + 1 ns latency = 2 ns;
-//   dispatch + combine both ways: forward 1792 + 4 = 1796, backward 3584 + 4 = 3588.
+//   dispatch + combine both ways: backward 3584 + 4 = 3588. The forward also plans (flat: the
+//   counts, then the metadata, 1 message of 1 ns each, + R = 8 pairs of 8 bytes, half of them to
+//   the peer: 32 bytes at 32 GB/s): 2 + 1 = 3 ns: 1792 + 4 + 3 = 1799.
 //   gradient all-reduce over dp·ep = 2 ranks (ring: 2·(g-1)/g·bytes/bw + 2·(g-1)·latency), one call
 //   per contiguous span of replicated tensors: embedding + attention + norms + router = 128
 //   parameters = 256 bytes: 8 + 2 = 10 ns; head + final norm 44 -> 88 bytes: 2.75 + 2 = 4.75 ns;
 //   experts over dp = 1: none. 14.75 ns.
 //   optimizer: 40 + 88 + 72 (2 local experts) + 44 = 244 ns. Step 1796 + 3588 + 14.75 + 244.
-// Recompute moe: backward + the MoE forward again (router and experts 704) + its 2 all-to-alls.
+// Recompute moe: backward + the MoE forward again (router and experts 704) + its 2 all-to-alls
+// (the plan is reused).
 // Time imbalance 1.5: the busiest rank's 12 rows, 6 per expert: experts 864 (+ router 128), 96
-// bytes -> 48 cross: 2.5 ns each.
+// bytes -> 48 cross: 2.5 ns each; the plan's 48 metadata bytes to the peer: 2 + 1.5 ns.
 TEST(PlanTerms, StepMoeLayerExpertGemmsAllToAllAllReduce) {
   const plan::ClusterProfile c = unit_profile();
   plan::MemoryOptions o = bare();
@@ -516,17 +519,17 @@ TEST(PlanTerms, StepMoeLayerExpertGemmsAllToAllAllReduce) {
   const plan::PlanModel m = toy({true});
   const plan::TrainShape s{4, 2, "bf16"};
   plan::TimeBreakdown t = plan::estimate_time(m, layout(1, 1, 2, 1), s, c, o);
-  expect_ns(t.stages[0].fwd, 1796, "fwd");
+  expect_ns(t.stages[0].fwd, 1799, "fwd");
   expect_ns(t.stages[0].bwd, 3588, "bwd");
-  expect_ns(t.stages[0].a2a, 8, "a2a");
+  expect_ns(t.stages[0].a2a, 11, "a2a");
   expect_ns(t.allreduce, 14.75, "allreduce");
   expect_ns(t.optimizer, 244, "optimizer");
-  expect_ns(t.step, 1796 + 3588 + 14.75 + 244, "step");
+  expect_ns(t.step, 1799 + 3588 + 14.75 + 244, "step");
   t = plan::estimate_time(m, layout(1, 1, 2, 1, "moe"), s, c, o);
   expect_ns(t.stages[0].bwd, 3588 + 704 + 4, "moe recompute bwd");
   o.time_imbalance = 1.5;
   t = plan::estimate_time(m, layout(1, 1, 2, 1), s, c, o);
-  expect_ns(t.stages[0].fwd, 512 + 256 + 128 + 864 + 320 + 5, "imbalanced fwd");
+  expect_ns(t.stages[0].fwd, 512 + 256 + 128 + 864 + 320 + 5 + 3.5, "imbalanced fwd");
   expect_ns(t.stages[0].bwd, 2 * (512 + 256 + 128 + 864 + 320) + 5, "imbalanced bwd");
 }
 
@@ -661,6 +664,43 @@ TEST(PlanTerms, AllToAllWireLatencyPerPhase) {
   EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd-halo", 4, 4, 1, 400, 2), 38.5);
   for (const char* algo : {"flat", "rbd", "halo", "rbd-halo"})
     EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, algo, 4, 2, 1, 400, 2), 3.5) << algo;
+}
+
+// The plan's time, links of the test above (intra 100 B/s + 1 s per message + 0.5 s on the wire,
+// inter 5 B/s per rank + 2 s + 4 s), 4 ranks on nodes of 2, 10 pairs: 80 metadata bytes (rbd's
+// 160), 1/4 to the other rank of my node, 1/2 to the other node.
+//   flat: the counts, then the metadata, each phase 1·1 + 2·2 + 4 = 9; + max(20/100, 40/5) = 26
+//   rbd: 16 bytes a pair: 18 + max(0.4, 16) = 34
+//   halo: phase I + II 1 + 1·2 + max(0.2, 40/5) + 4 = 15; phase III 1 + 40/2 / 100 + 0.5: 16.7
+//   rbd-halo: 3 + 16 + 4 + 1 + 0.4 + 0.5 = 24.9
+//   inside one node (ep 2): flat 2·(1 + 0.5) + 40/100 = 3.4 (40 bytes to the peer); halo one
+//     phase: 1 + 0.4 + 0.5 = 1.9
+//   flat over 16 ranks (8 nodes): the counts' messages 1 + 14·2 = 29, their alltoall Bruck's: 4
+//     rounds of 4 on the wire; the metadata 29 + 4 and 80·14/16 bytes at 5 B/s = 14: 92
+//   a measured a2a curve includes the plan: 0.
+TEST(PlanTerms, ExchangePlanByAlgorithm) {
+  plan::ClusterProfile c = unit_profile();
+  c.intra_node = {100, 1, 0.5};
+  c.inter_node = {10, 2, 4};
+  c.nics_per_node = 1;
+  c.nic_bandwidth = 10;
+  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, "flat", 4, 4, 1, 10), 26);
+  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, "rbd", 4, 4, 1, 10), 34);
+  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, "halo", 4, 4, 1, 10), 16.7);
+  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, "rbd-halo", 4, 4, 1, 10), 24.9);
+  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, "flat", 4, 2, 1, 10), 3.4);
+  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, "halo", 4, 2, 1, 10), 1.9);
+  EXPECT_EQ(plan::a2a_plan_seconds(c, "flat", 4, 1, 1, 10), 0);
+  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, "flat", 16, 16, 1, 10), 92);
+  plan::CommCurve cc;
+  cc.op = "a2a";
+  cc.algo = "flat";
+  cc.world = 4;
+  cc.group = 4;
+  cc.ranks_per_node = 2;
+  cc.seconds = plan::Table1D{{100}, {1}};
+  c.comm.push_back(cc);
+  EXPECT_EQ(plan::a2a_plan_seconds(c, "flat", 4, 4, 1, 10), 0);
 }
 
 // Ring all-reduce 2·(g-1)/g·bytes/bw + 2·(g-1)·latency on the slowest link the group spans, and

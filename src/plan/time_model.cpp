@@ -100,6 +100,38 @@ double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, 
   return std::max(phase1, phase2 + phase3);
 }
 
+double a2a_plan_seconds(const ClusterProfile& c, const std::string& algo, int world, int ep, int tp,
+                        double pairs) {
+  if (ep <= 1) return 0;
+  const int rpn = std::min(world, c.ranks_per_node);
+  if (c.find_comm("a2a", algo, world, ep, rpn)) return 0;
+  const int r_n = std::max(1, std::min(ep, c.ranks_per_node / std::max(1, tp)));
+  const int n_g = (ep + r_n - 1) / r_n;
+  const LinkClass inter = link_between_nodes(c, n_g);
+  const LinkClass& intra = c.intra_node;
+  const bool rbd = algo == "rbd" || algo == "rbd-halo";
+  const double meta = pairs * (rbd ? 16 : 8);
+  const double intra_meta = meta * (r_n - 1) / ep, inter_meta = meta * (ep - r_n) / ep;
+  // A class's per-message time is the whole of one message (both ends, as the exchange's).
+  const double intra_msgs = (r_n - 1) * intra.latency;
+  if (algo == "halo" || algo == "rbd-halo") {
+    // Phase I (each rank of my node) and II (each remote node's rail peer) posted together, then
+    // phase III: the rail peer forwards to its node's ranks what is theirs.
+    const double phase12 = intra_msgs + (n_g - 1) * inter.latency +
+                           std::max(fan_out_seconds(intra, intra_meta, r_n - 1), inter_meta / inter.bandwidth) +
+                           (n_g > 1 ? inter.wire_latency : intra.wire_latency);
+    if (n_g == 1) return phase12;
+    return phase12 + intra_msgs + fan_out_seconds(intra, inter_meta * (r_n - 1) / r_n, r_n - 1) + intra.wire_latency;
+  }
+  // The counts, then the metadata, each a block to and from every rank of the group: (ep − 1)
+  // messages' time. MPI's alltoall of 12-byte blocks over more than 12 ranks is Bruck's
+  // (OpenMPI's tuned decision, as SMPI's): ceil(log2 ep) dependent rounds, each a wire latency.
+  const double wire = n_g > 1 ? inter.wire_latency : intra.wire_latency;
+  const double msgs = intra_msgs + (ep - r_n) * inter.latency;
+  const double counts = msgs + (ep > 12 ? std::ceil(std::log2(ep)) : 1) * wire;
+  return counts + msgs + wire + std::max(fan_out_seconds(intra, intra_meta, r_n - 1), inter_meta / inter.bandwidth);
+}
+
 double allreduce_seconds(const ClusterProfile& c, int world, int group, int stride, double bytes) {
   if (group <= 1 || bytes <= 0) return 0;
   if (const CommCurve* cc = c.find_comm("allreduce", "", world, group, 0)) return cc->seconds.time_at(bytes);
@@ -278,7 +310,8 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& lay, const TrainSh
       const double a2a = o.moe ? a2a_seconds(c, lay.a2a, world, lay.ep, tp, o.rows * H * mo.act_bytes, m.top_k) : 0;
       w.fwd_compute += attn_f + ffn_f + rf * o.dropped;
       w.bwd_compute += attn_b + ffn_b + rb * o.dropped;
-      w.fwd_comm += 2 * a2a;  // dispatch + combine
+      // The plan, then dispatch + combine (backward and recomputation reuse the plan).
+      w.fwd_comm += 2 * a2a + (o.moe ? a2a_plan_seconds(c, lay.a2a, world, lay.ep, tp, o.rows) : 0);
       w.bwd_comm += 2 * a2a;
       if (lay.recompute == "full") {
         w.bwd_compute += attn_f + ffn_f;

@@ -2,7 +2,8 @@
 //   per stage and micro-batch, forward = Σ layers [ GEMMs by shape (calibrated table: q/k/v/o,
 //     router, each local expert on its rows R/El — tall-skinny when experts are many —, shared
 //     experts, dense FFN) + attention (table by T, head_dim) + memory-bound work (per activation
-//     element allocated) + 2 all-to-alls (dispatch, combine) ] (+ head on the last stage);
+//     element allocated) + the exchange's plan + 2 all-to-alls (dispatch, combine) ] (+ head on
+//     the last stage);
 //   backward = the GEMMs' dx and dw forms + attention backward + memory-bound work + 2
 //     all-to-alls; recomputation adds the recomputed part's forward, and both passes the
 //     profile's per-element cost of dropping and rebuilding those activations; expert GEMMs and
@@ -68,6 +69,17 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& layout, const Trai
 // pilot per (token, remote node); halo: one message per remote node, intra-node forward).
 double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, int ep, int tp,
                    double bytes, int k);
+// Seconds of one exchange's plan (comm::TokenExchange::plan, once per MoE layer and micro-batch,
+// reused by its dispatch, combine and their adjoints): every rank learns the counts and per-pair
+// metadata of the `pairs` rows it sends (tag and value, and rbd's pilot rank and index: 8 or 16
+// bytes a pair). Its messages are small: their per-message time is most of it.
+//   flat, rbd: an alltoall of the counts, then an alltoallv of the metadata, each (ep − 1)
+//     messages (the counts' alltoall is Bruck's above 12 ranks: ceil(log2 ep) wire latencies);
+//   halo, rbd-halo (by rails): one message to each rank of the node and one to each remote
+//     node's rail peer, then the rail peer's forward inside its node.
+// 0 where the profile has a measured a2a curve for the group: the curve's dispatch includes it.
+double a2a_plan_seconds(const ClusterProfile& c, const std::string& algo, int world, int ep, int tp,
+                        double pairs);
 double allreduce_seconds(const ClusterProfile& c, int world, int group, int stride, double bytes);
 double p2p_seconds(const ClusterProfile& c, int world, int stride, double bytes);
 

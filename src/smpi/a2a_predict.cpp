@@ -1,11 +1,12 @@
 // moetrain_a2a_predict: the planner's time for one token exchange (plan/time_model.cpp's
-// a2a_seconds, the function `moetrain plan` charges per dispatch and combine), for the SMPI scale
-// study's planner-vs-simulation columns (scripts/scale_study.sh). Normal build; links only the
-// planner.
+// a2a_seconds, the function `moetrain plan` charges per dispatch and combine) and for its plan
+// (a2a_plan_seconds, once per MoE layer and micro-batch), for the SMPI scale study's
+// planner-vs-simulation columns (scripts/scale_study.sh). Normal build; links only the planner.
 //   moetrain_a2a_predict --cluster frontier [--per-message-us X] < points
-// reads lines "ALGO WORLD EP BYTES K" (BYTES per rank, flat dispatch bytes) and prints
-// "ALGO WORLD EP BYTES K SECONDS". --per-message-us replaces the profile's per-message cost of
-// every link class (the study's calibrated overhead, or 0).
+// reads lines "ALGO WORLD EP BYTES K [PAIRS]" (BYTES per rank, flat dispatch bytes; PAIRS the
+// (token, expert) pairs a rank sends) and prints "ALGO WORLD EP BYTES K SECONDS [PLAN_SECONDS]".
+// --per-message-us replaces the profile's per-message cost of every link class (the study's
+// calibrated overhead, or 0).
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -65,12 +66,21 @@ int main(int argc, char** argv) {
       double bytes = 0;
       MOE_CHECK(static_cast<bool>(is >> algo >> world >> ep >> bytes >> k) && world >= ep && ep >= 1 &&
                     k >= 1 && bytes >= 0,
-                "moetrain_a2a_predict: stdin line ", n, " '", line, "' is not \"ALGO WORLD EP BYTES K\"");
+                "moetrain_a2a_predict: stdin line ", n, " '", line, "' is not \"ALGO WORLD EP BYTES K [PAIRS]\"");
+      double pairs = -1;
+      if (!(is >> pairs)) {
+        MOE_CHECK(is.eof(), "moetrain_a2a_predict: stdin line ", n, ": PAIRS in '", line, "' is not a number");
+        pairs = -1;
+      } else {
+        MOE_CHECK(pairs >= 0, "moetrain_a2a_predict: stdin line ", n, ": PAIRS ", pairs, " is negative");
+      }
       MOE_CHECK(algo == "flat" || algo == "rbd" || algo == "halo" || algo == "rbd-halo",
                 "moetrain_a2a_predict: stdin line ", n, ": algorithm '", algo,
                 "' (expected flat, rbd, halo or rbd-halo)");
-      std::printf("%s %d %d %.0f %d %.9g\n", algo.c_str(), world, ep, bytes, k,
+      std::printf("%s %d %d %.0f %d %.9g", algo.c_str(), world, ep, bytes, k,
                   moe::plan::a2a_seconds(c, algo, world, ep, 1, bytes, k));
+      if (pairs >= 0) std::printf(" %.9g", moe::plan::a2a_plan_seconds(c, algo, world, ep, 1, pairs));
+      std::printf("\n");
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
