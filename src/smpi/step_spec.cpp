@@ -115,6 +115,8 @@ StepSpec make_step_spec(const StepRequest& r) {
   StepSpec sp;
   sp.model = plan::resolve_model(r.model);
   sp.cluster = plan::resolve_cluster(r.cluster);
+  if (r.per_message_s >= 0)
+    sp.cluster.intra_node.latency = sp.cluster.inter_node.latency = sp.cluster.inter_group.latency = r.per_message_s;
   sp.shape = train_shape(r, sp.model, sp.cluster);
   sp.layout = choose_layout(r, sp.model, sp.cluster, sp.shape, &sp.searched);
   MOE_CHECK(sp.layout.tp == 1, "moetrain_smpi_step: layout ", sp.layout.describe(),

@@ -29,6 +29,9 @@ struct StepRequest {
   long long tokens_per_rank = 0;     // global tokens per step / world (weak scaling: fixed)
   int seq_len = 0;                   // 0: the model's training length
   std::string layout;                // "pp=..,dp=..,ep=..,mb=..,a2a=.." or empty: the search's best
+  // >= 0: the profile's per-message time of every link class, for the search and the prediction
+  // (the simulated platform's: both ends' overhead); < 0: the profile's own.
+  double per_message_s = -1;
 };
 
 // One layer's injected compute per micro-batch (seconds on one rank).
