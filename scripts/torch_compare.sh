@@ -29,8 +29,14 @@ export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}" OPENBLAS_NUM_THREADS=1
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 
-# shape: E k F, and the goals (% of own sgemm, speed-up over PyTorch)
-shapes=("64 6 704 90 1.2" "128 8 256 85 1.4" "8 2 3584 95 1.05")
+# shape: E k F, and the goals (% of own same-run peak, speed-up over PyTorch fp32). fp32: % of
+# sgemm; bf16: % of oneDNN's bf16 matmul, and at E64 1.7x (issue 13; the other shapes keep the
+# fp32 speed-ups as their floor).
+if [ "$precision" = bf16 ]; then
+  shapes=("64 6 704 60 1.7" "128 8 256 60 1.4" "8 2 3584 60 1.05")
+else
+  shapes=("64 6 704 90 1.2" "128 8 256 85 1.4" "8 2 3584 95 1.05")
+fi
 for s in "${shapes[@]}"; do
   read -r E k F _ _ <<<"$s"
   tag="E${E}_k${k}_F${F}"
@@ -59,7 +65,8 @@ def best(side, tag):
 
 print(f"# one MoE layer fwd+bwd, T4096 H1024, 1 thread, OPENBLAS_CORETYPE set; moetrain {precision}, "
       f"PyTorch fp32 dropless; best of {rounds} round(s) each")
-print(f"{'shape':<16}{'moetrain ms':>12}{'% sgemm':>9}{'(goal)':>8}{'sgemm GF/s':>11}"
+peak = "sgemm" if precision == "fp32" else "bf16mm"
+print(f"{'shape':<16}{'moetrain ms':>12}{'% ' + peak:>9}{'(goal)':>8}{peak + ' GF/s':>12}"
       f"{'PyTorch ms':>12}{'torch GF/s':>11}{'speed-up':>10}{'(goal)':>8}  check")
 ok = True
 for s in shapes:
@@ -72,7 +79,7 @@ for s in shapes:
     met = pct >= float(goal_pct) and speed >= float(goal_x)
     ok = ok and met
     wrong = f"{row['wrong_tokens']}/{row['checked_tokens']} wrong"
-    print(f"{tag:<16}{row['total_ms']:>12.0f}{pct:>8.1f}%{'>=' + goal_pct:>8}{m_peak:>11.1f}"
+    print(f"{tag:<16}{row['total_ms']:>12.0f}{pct:>8.1f}%{'>=' + goal_pct:>8}{m_peak:>12.1f}"
           f"{t['total_ms']:>12.0f}{t_peak:>11.1f}{speed:>9.2f}x{'>=' + goal_x:>8}  "
           f"{'met' if met else 'NOT met'}, {wrong}")
 print("all goals met" if ok else "some goals not met")

@@ -174,10 +174,11 @@ const Impl& checked_impl(const ExchangePlan& plan, A2aAlgorithm algo, const Grou
 }
 
 
-bool group_in_topology(const Group& g, const Topology& topo) {
+// The first group rank whose world rank lies outside the topology, or -1.
+int rank_outside_topology(const Group& g, const Topology& topo) {
   for (int r = 0; r < g.size(); ++r)
-    if (g.world_rank_of(r) >= topo.world_size) return false;
-  return true;
+    if (g.world_rank_of(r) >= topo.world_size) return r;
+  return -1;
 }
 
 // plan()'s counts and metadata routed like HALO's rows (halo, rbd-halo). Block (s -> d) is s's 3
@@ -188,8 +189,8 @@ bool group_in_topology(const Group& g, const Topology& topo) {
 // are posted together, so the depth is two messages, as the flat alltoall + alltoallv; a rank
 // sends (ranks per node - 1) + (nodes - 1) + (ranks per node - 1) messages instead of 2 (n - 1).
 // Received sizes are probed (Group::probe_int32), then every receive of a phase is posted at
-// once: the counts come with the rows. Output as the flat
-// path's: counts_in [3n], meta_in with md_in[s] the offset of source s's ints.
+// once: the counts come with the rows. Output as the flat path's: counts_in [3n], meta_in with
+// md_in[s] the offset of source s's ints.
 void rails_metadata_exchange(const Group& g, const PlanContext& c, int rec,
                              const std::vector<int32_t>& counts_out,
                              const std::vector<int32_t>& meta_out, const std::vector<int>& mc_out,
@@ -279,8 +280,13 @@ void rails_metadata_exchange(const Group& g, const PlanContext& c, int rec,
       if (local[j] != me) post(std::move(forward[j]), local[j], kTagMeta3);
   // Phase III in (from the rail ranks of my node that have rail sources), then phase I.
   std::vector<int> rails;
-  for (int R : local_peers)
-    if (!rail_sources(R).empty()) rails.push_back(R);
+  std::vector<std::vector<int>> sources_of;  // sources_of[i]: rails[i]'s rail sources
+  for (int R : local_peers) {
+    std::vector<int> v = rail_sources(R);
+    if (v.empty()) continue;
+    rails.push_back(R);
+    sources_of.push_back(std::move(v));
+  }
   auto [r3, in3] = receive(rails, kTagMeta3);
   wait_all(r1);
   wait_all(r3);
@@ -293,7 +299,7 @@ void rails_metadata_exchange(const Group& g, const PlanContext& c, int rec,
   }
   for (size_t i = 0; i < rails.size(); ++i) {
     size_t pos = 0;
-    for (int s : rail_sources(rails[i])) from[s] = take_block(*in3[i], pos, s, me);
+    for (int s : sources_of[i]) from[s] = take_block(*in3[i], pos, s, me);
     MOE_CHECK(pos == in3[i]->size(), "TokenExchange::plan: forwarded metadata from group rank ",
               rails[i], " is longer than its blocks");
   }
@@ -326,10 +332,9 @@ std::string validate_pairs(const Group& g, const Topology& topo, int num_src_row
     if (src_row[p] < 0 || src_row[p] >= num_src_rows)
       return str_cat("src_row[", p, "] = ", src_row[p], " out of range [0, ", num_src_rows, ")");
   }
-  for (int r = 0; r < n; ++r)
-    if (g.world_rank_of(r) >= topo.world_size)
-      return str_cat("group rank ", r, " is world rank ", g.world_rank_of(r),
-                     ", outside the topology of ", topo.world_size, " ranks");
+  if (const int r = rank_outside_topology(g, topo); r >= 0)
+    return str_cat("group rank ", r, " is world rank ", g.world_rank_of(r), ", outside the topology of ",
+                   topo.world_size, " ranks");
   return "";
 }
 
@@ -404,7 +409,7 @@ ExchangePlan TokenExchange::plan(int num_src_rows, int num_pairs, const int32_t*
   // The counts also carry an "invalid input" flag: every rank learns of a bad rank in that one
   // exchange and all of them throw (none is left waiting in the next one).
   const std::string bad = validate_pairs(g, topo_, num_src_rows, num_pairs, src_row, dst_rank);
-  const bool by_rails = algo.metadata_by_rails() && group_in_topology(g, topo_);
+  const bool by_rails = algo.metadata_by_rails() && rank_outside_topology(g, topo_) < 0;
   std::vector<int32_t> counts_out(3 * n, 0), counts_in(3 * n);
   auto check_flags = [&] {
     if (!bad.empty())
