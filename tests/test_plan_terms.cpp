@@ -94,6 +94,18 @@ plan::ClusterProfile unit_profile() {
   return c;
 }
 
+// A measured flat a2a curve of 4 ranks (2 per node): 100 bytes in 1 s, bandwidth-bound beyond.
+plan::CommCurve flat_a2a_curve_4_ranks() {
+  plan::CommCurve cc;
+  cc.op = "a2a";
+  cc.algo = "flat";
+  cc.world = 4;
+  cc.group = 4;
+  cc.ranks_per_node = 2;
+  cc.seconds = plan::Table1D{{100}, {1}};
+  return cc;
+}
+
 // Relative comparison for sums of nanoseconds.
 void expect_ns(double got_s, double want_ns, const char* what) {
   EXPECT_NEAR(got_s / kNs, want_ns, 1e-9 * std::max(1.0, want_ns)) << what;
@@ -613,14 +625,7 @@ TEST(PlanTerms, AllToAllByAlgorithmAndLinkClass) {
   plan::ClusterProfile g = c;
   g.nodes_per_group = 1;
   EXPECT_DOUBLE_EQ(plan::a2a_seconds(g, "flat", 4, 4, 1, 400, 2), 107);
-  plan::CommCurve cc;
-  cc.op = "a2a";
-  cc.algo = "flat";
-  cc.world = 4;
-  cc.group = 4;
-  cc.ranks_per_node = 2;
-  cc.seconds = plan::Table1D{{100}, {1}};
-  c.comm.push_back(cc);
+  c.comm.push_back(flat_a2a_curve_4_ranks());
   EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "flat", 4, 4, 1, 400, 2), 4);
   EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "halo", 4, 4, 1, 400, 2), 44);  // no curve for halo
 }
@@ -692,14 +697,7 @@ TEST(PlanTerms, ExchangePlanByAlgorithm) {
   EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, "halo", 4, 2, 1, 10), 1.9);
   EXPECT_EQ(plan::a2a_plan_seconds(c, "flat", 4, 1, 1, 10), 0);
   EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, "flat", 16, 16, 1, 10), 92);
-  plan::CommCurve cc;
-  cc.op = "a2a";
-  cc.algo = "flat";
-  cc.world = 4;
-  cc.group = 4;
-  cc.ranks_per_node = 2;
-  cc.seconds = plan::Table1D{{100}, {1}};
-  c.comm.push_back(cc);
+  c.comm.push_back(flat_a2a_curve_4_ranks());
   EXPECT_EQ(plan::a2a_plan_seconds(c, "flat", 4, 4, 1, 10), 0);
 }
 
