@@ -310,15 +310,17 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& lay, const TrainSh
       const double a2a = o.moe ? a2a_seconds(c, lay.a2a, world, lay.ep, tp, o.rows * H * mo.act_bytes, m.top_k) : 0;
       w.fwd_compute += attn_f + ffn_f + rf * o.dropped;
       w.bwd_compute += attn_b + ffn_b + rb * o.dropped;
-      // The plan, then dispatch + combine (backward and recomputation reuse the plan).
-      w.fwd_comm += 2 * a2a + (o.moe ? a2a_plan_seconds(c, lay.a2a, world, lay.ep, tp, o.rows) : 0);
+      // The plan, then dispatch + combine; backward reuses the plan, a recomputed forward plans
+      // again (model.cpp reruns moe_forward).
+      const double plan = o.moe ? a2a_plan_seconds(c, lay.a2a, world, lay.ep, tp, o.rows) : 0;
+      w.fwd_comm += 2 * a2a + plan;
       w.bwd_comm += 2 * a2a;
       if (lay.recompute == "full") {
         w.bwd_compute += attn_f + ffn_f;
-        w.bwd_comm += 2 * a2a;
+        w.bwd_comm += 2 * a2a + plan;
       } else if (lay.recompute == "moe" && o.moe) {
         w.bwd_compute += ffn_f;
-        w.bwd_comm += 2 * a2a;
+        w.bwd_comm += 2 * a2a + plan;
       }
     }
     if (s == 0) w.fwd_compute += ef * embedding_elems(m, rs, tp);

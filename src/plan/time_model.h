@@ -69,8 +69,8 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& layout, const Trai
 // pilot per (token, remote node); halo: one message per remote node, intra-node forward).
 double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, int ep, int tp,
                    double bytes, int k);
-// Seconds of one exchange's plan (comm::TokenExchange::plan, once per MoE layer and micro-batch,
-// reused by its dispatch, combine and their adjoints): every rank learns the counts and per-pair
+// Seconds of one exchange's plan (comm::TokenExchange::plan, once per MoE layer and micro-batch
+// forward, recomputed or not; dispatch, combine and their adjoints reuse it): every rank learns the counts and per-pair
 // metadata of the `pairs` rows it sends (tag and value, and rbd's pilot rank and index: 8 or 16
 // bytes a pair). Its messages are small: their per-message time is most of it.
 //   flat, rbd: an alltoall of the counts, then an alltoallv of the metadata, each (ep − 1)
