@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "kernels/cpu_clones.h"
 #include "kernels/device_select.h"
 #include "kernels/gemm_bf16_cpu.h"
 
@@ -26,6 +27,13 @@ double decimal_double(float x) {
   auto res = std::to_chars(buf, buf + sizeof(buf) - 1, x);  // shortest round-trip form
   *res.ptr = '\0';
   return std::strtod(buf, nullptr);
+}
+
+// The element loop in CPU-feature clones (kernels/cpu_clones.h; this file is compiled with
+// -ffp-contract=off and -fno-math-errno, so sqrtf vectorizes and every clone rounds alike).
+MOE_CPU_CLONES void adamw_cpu(float* p, const float* g, float* m, float* v, size_t n,
+                              const math::AdamWScalars s, float grad_scale) {
+  for (size_t i = 0; i < n; ++i) math::adamw_element(p[i], g[i], m[i], v[i], s, grad_scale);
 }
 
 }  // namespace
@@ -53,7 +61,7 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const 
   MOE_CUDA_DISPATCH(adamw_update, p, g, m, v, n, hp, step, grad_scale);
   invalidate_bf16_weights(p);  // the weights change: a bf16 copy of them would be stale
   const math::AdamWScalars s = adamw_scalars(hp, step);
-  for (size_t i = 0; i < n; ++i) math::adamw_element(p[i], g[i], m[i], v[i], s, grad_scale);
+  adamw_cpu(p, g, m, v, n, s, grad_scale);
 }
 
 double sum_squares(const float* x, size_t n) {

@@ -16,19 +16,12 @@
 #include <cstddef>
 
 #include "core/error.h"
+#include "kernels/cpu_clones.h"
 #include "kernels/device_select.h"
 #include "kernels/element_math.h"
 #include "kernels/gemm.h"
 
-// The row loops (exp over a row of scores) as AVX-512 / AVX2 / baseline clones chosen at load
-// time by CPU feature (not by CPU model: "arch=" clones check the model, which a virtual machine
-// may not report): portable binaries, and 16 exps per instruction where the CPU has AVX-512.
-// CMakeLists.txt compiles this file with -ffp-contract=off, so the clones give the same bits.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define MOE_ROW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define MOE_ROW_CLONES
-#endif
+// The row loops (exp over a row of scores) run as CPU-feature clones (kernels/cpu_clones.h).
 
 namespace moe::kernels {
 
@@ -55,7 +48,7 @@ HeadView head_view(int b, int h, int T, int n_head, int head_dim) {
 // Merges one row of scores s[0, n) (the first `valid` unmasked) into the running max m and sum
 // l, and overwrites s with the block's probabilities relative to the new max (masked ones 0).
 // Returns the factor the row's previous output is rescaled by.
-MOE_ROW_CLONES float online_softmax_row(float* s, int valid, int n, float& m, float& l) {
+MOE_CPU_CLONES float online_softmax_row(float* s, int valid, int n, float& m, float& l) {
   if (valid <= 0) {
     std::fill(s, s + n, 0.0f);
     return 1.0f;
@@ -83,7 +76,7 @@ MOE_ROW_CLONES float online_softmax_row(float* s, int valid, int n, float& m, fl
 }
 
 // Backward's row: p = exp(s - lse) into s, dscore into dp (both 0 past `valid`).
-MOE_ROW_CLONES void dscore_row(float* s, float* dp, int valid, int n, float lse, float D,
+MOE_CPU_CLONES void dscore_row(float* s, float* dp, int valid, int n, float lse, float D,
                                float scale) {
   for (int j = 0; j < valid; ++j) {
     const float p = math::exp_poly(s[j] - lse);
