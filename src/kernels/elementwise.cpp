@@ -23,7 +23,8 @@ typedef float F16 __attribute__((vector_size(64)));
 typedef int32_t I16 __attribute__((vector_size(64)));
 constexpr size_t kLanes = 16;
 // The helpers below take and return F16 by value. They are always inlined into the clones, so no
-// call crosses the clones' different vector ABIs, and GCC's note about that ABI does not apply.
+// call crosses the clones' different vector ABIs, and GCC's note about that ABI (which it also
+// gives where the baseline clone inlines them) does not apply anywhere in this file.
 #pragma GCC diagnostic ignored "-Wpsabi"
 #define MOE_LANES inline __attribute__((always_inline))
 
