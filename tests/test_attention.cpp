@@ -135,6 +135,38 @@ TEST(FlashAttention, MatchesNaiveDoubleLoops) {
   }
 }
 
+// The CPU kernel's instruction sets (AVX-512 + FMA, AVX2 + FMA, baseline with std::fma) give the
+// same bits, so results (the golden loss curves) do not depend on the CPU: every set this CPU has
+// is run on shapes with partial blocks and head dims that are not whole vectors.
+TEST(FlashAttention, EveryInstructionSetGivesTheSameBits) {
+  const int top = attention_cpu_isa();
+  const Shape shapes[] = {{2, 130, 2, 32, 2.0}, {1, 70, 1, 24, 1.0}, {1, 65, 2, 64, 1.0}};
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(::testing::Message() << "T=" << s.T << " hd=" << s.hd);
+    Rng rng(77 + s.T);
+    const size_t n = static_cast<size_t>(s.B) * s.T * s.nh * s.hd;
+    const Vec q = randn(rng, n, s.q_scale), k = randn(rng, n, 1.0), v = randn(rng, n, 1.0),
+              dout = randn(rng, n, 1.0);
+    std::vector<Vec> runs;
+    for (int isa = top; isa >= 0; --isa) {
+      force_attention_cpu_isa(isa);
+      Vec out(n), att(attention_saved_floats(s.B, s.T, s.nh, s.hd)), dq(n), dk(n), dv(n);
+      attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), s.B, s.T, s.nh, s.hd);
+      attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
+                         v.data(), att.data(), s.B, s.T, s.nh, s.hd, nullptr);
+      Vec all = att;
+      for (const Vec* x : {&dq, &dk, &dv}) all.insert(all.end(), x->begin(), x->end());
+      runs.push_back(std::move(all));
+    }
+    force_attention_cpu_isa(-1);
+    for (size_t i = 1; i < runs.size(); ++i)
+      EXPECT_TRUE(runs[i] == runs[0]) << "instruction set " << top - static_cast<int>(i)
+                                      << " differs from " << top;
+  }
+  EXPECT_THROW(force_attention_cpu_isa(top + 1), Error);
+  EXPECT_EQ(attention_cpu_isa(), top);
+}
+
 // The saved state is O(T) per head, the same formula on every device, and the memory model's
 // (model/memory_sizes.h) attention_state is exactly it; backward needs no scratch.
 TEST(FlashAttention, SavedStateIsLinearInTAndTheMemoryModelsTerm) {

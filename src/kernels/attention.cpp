@@ -1,34 +1,52 @@
 // Causal multi-head attention on the CPU, flash-style (see attention.h), one (b, h) pair at a time
-// on strided views (row stride C = n_head·head_dim, so no transposes are materialised).
-// Queries and keys go in blocks of kBlock rows; the products of a block pair are BLAS GEMMs on
-// kBlock×kBlock tiles kept on the stack, and key blocks above the diagonal are skipped (the
-// causal half is never computed). The per-element math is element_math.h's, as on the GPU.
+// on strided views (row stride C = n_head·head_dim, so no transposes of the buffers).
+// Queries and keys go in blocks of kBlock rows. The products of a block pair are register-blocked
+// loops on 16-float vectors (kernels/lanes.h), built per instruction set (attention_blocks.inc),
+// on tiles of a per-call workspace: the key block transposed for the scores, every block's rows
+// padded to whole vectors for the products that run along head_dim. Key blocks above the
+// diagonal are skipped, and so are the 16-key chunks of the diagonal block that no row of a row
+// group sees (the causal half is never computed). Everything stays fp32 whatever --precision says:
+// the scores and the softmax are fp32 (DESIGN.md, Numbers), as in the CUDA kernel. The exp is
+// lanes.h's (the Cephes polynomial of element_math.h's exp_poly, which the CUDA kernel uses, with
+// one product taken in another order), so the two devices agree to rounding, not bit for bit.
 // Forward, query block i, online softmax over key blocks j <= i (running max m, sum l per row):
 //   S = scale·Q_i K_j^T;  m' = max(m, rowmax S);  P = exp(S - m');  l = l·e^(m-m') + rowsum P;
 //   O_i = O_i·e^(m-m') + P V_j;   finally O_i /= l, lse = m + log l.
 // Backward, with P = exp(S - lse) recomputed and D_i = rowsum(dO_i ∘ O_i):
 //   dV_j += P^T dO_i;  dP = dO_i V_j^T;  dS = scale·P ∘ (dP - D_i);
 //   dQ_i += dS K_j;   dK_j += dS^T Q_i.
+// Every sum runs in a fixed order along the reduced index, the tile products as fused
+// multiply-adds and everything else rounded per operation (the file is compiled with
+// -ffp-contract=off), so each instruction set gives the same bits (a test compares them). Before
+// 2026-12-03 the tile products were BLAS calls: 1,536 sgemm calls in forward and 3,840 in backward
+// per step of the tiny model; this kernel is 1.05-1.27x faster than those (README, Fused
+// attention). A version with the products rounded apart (no FMA) was slower than the BLAS calls.
 #include "kernels/attention.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
+#include <vector>
 
 #include "core/error.h"
-#include "kernels/cpu_clones.h"
 #include "kernels/device_select.h"
 #include "kernels/element_math.h"
-#include "kernels/gemm.h"
+#include "kernels/lanes.h"
 
-// The row loops (exp over a row of scores) run as CPU-feature clones (kernels/cpu_clones.h).
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace moe::kernels {
 
 namespace {
 
-constexpr int kBlock = 64;  // rows per query block and per key block (tiles kBlock×kBlock)
-constexpr int kLanes = 16;  // partial maxima / sums per row: a vector's worth, fixed order
+using namespace lanes;
+
+constexpr int kBlock = 64;     // rows per query block and per key block
+constexpr int kScoreRows = 4;  // rows of a score tile: 4 rows × 4 chunks = 16 vectors
+constexpr int kAccRows = 8;    // rows of a product tile: 8 rows × 2 vectors
 
 // One (b, h): the views of its rows in the [B, T, C] buffers and in [B, nh, T].
 struct HeadView {
@@ -41,109 +59,80 @@ struct HeadView {
 HeadView head_view(int b, int h, int T, int n_head, int head_dim) {
   const int C = n_head * head_dim;
   return {static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * head_dim,
-          (static_cast<size_t>(b) * n_head + h) * T, T, C, head_dim,
+          (static_cast<size_t>(b) * n_head + h) * T,
+          T,
+          C,
+          head_dim,
           1.0f / std::sqrt(static_cast<float>(head_dim))};
 }
 
-// Merges one row of scores s[0, n) (the first `valid` unmasked) into the running max m and sum
-// l, and overwrites s with the block's probabilities relative to the new max (masked ones 0).
-// Returns the factor the row's previous output is rescaled by.
-MOE_CPU_CLONES float online_softmax_row(float* s, int valid, int n, float& m, float& l) {
-  if (valid <= 0) {
-    std::fill(s, s + n, 0.0f);
-    return 1.0f;
-  }
-  float mx[kLanes];
-  std::fill(mx, mx + kLanes, -INFINITY);
-  int j = 0;
-  for (; j + kLanes <= valid; j += kLanes)
-    for (int i = 0; i < kLanes; ++i) mx[i] = s[j + i] > mx[i] ? s[j + i] : mx[i];
-  float row_max = m;
-  for (int i = 0; i < kLanes; ++i) row_max = mx[i] > row_max ? mx[i] : row_max;
-  for (; j < valid; ++j) row_max = s[j] > row_max ? s[j] : row_max;
-  for (j = 0; j < valid; ++j) s[j] = math::exp_poly(s[j] - row_max);
-  float sum[kLanes] = {};
-  for (j = 0; j + kLanes <= valid; j += kLanes)
-    for (int i = 0; i < kLanes; ++i) sum[i] += s[j + i];
-  float total = 0.0f;
-  for (; j < valid; ++j) total += s[j];
-  for (int i = 0; i < kLanes; ++i) total += sum[i];
-  std::fill(s + valid, s + n, 0.0f);
-  const float corr = math::online_softmax_rescale(m, row_max);
-  l = l * corr + total;
-  m = row_max;
-  return corr;
-}
+// head_dim rounded up to whole pairs of vectors: the row stride of the padded tiles.
+int padded_dim(int hd) { return (hd + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLanes); }
 
-// Backward's row: p = exp(s - lse) into s, dscore into dp (both 0 past `valid`).
-MOE_CPU_CLONES void dscore_row(float* s, float* dp, int valid, int n, float lse, float D,
-                               float scale) {
-  for (int j = 0; j < valid; ++j) {
-    const float p = math::exp_poly(s[j] - lse);
-    s[j] = p;
-    dp[j] = math::attention_dscore(p, dp[j], D, scale);
+// The tiles of one call, zeroed once: the padding columns [hd, hdp) stay 0, so the products along
+// head_dim can run whole vectors. One call's workspace, so nothing is shared between calls.
+struct Tiles {
+  int hd, hdp;
+  std::vector<float> mem;
+  float *kt, *vt;            // [hd][kBlock]: a key block transposed (keys of K, of V)
+  float *kp, *vp, *qp, *dp;  // [kBlock][hdp]: rows of a key block (K, V), of a query block (Q, dO)
+  float *acc, *acc2;         // [kBlock][hdp]: product accumulators
+  float *s, *dps;            // [kBlock][kBlock]: scores / probabilities, dP / dS
+  explicit Tiles(int head_dim) : hd(head_dim), hdp(padded_dim(head_dim)) {
+    const size_t tr = static_cast<size_t>(hd) * kBlock, row = static_cast<size_t>(kBlock) * hdp,
+                 sq = static_cast<size_t>(kBlock) * kBlock;
+    mem.assign(2 * tr + 6 * row + 2 * sq, 0.0f);
+    float* p = mem.data();
+    for (float** t : {&kt, &vt}) *t = p, p += tr;
+    for (float** t : {&kp, &vp, &qp, &dp, &acc, &acc2}) *t = p, p += row;
+    for (float** t : {&s, &dps}) *t = p, p += sq;
   }
-  std::fill(s + std::max(valid, 0), s + n, 0.0f);
-  std::fill(dp + std::max(valid, 0), dp + n, 0.0f);
-}
-
-// The tile products run in fp32 whatever --precision says (sgemm): the scores and the softmax stay
-// fp32 (DESIGN.md, Numbers), as in the CUDA kernel.
+};
 
 // Unmasked keys of row t within the key block starting at s0 (clamped to [0, nk]).
 int valid_keys(int t, int s0, int nk) { return std::clamp(t - s0 + 1, 0, nk); }
 
-// Forward of the query rows [t0, t0 + nq) of one head.
-void forward_query_block(float* out, float* lse, float* out_copy, const float* q, const float* k,
-                         const float* v, const HeadView& g, int t0, int nq) {
-  float S[kBlock * kBlock], m[kBlock], l[kBlock];
-  std::fill(m, m + nq, -INFINITY);
-  std::fill(l, l + nq, 0.0f);
-  float* O = out + g.off + static_cast<size_t>(t0) * g.C;
-  for (int i = 0; i < nq; ++i) std::fill(O + static_cast<size_t>(i) * g.C, O + static_cast<size_t>(i) * g.C + g.hd, 0.0f);
-  const float* Q = q + g.off + static_cast<size_t>(t0) * g.C;
-  for (int s0 = 0; s0 < t0 + nq; s0 += kBlock) {
-    const int nk = std::min(kBlock, t0 + nq - s0);  // keys past the block's last query: masked
-    const size_t ks = g.off + static_cast<size_t>(s0) * g.C;
-    sgemm(false, true, nq, nk, g.hd, g.scale, Q, g.C, k + ks, g.C, 0.0f, S, kBlock);
-    for (int i = 0; i < nq; ++i) {
-      const float corr = online_softmax_row(S + i * kBlock, valid_keys(t0 + i, s0, nk), nk, m[i], l[i]);
-      if (corr != 1.0f)
-        for (float *o = O + static_cast<size_t>(i) * g.C, *e = o + g.hd; o < e; ++o) *o *= corr;
-    }
-    sgemm(false, false, nq, g.hd, nk, 1.0f, S, kBlock, v + ks, g.C, 1.0f, O, g.C);
-  }
-  for (int i = 0; i < nq; ++i) {
-    const float inv = 1.0f / l[i];
-    float* o = O + static_cast<size_t>(i) * g.C;
-    float* c = out_copy + g.off + static_cast<size_t>(t0 + i) * g.C;
-    for (int j = 0; j < g.hd; ++j) c[j] = o[j] = o[j] * inv;
-    lse[g.row_off + t0 + i] = m[i] + std::log(l[i]);
-  }
-}
+// The block kernels, once per instruction set (see attention_blocks.inc), chosen at run time by
+// CPU feature (attention_cpu_isa). Where GCC's x86 target pragmas are not available, only the
+// baseline is built.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MOE_ATTENTION_ISAS 1
+#pragma GCC push_options
+#pragma GCC target("avx512f,fma")
+#define MOE_ATTENTION_FMA 512
+namespace isa_avx512 {
+#include "kernels/attention_blocks.inc"
+}  // namespace isa_avx512
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#undef MOE_ATTENTION_FMA
+#define MOE_ATTENTION_FMA 256
+namespace isa_avx2 {
+#include "kernels/attention_blocks.inc"
+}  // namespace isa_avx2
+#pragma GCC pop_options
+#undef MOE_ATTENTION_FMA
+#endif
+#define MOE_ATTENTION_FMA 0
+namespace isa_base {
+#include "kernels/attention_blocks.inc"
+}  // namespace isa_base
+#undef MOE_ATTENTION_FMA
+#ifdef MOE_ATTENTION_ISAS
+#define ISA(name) isa_##name
+#else
+#define ISA(name) isa_base  // only the baseline is built
+#endif
 
-// Backward of the query rows [t0, t0 + nq) of one head: its dq rows and every dk, dv row s < t0+nq.
-void backward_query_block(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                          const float* k, const float* v, const float* lse, const float* out,
-                          const HeadView& g, int t0, int nq) {
-  float S[kBlock * kBlock], dP[kBlock * kBlock], D[kBlock];
-  const size_t qs = g.off + static_cast<size_t>(t0) * g.C;
-  for (int i = 0; i < nq; ++i) {
-    const size_t r = qs + static_cast<size_t>(i) * g.C;
-    D[i] = math::row_dot(dout + r, out + r, g.hd);
-  }
-  for (int s0 = 0; s0 < t0 + nq; s0 += kBlock) {
-    const int nk = std::min(kBlock, t0 + nq - s0);
-    const size_t ks = g.off + static_cast<size_t>(s0) * g.C;
-    sgemm(false, true, nq, nk, g.hd, g.scale, q + qs, g.C, k + ks, g.C, 0.0f, S, kBlock);
-    sgemm(false, true, nq, nk, g.hd, 1.0f, dout + qs, g.C, v + ks, g.C, 0.0f, dP, kBlock);
-    for (int i = 0; i < nq; ++i)
-      dscore_row(S + i * kBlock, dP + i * kBlock, valid_keys(t0 + i, s0, nk), nk,
-                 lse[g.row_off + t0 + i], D[i], g.scale);
-    sgemm(true, false, nk, g.hd, nq, 1.0f, S, kBlock, dout + qs, g.C, 1.0f, dv + ks, g.C);
-    sgemm(false, false, nq, g.hd, nk, 1.0f, dP, kBlock, k + ks, g.C, 1.0f, dq + qs, g.C);
-    sgemm(true, false, nk, g.hd, nq, 1.0f, dP, kBlock, q + qs, g.C, 1.0f, dk + ks, g.C);
-  }
+int g_forced_isa = -1;  // force_attention_cpu_isa (tests); -1: by CPU feature
+
+int detected_isa() {
+#ifdef MOE_ATTENTION_ISAS
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) return 2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+#endif
+  return 0;
 }
 
 void check_sizes(const char* who, int B, int T, int n_head, int head_dim) {
@@ -151,7 +140,28 @@ void check_sizes(const char* who, int B, int T, int n_head, int head_dim) {
             " n_head=", n_head, " head_dim=", head_dim);
 }
 
+// The block kernels of the instruction set attention_cpu_isa() names.
+template <class Fn>
+Fn pick(Fn avx512, Fn avx2, Fn base) {
+#ifdef MOE_ATTENTION_ISAS
+  const int isa = attention_cpu_isa();
+  if (isa == 2) return avx512;
+  if (isa == 1) return avx2;
+#else
+  (void)avx512, (void)avx2;
+#endif
+  return base;
+}
+
 }  // namespace
+
+int attention_cpu_isa() { return g_forced_isa >= 0 ? g_forced_isa : detected_isa(); }
+
+void force_attention_cpu_isa(int isa) {
+  MOE_CHECK(isa >= -1 && isa <= detected_isa(), "force_attention_cpu_isa: ", isa,
+            " is not -1 or an instruction set this CPU has (0..", detected_isa(), ")");
+  g_forced_isa = isa;
+}
 
 size_t attention_saved_floats(int B, int T, int n_head, int head_dim) {
   const size_t rows = static_cast<size_t>(B) * n_head * T;
@@ -165,11 +175,14 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
   MOE_CUDA_DISPATCH(attention_forward, out, att, q, k, v, B, T, n_head, head_dim);
   check_sizes("attention_forward", B, T, n_head, head_dim);
   const size_t rows = static_cast<size_t>(B) * n_head * T;
+  Tiles w(head_dim);
+  const auto block = pick(&ISA(avx512)::forward_query_block, &ISA(avx2)::forward_query_block,
+                          &isa_base::forward_query_block);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < n_head; ++h) {
       const HeadView g = head_view(b, h, T, n_head, head_dim);
       for (int t0 = 0; t0 < T; t0 += kBlock)
-        forward_query_block(out, att, att + rows, q, k, v, g, t0, std::min(kBlock, T - t0));
+        block(out, att, att + rows, q, k, v, g, w, t0, std::min(kBlock, T - t0));
     }
 }
 
@@ -180,12 +193,14 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                     scratch);
   check_sizes("attention_backward", B, T, n_head, head_dim);
   const size_t rows = static_cast<size_t>(B) * n_head * T;
+  Tiles w(head_dim);
+  const auto block = pick(&ISA(avx512)::backward_query_block, &ISA(avx2)::backward_query_block,
+                          &isa_base::backward_query_block);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < n_head; ++h) {
       const HeadView g = head_view(b, h, T, n_head, head_dim);
       for (int t0 = 0; t0 < T; t0 += kBlock)
-        backward_query_block(dq, dk, dv, dout, q, k, v, att, att + rows, g, t0,
-                             std::min(kBlock, T - t0));
+        block(dq, dk, dv, dout, q, k, v, att, att + rows, g, w, t0, std::min(kBlock, T - t0));
     }
 }
 

@@ -9,62 +9,22 @@
 #include "core/error.h"
 #include "kernels/cpu_clones.h"
 #include "kernels/device_select.h"
+#include "kernels/lanes.h"
 
 namespace moe::kernels {
 
 namespace {
 
-// SwiGLU's CPU loops, sixteen lanes at a time (GCC/Clang vector extensions), in CPU-feature
-// clones (kernels/cpu_clones.h): one zmm register per vector where the CPU has AVX-512, four SSE
-// registers on any x86-64, a generic lowering elsewhere. libm's expf is one call per element and
-// kept these passes at ~7% of an E8 k2 F3584 MoE layer (bench moe-layer --breakdown); the 4-lane
-// SSE form took 8% of a bf16 training step of the tiny model (perf, 2026-12-03).
-typedef float F16 __attribute__((vector_size(64)));
-typedef int32_t I16 __attribute__((vector_size(64)));
-constexpr size_t kLanes = 16;
-// The helpers below take and return F16 by value. They are always inlined into the clones, so no
-// call crosses the clones' different vector ABIs, and GCC's note about that ABI (which it also
-// gives where the baseline clone inlines them) does not apply anywhere in this file.
-#pragma GCC diagnostic ignored "-Wpsabi"
-#define MOE_LANES inline __attribute__((always_inline))
-
-template <class F>
-MOE_LANES F splat(float c) {
-  return F{} + c;
-}
-
-// e^x, Cephes' expf: x = n·ln2 + f with n = round(x/ln2) (the 1.5·2^23 rounding trick), a degree-6
-// polynomial in f, times 2^n built in the exponent bits. Relative error below 1e-7 on [-87, 88],
-// where x is clamped (so e^x stays a normal float; -inf/+inf give e^-87/e^88); NaN stays NaN.
-// F is float (I int32_t) or F16 (I I16): the same arithmetic per lane.
-template <class F, class I>
-MOE_LANES F exp_lanes(F x) {
-  x = x < splat<F>(-87.0f) ? splat<F>(-87.0f) : x;
-  x = x > splat<F>(88.0f) ? splat<F>(88.0f) : x;
-  const F r = x * 1.44269504088896341f + 12582912.0f;
-  const F n = r - 12582912.0f;
-  const F two_n = __builtin_bit_cast(F, (__builtin_bit_cast(I, r) - 0x4B400000 + 127) << 23);
-  const F f = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  F p = splat<F>(1.9875691500e-4f);
-  p = p * f + 1.3981999507e-3f;
-  p = p * f + 8.3334519073e-3f;
-  p = p * f + 4.1665795894e-2f;
-  p = p * f + 1.6666665459e-1f;
-  p = p * f + 5.0000001201e-1f;
-  return (p * (f * f) + f + 1.0f) * two_n;
-}
+// SwiGLU's CPU loops, sixteen lanes at a time (kernels/lanes.h) in CPU-feature clones
+// (kernels/cpu_clones.h). libm's expf is one call per element and kept these passes at ~7% of an
+// E8 k2 F3584 MoE layer (bench moe-layer --breakdown); the 4-lane SSE form took 8% of a bf16
+// training step of the tiny model (perf, 2026-12-03).
+using namespace lanes;
 
 template <class F, class I>
 MOE_LANES F sigmoid_lanes(F z) {
   return 1.0f / (exp_lanes<F, I>(-z) + 1.0f);
 }
-
-MOE_LANES F16 load16(const float* p) {
-  F16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-MOE_LANES void store16(float* p, F16 v) { std::memcpy(p, &v, sizeof v); }
 
 // h = silu(g)·u
 template <class F, class I>
