@@ -138,6 +138,43 @@ TEST(GemmBf16Cpu, WeightCopyIsNeverStale) {
   set_gemm_bf16(false);
 }
 
+// An input scope converts its block once for every GEMM that reads it, with the bits of the
+// per-GEMM conversion; sub-blocks read the same copy; writing into a held input is an error; a
+// closed scope is never read (the next GEMM converts the changed input itself).
+TEST(GemmBf16Cpu, InputScopeConvertsOnceAndIsNeverStale) {
+  SKIP_WITHOUT_BF16();
+  const int T = 16, in = 40, out = 24;
+  std::vector<float> x = normal(T * in, 9);
+  const std::vector<float> w = normal(out * in, 10), dy = normal(T * out, 11);
+  set_gemm_bf16(true);
+  auto three = [&] {  // q, k, v of one input; then the weight gradient of the first rows alone
+    std::vector<float> y(3 * T * out), dw(out * in);
+    for (int i = 0; i < 3; ++i) linear_forward(y.data() + i * T * out, x.data(), w.data(), T, in, out);
+    gemm(true, false, out, in, T / 2, 1.0f, dy.data(), 0, x.data(), 0, 0.0f, dw.data(), 0);
+    y.insert(y.end(), dw.begin(), dw.end());
+    return y;
+  };
+  const std::vector<float> per_gemm = three();
+  const int64_t before = bf16_input_conversions();
+  {
+    const Bf16InputScope once(x.data(), x.size());
+    EXPECT_EQ(three(), per_gemm);
+    EXPECT_EQ(bf16_input_conversions(), before + 1) << "the input was not converted exactly once";
+    EXPECT_THROW(gemm(false, true, T, in, in, 1.0f, x.data(), 0, x.data(), 0, 0.0f, x.data(), 0),
+                 std::exception) << "a GEMM wrote into an input the scope holds";
+    {
+      const Bf16InputScope inner(dy.data(), dy.size());  // nested: both copies are read
+      EXPECT_EQ(three(), per_gemm);
+      EXPECT_EQ(bf16_input_conversions(), before + 2);
+    }
+  }
+  for (float& e : x) e *= 2.0f;  // a change after the scope closed
+  const std::vector<float> doubled = three();
+  EXPECT_EQ(bf16_input_conversions(), before + 2) << "a closed scope was read";
+  for (size_t i = 0; i < doubled.size(); ++i) ASSERT_EQ(doubled[i], 2.0f * per_gemm[i]);
+  set_gemm_bf16(false);
+}
+
 TEST(GemmBf16Cpu, RoundToNearestEven) {
   // bf16 keeps 7 mantissa bits: one ulp at 1 is 1/128 = 4/512.
   EXPECT_EQ(round_to_bf16(1.0f), 1.0f);

@@ -652,6 +652,40 @@ TEST(AdamW, TwoStepsByHand) {
   EXPECT_THROW(adamw_update(p.data(), g2.data(), m.data(), v.data(), 2, hp, 0, 1.0f), moe::Error);
 }
 
+// The row sums run in 16 interleaved double lanes plus an in-order tail: every width, whole
+// groups or not, against double loops (forward and backward, dx added into, dw summed over rows).
+TEST(RmsNorm, LaneSumsAtEveryWidthMatchDoubleLoops) {
+  Rng rng(77);
+  for (int dim : {1, 5, 15, 16, 17, 40, 128, 131}) {
+    const int rows = 3;
+    Vec x(rows * dim), w(dim), dout(rows * dim), out(rows * dim), rstd(rows);
+    for (float& e : x) e = static_cast<float>(rng.normal());
+    for (float& e : w) e = static_cast<float>(1.0 + 0.3 * rng.normal());
+    for (float& e : dout) e = static_cast<float>(rng.normal());
+    rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), rows, dim, 1e-5f);
+    const Vec want = ref_rmsnorm(x, w, rows, dim, 1e-5);
+    for (size_t i = 0; i < out.size(); ++i)
+      ASSERT_NEAR(out[i], want[i], 3e-7 * (std::fabs(want[i]) + 1e-3)) << "dim " << dim << " at " << i;
+    Vec dx(rows * dim, 0.5f), dw(dim, 0.25f);
+    rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), rows, dim);
+    std::vector<double> dw_want(dim, 0.25);
+    for (int r = 0; r < rows; ++r) {
+      const float* xr = x.data() + r * dim;
+      const float* d = dout.data() + r * dim;
+      double dot = 0;
+      for (int j = 0; j < dim; ++j) dot += double(d[j]) * w[j] * xr[j];
+      const double rs = rstd[r], c = dot * rs * rs * rs / dim;
+      for (int j = 0; j < dim; ++j) {
+        const double want_dx = 0.5 + rs * w[j] * d[j] - c * xr[j];
+        ASSERT_NEAR(dx[r * dim + j], want_dx, 1e-6 * (std::fabs(want_dx) + std::fabs(c * xr[j]) + 1))
+            << "dim " << dim << " row " << r << " col " << j;
+        dw_want[j] += double(d[j]) * xr[j] * rs;
+      }
+    }
+    for (int j = 0; j < dim; ++j) ASSERT_NEAR(dw[j], dw_want[j], 1e-5 * (std::fabs(dw_want[j]) + 1));
+  }
+}
+
 TEST(AdamW, SumSquaresInDouble) {
   Vec x(1000, 0.1f);
   x[0] = 3.0f;

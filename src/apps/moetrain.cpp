@@ -249,6 +249,7 @@ int main(int argc, char** argv) {
   // A file-size limit (ulimit -f) must make a write fail with an error we report, not kill us.
   std::signal(SIGXFSZ, SIG_IGN);
   kernels::ensure_blas_kernels(argv);  // may re-execute this program with OPENBLAS_CORETYPE set
+  keep_host_heap();                    // buffers freed each micro-batch are reused, not refaulted
   CLI::App app{"moetrain: train DeepSeek-style Mixture-of-Experts models"};
   app.require_subcommand(0, 1);
   train::TrainOptions train_opts;

@@ -64,15 +64,11 @@ class Buffer {
   // Reallocates to n zeroed elements on `device` (contents are not kept). The element count is
   // checked before it becomes a byte count, so a wrapped size never reaches the allocator.
   void resize(size_t n, MemTracker* tracker = nullptr, Device device = Device::kCpu) {
-    release();
-    tracker_ = tracker;
-    device_ = device;
-    if (n == 0) return;
-    MOE_CHECK(n <= (SIZE_MAX - 64) / sizeof(T), "buffer of ", n, " elements of ", sizeof(T),
-              " bytes overflows a byte count");
-    data_ = static_cast<T*>(device_alloc_zeroed(device, n * sizeof(T)));
-    size_ = n;
-    if (tracker_) tracker_->add(n * sizeof(T));
+    allocate(n, tracker, device, /*zeroed=*/true);
+  }
+  // The same for a buffer its first use writes whole (see device_alloc_uninit): no zeroing.
+  void resize_for_overwrite(size_t n, MemTracker* tracker = nullptr, Device device = Device::kCpu) {
+    allocate(n, tracker, device, /*zeroed=*/false);
   }
   void release() {
     if (data_) {
@@ -100,6 +96,19 @@ class Buffer {
   const T& operator[](size_t i) const { return data_[i]; }
 
  private:
+  void allocate(size_t n, MemTracker* tracker, Device device, bool zeroed) {
+    release();
+    tracker_ = tracker;
+    device_ = device;
+    if (n == 0) return;
+    MOE_CHECK(n <= (SIZE_MAX - 64) / sizeof(T), "buffer of ", n, " elements of ", sizeof(T),
+              " bytes overflows a byte count");
+    data_ = static_cast<T*>(zeroed ? device_alloc_zeroed(device, n * sizeof(T))
+                                   : device_alloc_uninit(device, n * sizeof(T)));
+    size_ = n;
+    if (tracker_) tracker_->add(n * sizeof(T));
+  }
+
   T* data_ = nullptr;
   size_t size_ = 0;
   MemTracker* tracker_ = nullptr;

@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #ifdef MOETRAIN_SMPI
 #include <unordered_map>
 #endif
@@ -165,15 +168,32 @@ void cuda_mem_info(size_t* free_bytes, size_t* total_bytes) {
 #endif
 }
 
-void* device_alloc_zeroed(Device d, size_t bytes) {
+namespace {
+
+// Uninitialized host memory is filled with 0xFF bytes (a NaN in every float) in sanitizer and
+// debug builds, so a buffer taken for overwrite that is not wholly written shows in the results.
+#if defined(__SANITIZE_ADDRESS__) || !defined(NDEBUG)
+constexpr bool kPoisonUninit = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kPoisonUninit = true;
+#else
+constexpr bool kPoisonUninit = false;
+#endif
+#else
+constexpr bool kPoisonUninit = false;
+#endif
+
+void* device_alloc(Device d, size_t bytes, bool zeroed) {
   if (bytes == 0) return nullptr;
   MOE_CHECK(bytes <= SIZE_MAX - 63, "allocation of ", bytes, " bytes is too large");
   const size_t padded = (bytes + 63) / 64 * 64;
   if (d == Device::kCpu) {
     // calloc, aligned by hand (the original pointer sits just below the aligned one): large
     // blocks come from the OS already zeroed, so pages are touched only where they are written.
-    void* raw = std::calloc(1, padded + 64);
+    void* raw = zeroed ? std::calloc(1, padded + 64) : std::malloc(padded + 64);
     MOE_CHECK(raw != nullptr, "out of host memory: could not allocate ", padded, " bytes");
+    if (!zeroed && kPoisonUninit) std::memset(raw, 0xFF, padded + 64);
     uintptr_t aligned = (reinterpret_cast<uintptr_t>(raw) + 64) & ~uintptr_t{63};
 #ifdef MOETRAIN_SMPI
     smpi_raw_pointers()[reinterpret_cast<void*>(aligned)] = raw;
@@ -192,6 +212,9 @@ void* device_alloc_zeroed(Device d, size_t bytes) {
     throw Error(str_cat("out of GPU memory: could not allocate ", padded, " bytes (", free_b,
                         " of ", total_b, " bytes free): ", cudaGetErrorString(e)));
   }
+  // Zeroed even when asked not to be: a memset at GPU bandwidth costs little, and the CUDA
+  // kernels' writes are not checked by a poisoning build here (no GPU in CI).
+  (void)zeroed;
   e = cudaMemset(p, 0, padded);
   MOE_CHECK(e == cudaSuccess, "cudaMemset of ", padded, " bytes: ", cudaGetErrorString(e));
   g_device_allocated.store(true, std::memory_order_relaxed);
@@ -202,6 +225,24 @@ void* device_alloc_zeroed(Device d, size_t bytes) {
 #else
   require_device(d, "allocation on");
   return nullptr;
+#endif
+}
+
+}  // namespace
+
+void* device_alloc_zeroed(Device d, size_t bytes) { return device_alloc(d, bytes, true); }
+void* device_alloc_uninit(Device d, size_t bytes) { return device_alloc(d, bytes, false); }
+
+bool keep_host_heap() {
+#ifdef __GLIBC__
+  if (std::getenv("MALLOC_TRIM_THRESHOLD_") || std::getenv("MALLOC_MMAP_THRESHOLD_")) return false;
+  // The largest threshold glibc accepts on 64-bit (its dynamic threshold stops there too); setting
+  // it also turns the dynamic one off, so blocks up to it come from the heap from the start.
+  constexpr int kMmapThreshold = 32 << 20;
+  constexpr int kNoTrim = 0x7fffffff;  // 2 GiB - 1 of free heap top before it is trimmed
+  return mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 && mallopt(M_TRIM_THRESHOLD, kNoTrim) == 1;
+#else
+  return false;
 #endif
 }
 

@@ -32,6 +32,18 @@ void cuda_mem_info(size_t* free_bytes, size_t* total_bytes);
 // Zero-filled, 64-byte aligned allocation of `bytes` on `d`. Throws a moe::Error naming the bytes
 // (and, on CUDA, the free bytes) when it cannot be had; never returns null for bytes > 0.
 void* device_alloc_zeroed(Device d, size_t bytes);
+// The same without zeroing, for buffers their first use writes whole (a β = 0 GEMM output, a
+// copy). Sanitizer and debug builds fill host memory with 0xFF bytes (NaN floats) instead, so a
+// buffer that is not wholly written shows in the results. CUDA memory is still zeroed (cheap
+// there, and no build here checks the CUDA kernels' writes).
+void* device_alloc_uninit(Device d, size_t bytes);
+// Keeps freed host memory mapped for the next allocation instead of handing it back to the OS
+// (glibc: no heap trimming, a fixed 32 MiB mmap threshold). A training step frees and allocates
+// the same buffers every micro-batch; returned pages come back as page faults and kernel zeroing
+// (about 3,300 faults a step of the tiny model, 4-8% of it). The process keeps its high-water
+// heap. An explicit MALLOC_TRIM_THRESHOLD_ or MALLOC_MMAP_THRESHOLD_ in the environment is left as
+// it is. Returns true when it changed the allocator's settings.
+bool keep_host_heap();
 void device_free(Device d, void* p);
 void device_memset_zero(Device d, void* p, size_t bytes);
 // Copies between any two of host and device memory (synchronous with respect to the host).

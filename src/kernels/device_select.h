@@ -27,10 +27,12 @@ bool gemm_bf16();
 // Reuses `buf` when it already holds n elements on the active device (a caller that rewrites
 // every element, like the MoE layer's activations across steps, then pays no allocation or page
 // faults after the first step; a reused buffer stays charged to the tracker it was allocated
-// with); reallocates on the active device, charged to `tracker`, otherwise.
+// with); reallocates on the active device, charged to `tracker`, otherwise. Either way the
+// contents are undefined (Buffer::resize_for_overwrite): the caller writes every element.
 template <class T>
 void ensure_buffer(Buffer<T>& buf, size_t n, MemTracker* tracker) {
-  if (buf.size() != n || buf.device() != active_device()) buf.resize(n, tracker, active_device());
+  if (buf.size() != n || buf.device() != active_device())
+    buf.resize_for_overwrite(n, tracker, active_device());
 }
 
 }  // namespace moe::kernels

@@ -64,6 +64,7 @@ void linear_forward(float* y, const float* x, const float* w, int T, int in, int
 
 void linear_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, int T,
                      int in, int out) {
+  const Bf16InputScope dy_once(dx && dw ? dy : nullptr, dx && dw ? static_cast<size_t>(T) * out : 0);
   // dx[T,in] += dy[T,out] · w[out,in]
   if (dx) gemm(false, false, T, in, out, 1.0f, dy, 0, w, 0, 1.0f, dx, 0);
   // dw[out,in] += dy^T[out,T] · x[T,in]

@@ -46,6 +46,9 @@ Bf16WeightScope::Bf16WeightScope(const float*, size_t) {}
 Bf16WeightScope::~Bf16WeightScope() {}
 void invalidate_bf16_weights(const float*) {}
 int64_t bf16_weight_copy_reads() { return 0; }
+Bf16InputScope::Bf16InputScope(const float*, size_t) {}
+Bf16InputScope::~Bf16InputScope() {}
+int64_t bf16_input_conversions() { return 0; }
 
 #else
 
@@ -155,6 +158,19 @@ struct WeightCopy {
 };
 WeightCopy g_weights;
 
+// The open Bf16InputScopes, innermost last; each block's copy is converted on its first read.
+struct InputCopy {
+  const float* data = nullptr;
+  size_t n = 0;
+  bool converted = false;
+  std::vector<bf16_t> bits;  // kept allocated for the next scope at this depth
+};
+InputCopy g_inputs[Bf16InputScope::kMaxInputScopes];
+int g_open_inputs = 0;
+int64_t g_input_conversions = 0;
+
+bool overlaps(const float* p, size_t n, const float* q, size_t m) { return p < q + m && q < p + n; }
+
 // A stored rows × cols matrix with row stride ld as a dense bf16 operand: read from the weight
 // copy when it lies inside the open block and is dense, else converted into `scratch`.
 const bf16_t* bf16_operand(const float* p, int rows, int cols, int ld, std::vector<bf16_t>& scratch) {
@@ -165,6 +181,18 @@ const bf16_t* bf16_operand(const float* p, int rows, int cols, int ld, std::vect
         ++g_weights.reads;
         return g_weights.bits.data() + b.at + (p - b.data);
       }
+  if (ld == cols)
+    for (int i = g_open_inputs - 1; i >= 0; --i) {
+      InputCopy& in = g_inputs[i];
+      if (p < in.data || p + need > in.data + in.n) continue;
+      if (!in.converted) {
+        if (in.bits.size() < in.n) in.bits.resize(in.n);
+        convert_avx512(in.data, in.bits.data(), in.n);
+        in.converted = true;
+        ++g_input_conversions;
+      }
+      return in.bits.data() + (p - in.data);
+    }
   if (scratch.size() < need) scratch.resize(need);
   convert_rows(p, rows, cols, ld, scratch.data());
   return scratch.data();
@@ -196,6 +224,9 @@ void gemm_bf16_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
     }
     return;
   }
+  for (int i = 0; i < g_open_inputs; ++i)  // the copy would go stale
+    MOE_CHECK(!overlaps(C, static_cast<size_t>(M - 1) * ldc + N, g_inputs[i].data, g_inputs[i].n),
+              "gemm (bf16): the output overlaps an input held by a Bf16InputScope");
   static std::vector<bf16_t> scratch_a, scratch_b;
   const bf16_t* a = bf16_operand(A, trans_a ? K : M, trans_a ? M : K, lda, scratch_a);
   const bf16_t* b = bf16_operand(B, trans_b ? N : K, trans_b ? K : N, ldb, scratch_b);
@@ -264,6 +295,23 @@ void invalidate_bf16_weights(const float* p) {
 }
 
 int64_t bf16_weight_copy_reads() { return g_weights.reads; }
+
+Bf16InputScope::Bf16InputScope(const float* p, size_t n) {
+  if (!gemm_bf16() || active_device() != Device::kCpu || !bf16_cpu_available() || n == 0) return;
+  MOE_CHECK(g_open_inputs < kMaxInputScopes, "Bf16InputScope: more than ", kMaxInputScopes,
+            " open at once");
+  InputCopy& in = g_inputs[g_open_inputs++];
+  in.data = p;
+  in.n = n;
+  in.converted = false;
+  open_ = true;
+}
+
+Bf16InputScope::~Bf16InputScope() {
+  if (open_) --g_open_inputs;
+}
+
+int64_t bf16_input_conversions() { return g_input_conversions; }
 
 #endif
 

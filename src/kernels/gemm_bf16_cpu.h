@@ -46,6 +46,26 @@ class Bf16WeightScope {
   Bf16WeightScope(const Bf16WeightScope&) = delete;
   Bf16WeightScope& operator=(const Bf16WeightScope&) = delete;
 };
+// An input read by several GEMMs (q, k and v read the same normed rows; linear backward reads dy
+// twice): while the scope is open, GEMM operands that lie inside [p, p + n) read one bf16 copy of
+// the block, converted on the first such read, instead of converting it per GEMM. The caller
+// promises the block does not change while the scope is open; a bf16 GEMM that writes into it
+// is an error. Scopes nest (at most kMaxInputScopes open); a no-op where GEMMs do not run in bf16
+// on the CPU.
+class Bf16InputScope {
+ public:
+  static constexpr int kMaxInputScopes = 4;
+  Bf16InputScope(const float* p, size_t n);
+  ~Bf16InputScope();
+  Bf16InputScope(const Bf16InputScope&) = delete;
+  Bf16InputScope& operator=(const Bf16InputScope&) = delete;
+
+ private:
+  bool open_ = false;
+};
+// How many activation blocks the open input scopes have converted so far (tests).
+int64_t bf16_input_conversions();
+
 // Drops the open scope's copy when p lies inside its block (the weights are about to change).
 void invalidate_bf16_weights(const float* p);
 // How many GEMM operands read the weight copy so far (tests: the copy is used, then not).

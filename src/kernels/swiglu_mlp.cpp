@@ -13,6 +13,7 @@
 #include "kernels/device_select.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16_cpu.h"
 
 namespace moe::kernels {
 namespace {
@@ -51,6 +52,7 @@ void swiglu_mlp_forward(float* y, float* g, float* u, float* h, const float* x, 
   if (N == 0) return;
   {
     PartTimer t(&MlpStepTimes::gate_up);
+    const Bf16InputScope x_once(x, static_cast<size_t>(N) * H);  // gate and up read x
     linear_forward(g, x, w.gate, N, H, F);
     linear_forward(u, x, w.up, N, H, F);
   }
@@ -78,6 +80,7 @@ void swiglu_mlp_backward(float* dx, const MlpGrads& dw, const float* dy, const f
   float* du = scratch + static_cast<size_t>(N) * F;  // [N,F]
   {
     PartTimer t(&MlpStepTimes::down_bwd);
+    const Bf16InputScope dy_once(dy, static_cast<size_t>(N) * H);
     // dh[N,F] = dy[N,H] · down[H,F], written where dg will be
     gemm(false, false, N, F, H, 1.0f, dy, 0, w.down, 0, 0.0f, dg, 0);
     // dW_down[H,F] += dy^T · h
@@ -88,6 +91,9 @@ void swiglu_mlp_backward(float* dx, const MlpGrads& dw, const float* dy, const f
     swiglu_backward_inplace(dg, du, g, u, static_cast<size_t>(N) * F);
   }
   PartTimer t(&MlpStepTimes::gate_up_bwd);
+  // x, dg and du are each read by two of the four GEMMs below.
+  const Bf16InputScope x_once(x, static_cast<size_t>(N) * H);
+  const Bf16InputScope dgdu_once(scratch, 2 * static_cast<size_t>(N) * F);
   // dW_gate[F,H] += dg^T · x ; dW_up[F,H] += du^T · x
   if (dw.gate) gemm(true, false, F, H, N, 1.0f, dg, 0, x, 0, 1.0f, dw.gate, 0);
   if (dw.up) gemm(true, false, F, H, N, 1.0f, du, 0, x, 0, 1.0f, dw.up, 0);

@@ -11,6 +11,7 @@
 #include "kernels/device_select.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16_cpu.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/swiglu_mlp.h"
 
@@ -297,28 +298,29 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
   const size_t NA = static_cast<size_t>(N) * Ha, mine = nH * tp_rank();  // this shard's rows
   const bool moe = c.is_moe_layer(l);
   // The normed shard goes into its rows of the gathered [N,H] that q, k, v read.
-  a.ln1.resize(NH, mem, dev_);
-  a.rstd1.resize(n, mem, dev_);
+  a.ln1.resize_for_overwrite(NH, mem, dev_);
+  a.rstd1.resize_for_overwrite(n, mem, dev_);
   k::rmsnorm_forward(a.ln1.data() + mine, a.rstd1.data(), a.x.data(), W.input_norm, n, H, c.rms_norm_eps);
   tp_allgather(a.ln1.data(), nH);
-  a.q.resize(NA, mem, dev_);
-  a.k.resize(NA, mem, dev_);
-  a.v.resize(NA, mem, dev_);
+  a.q.resize_for_overwrite(NA, mem, dev_);
+  a.k.resize_for_overwrite(NA, mem, dev_);
+  a.v.resize_for_overwrite(NA, mem, dev_);
+  const k::Bf16InputScope ln1_once(a.ln1.data(), NH);  // q, k and v read the same rows
   k::linear_forward(a.q.data(), a.ln1.data(), W.q, N, H, Ha);
   k::linear_forward(a.k.data(), a.ln1.data(), W.k, N, H, Ha);
   k::linear_forward(a.v.data(), a.ln1.data(), W.v, N, H, Ha);
   k::rope_forward(a.q.data(), rope_, B, T, nh, hd);
   k::rope_forward(a.k.data(), rope_, B, T, nh, hd);
-  a.att.resize(k::attention_saved_floats(B, T, nh, hd), mem, dev_);
-  a.attn_out.resize(NA, mem, dev_);
+  a.att.resize_for_overwrite(k::attention_saved_floats(B, T, nh, hd), mem, dev_);
+  a.attn_out.resize_for_overwrite(NA, mem, dev_);
   k::attention_forward(a.attn_out.data(), a.att.data(), a.q.data(), a.k.data(), a.v.data(), B, T,
                        nh, hd);
-  a.h.resize(nH, mem, dev_);
+  a.h.resize_for_overwrite(nH, mem, dev_);
   kernels::copy(a.h.data(), a.x.data(), a.h.size());
   row_parallel_add(a.h.data(), a.attn_out.data(), W.o, N, Ha, H);
   // MoE: the block runs on the shard (SSMB). Dense: the normed shard is gathered for gate/up.
-  a.ln2.resize(moe ? nH : NH, mem, dev_);
-  a.rstd2.resize(n, mem, dev_);
+  a.ln2.resize_for_overwrite(moe ? nH : NH, mem, dev_);
+  a.rstd2.resize_for_overwrite(n, mem, dev_);
   k::rmsnorm_forward(a.ln2.data() + (moe ? 0 : mine), a.rstd2.data(), a.h.data(), W.post_norm, n, H,
                      c.rms_norm_eps);
   if (moe) {
@@ -329,9 +331,9 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
     k::add_inplace(out, a.h.data(), nH);
   } else {
     tp_allgather(a.ln2.data(), nH);
-    a.mlp_g.resize(static_cast<size_t>(N) * I, mem, dev_);
-    a.mlp_u.resize(static_cast<size_t>(N) * I, mem, dev_);
-    a.mlp_h.resize(static_cast<size_t>(N) * I, mem, dev_);
+    a.mlp_g.resize_for_overwrite(static_cast<size_t>(N) * I, mem, dev_);
+    a.mlp_u.resize_for_overwrite(static_cast<size_t>(N) * I, mem, dev_);
+    a.mlp_h.resize_for_overwrite(static_cast<size_t>(N) * I, mem, dev_);
     kernels::copy(out, a.h.data(), nH);
     if (!tp_) {
       k::swiglu_mlp_forward(out, a.mlp_g.data(), a.mlp_u.data(), a.mlp_h.data(), a.ln2.data(),
@@ -430,6 +432,7 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
     dln.zero();
   else
     dln.resize(NH, work, dev_);
+  const k::Bf16InputScope ln1_once(a.ln1.data(), NH);
   k::linear_backward(dln.data(), G.q, dq.data(), a.ln1.data(), W.q, N, H, Ha);
   k::linear_backward(dln.data(), G.k, dk.data(), a.ln1.data(), W.k, N, H, Ha);
   k::linear_backward(dln.data(), G.v, dv.data(), a.ln1.data(), W.v, N, H, Ha);
