@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Training speed of the default model (tiny, batch 16x128, AdamW) in moetrain and in eager PyTorch
-# (scripts/torch_train_model.py, the tests/reference model), one thread each, in one go. Both link
+# (scripts/torch_train_model.py, the tests/reference model), one thread each, in one go. The PyTorch
+# peer runs twice a round, fp32 and under bf16 autocast (bf16 GEMM inputs through oneDNN, the peer
+# of moetrain --precision bf16), and the faster of the two is the one compared. Both link
 # the same OpenBLAS: its kernels are set explicitly for both (PyTorch would otherwise get the
 # generic ones on this CPU). Prints the median-step tokens/s of both and the ratio (goal >= 2x).
 # This machine's speed drifts by up to 25% over minutes (other tenants share the chip), so
@@ -20,6 +22,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 moetrain="$build/moetrain"
+# moetrain runs the default job's precision (auto, as scripts/train.sh) unless --precision is given.
+precision=(--precision auto)
+for a in "${extra[@]}"; do [[ "$a" == --precision || "$a" == --precision=* ]] && precision=(); done
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "torch_train_compare.sh: --steps must be a positive integer, got '$steps'" >&2; exit 2; }
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "torch_train_compare.sh: --rounds must be a positive integer, got '$rounds'" >&2; exit 2; }
 [ -x "$moetrain" ] || { echo "torch_train_compare.sh: $moetrain not found (build it first, or pass --build DIR)" >&2; exit 2; }
@@ -30,10 +35,12 @@ trap 'rm -rf "$out"' EXIT
 
 for r in $(seq 1 "$rounds"); do
   "$moetrain" train --steps "$steps" --batch 16 --seq-len 128 --threads 1 --eval-every 0 --quiet \
-    --out "$out/run$r" "${extra[@]}" >"$out/moetrain.log" 2>&1 ||
+    --out "$out/run$r" "${precision[@]}" "${extra[@]}" >"$out/moetrain.log" 2>&1 ||
     { cat "$out/moetrain.log" >&2; exit 1; }
   "$python" "$root/scripts/torch_train_model.py" "$out/run$r/config.json" --steps "$steps" \
     --batch 16 --seq-len 128 >"$out/torch$r.json"
+  "$python" "$root/scripts/torch_train_model.py" "$out/run$r/config.json" --steps "$steps" \
+    --batch 16 --seq-len 128 --autocast-bf16 >"$out/torchbf16_$r.json"
 done
 
 "$python" - "$out" "$rounds" <<'PY'
@@ -46,15 +53,20 @@ for r in range(1, rounds + 1):
     dts = sorted(x["step_time_s"] for x in steps[1:] or steps)  # the first step warms up
     med = dts[len(dts) // 2]
     m_tps = steps[-1]["tokens"] / med
-    t = json.load(open(f"{out}/torch{r}.json"))
-    rows.append((med, m_tps, t["median_step_s"], t["tokens_per_s"], len(steps)))
+    # the peer: the faster of PyTorch fp32 and PyTorch under bf16 autocast in this round
+    t32, t16 = (json.load(open(f"{out}/{f}")) for f in (f"torch{r}.json", f"torchbf16_{r}.json"))
+    t = min(t32, t16, key=lambda x: x["median_step_s"])
+    prec = {x["mfu_peak"]["precision"] for x in recs if "mfu_peak" in x}
+    rows.append((med, m_tps, t["median_step_s"], t["tokens_per_s"], len(steps), t32["median_step_s"],
+                 t16["median_step_s"], "/".join(sorted(prec))))
 print(f"# tiny, batch 16x128, AdamW, 1 thread, {rows[0][4]} steps each (median step), {rounds} round(s)")
-print(f"{'':<22}{'step ms':>9}{'tokens/s':>10}")
-for i, (med, m_tps, t_med, t_tps, _) in enumerate(rows, 1):
+print(f"{'':<30}{'step ms':>9}{'tokens/s':>10}")
+for i, (med, m_tps, t_med, t_tps, _, t32, t16, prec) in enumerate(rows, 1):
     tag = f" (round {i})" if rounds > 1 else ""
-    print(f"{'moetrain' + tag:<22}{med * 1e3:>9.1f}{m_tps:>10.0f}")
-    print(f"{'PyTorch eager' + tag:<22}{t_med * 1e3:>9.1f}{t_tps:>10.0f}")
-ratios = sorted(m / t for _, m, _, t, _ in rows)
+    print(f"{'moetrain ' + prec + tag:<30}{med * 1e3:>9.1f}{m_tps:>10.0f}")
+    print(f"{'PyTorch eager, best' + tag:<30}{t_med * 1e3:>9.1f}{t_tps:>10.0f}"
+          f"   (fp32 {t32 * 1e3:.1f} ms, bf16 autocast {t16 * 1e3:.1f} ms)")
+ratios = sorted(r[1] / r[3] for r in rows)
 ratio = ratios[(len(ratios) - 1) // 2]  # the lower median: an even count never rounds up
 if rounds > 1:
     best_m, best_t = max(x[1] for x in rows), max(x[3] for x in rows)

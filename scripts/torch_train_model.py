@@ -4,7 +4,8 @@
 modeling_deepseek, autograd for backward) trained with torch.optim.AdamW on the same config, batch
 and schedule as `moetrain train`. Prints one JSON object: median step seconds and tokens/s.
   /usr/bin/python3 scripts/torch_train_model.py RUN_DIR/config.json --steps 20 --batch 16 --seq-len 128
-Run it with OPENBLAS_CORETYPE (PyTorch links the same OpenBLAS), OPENBLAS_NUM_THREADS=1 and
+--autocast-bf16 runs the forward under torch.autocast (bf16 GEMM inputs), the peer of
+moetrain --precision bf16. Run it with OPENBLAS_CORETYPE (PyTorch links the same OpenBLAS), OPENBLAS_NUM_THREADS=1 and
 OMP_NUM_THREADS=1 for one thread (scripts/torch_train_compare.sh does).
 """
 import argparse
@@ -38,6 +39,9 @@ def main():
     ap.add_argument("--warmup-steps", type=int, default=20)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument("--autocast-bf16", action="store_true",
+                    help="forward under torch.autocast('cpu', bfloat16): GEMM inputs in bf16 (oneDNN), "
+                         "fp32 master weights and AdamW, as moetrain --precision bf16")
     a = ap.parse_args()
     torch.set_num_threads(1)
     with open(a.config) as f:
@@ -59,7 +63,8 @@ def main():
         tokens = torch.randint(0, cfg.vocab_size, (a.batch, a.seq_len + 1), generator=g, dtype=torch.int32)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        _, loss, _, _, _ = ref.forward(P, cfg, tokens)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast_bf16):
+            _, loss, _, _, _ = ref.forward(P, cfg, tokens)
         loss.backward()
         for p in P.values():  # an expert without tokens has a zero gradient (as in moetrain)
             if p.grad is None:
@@ -72,7 +77,8 @@ def main():
         times.append(time.perf_counter() - t0)
         losses.append(float(loss))
     med = sorted(times)[len(times) // 2]
-    print(json.dumps({"peer": "pytorch " + torch.__version__ + " eager (tests/reference/deepseek_ref.py)",
+    peer = "pytorch " + torch.__version__ + " eager" + (" bf16 autocast" if a.autocast_bf16 else "")
+    print(json.dumps({"peer": peer + " (tests/reference/deepseek_ref.py)",
                       "threads": torch.get_num_threads(), "steps": a.steps,
                       "batch": a.batch, "seq_len": a.seq_len, "median_step_s": med,
                       "tokens_per_s": a.batch * a.seq_len / med, "first_loss": losses[0],

@@ -6,4 +6,8 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/build.sh"
 cd "$root"
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
-exec "$root/build/moetrain" train "$@"
+# The default job's precision is auto (bf16 GEMM inputs where this CPU's bf16 peak is >= 1.3x its
+# fp32 peak, else fp32); an explicit --precision wins.
+precision=(--precision auto)
+for a in "$@"; do [[ "$a" == --precision || "$a" == --precision=* ]] && precision=(); done
+exec "$root/build/moetrain" train "${precision[@]}" "$@"

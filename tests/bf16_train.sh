@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# --precision bf16 on the CPU against fp32 (ctest bf16_train, ~10 s): the tiny preset, 20 steps,
+# --precision bf16 on the CPU against fp32, and --precision auto (ctest bf16_train, ~10 s): the tiny preset, 20 steps,
 # the same seed and data. Measured (fp32 - bf16 per step): |d| <= 3e-4 nats over the first 12
 # steps, then the two runs drift apart as training amplifies the rounding (0.025 at step 20,
 # final losses 2.915 / 2.889, 0.9%). Bounds: 3e-3 over the first 10 steps (10x), 0.06 at every
@@ -35,4 +35,19 @@ early = max(abs(x - y) for x, y in zip(a[:10], b[:10]))
 assert early <= 3e-3, f"a loss of the first 10 steps differs by {early:.5f} > 3e-3 nats"
 assert worst <= 0.06, f"a step's loss differs by {worst:.4f} > 0.06 nats"
 assert abs(a[-1] - b[-1]) <= 0.02 * a[-1], f"final loss {b[-1]:.4f} vs fp32 {a[-1]:.4f}: more than 2% apart"
+PY
+# --precision auto: the precision it records (metrics.jsonl's mfu_peak), and the losses of an
+# explicit run of that precision bit for bit (the choice depends on this CPU's two measured peaks).
+"$bin" "${args[@]}" --precision auto --out "$out/auto" >/dev/null 2>&1
+python3 - "$out" <<'PY'
+import json, sys
+def run(p):
+    recs = [json.loads(l) for l in open(p) if l.strip()]
+    return [r["loss"] for r in recs if "loss" in r], {r["mfu_peak"]["precision"] for r in recs if "mfu_peak" in r}
+got, chosen = run(f"{sys.argv[1]}/auto/metrics.jsonl")
+assert len(chosen) == 1 and chosen <= {"fp32", "bf16"}, f"auto recorded precision {chosen}"
+chosen = chosen.pop()
+want, _ = run(f"{sys.argv[1]}/{chosen}/metrics.jsonl")
+assert got == want, f"--precision auto ({chosen}) losses differ from --precision {chosen}"
+print(f"--precision auto chose {chosen}: its 20 losses equal the explicit run's bit for bit")
 PY

@@ -109,7 +109,7 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
                 "auto, mpi or nccl: how GPU buffers move between ranks (auto: NCCL when every rank "
                 "has its own GPU, else staged through the host over MPI)")
       ->capture_default_str();
-  t->add_option("--precision", o.device.precision, "fp32, or bf16 GEMM inputs with fp32 accumulation (cuBLAS, or oneDNN on a CPU with AVX-512 BF16)")
+  t->add_option("--precision", o.device.precision, "fp32; bf16 GEMM inputs with fp32 accumulation (cuBLAS, or oneDNN on a CPU with AVX-512 BF16); or auto: bf16 where this CPU measures its bf16 GEMM peak at least 1.3x its fp32 peak, else fp32 (and fp32 on CUDA)")
       ->capture_default_str();
   t->add_flag("--zero1", o.parallel.zero1,
               "ZeRO-1: split the AdamW state over the data ranks (reduce-scatter, sliced update, "

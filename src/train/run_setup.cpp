@@ -10,6 +10,9 @@
 #include "core/rng.h"
 #include "io/dataset.h"
 #include "io/indexed_dataset.h"
+#include "kernels/gemm.h"
+#include "kernels/gemm_bf16_cpu.h"
+#include "kernels/peak_rate.h"
 #include "parallel/parallel_dims.h"
 #include "train/checkpoint.h"
 #include "train/checkpointer.h"
@@ -32,6 +35,25 @@ void agree(const comm::Group& world, const std::string& error) {
     throw SetupError(error, true);
   }
 }
+
+namespace {
+
+// --precision auto (see kAutoBf16MinGain): both peaks measured on each rank of a CPU run, and bf16
+// only where every rank gains enough, so the replicas never train in different precisions.
+void resolve_auto_precision(RunSetup& r, const TrainOptions& opts) {
+  int64_t fp32_somewhere = 1;
+  if (r.device == Device::kCpu && kernels::bf16_cpu_available()) {
+    kernels::set_blas_threads(opts.device.threads);  // the trainer's count: its peak is this one
+    r.auto_fp32_peak = kernels::measure_peak_gflops("fp32");
+    r.auto_bf16_peak = kernels::measure_peak_gflops("bf16");
+    fp32_somewhere = r.auto_bf16_peak >= kAutoBf16MinGain * r.auto_fp32_peak ? 0 : 1;
+  }
+  if (r.world.size() > 1) r.world.allreduce_max(&fp32_somewhere, 1);
+  r.bf16 = fp32_somewhere == 0;
+  r.precision = r.bf16 ? "bf16" : "fp32";
+}
+
+}  // namespace
 
 std::unique_ptr<RunSetup> setup_run(const TrainOptions& opts) {
   // Setup: everything that bad input can break, checked on every rank, then agreed on. Nothing
@@ -68,6 +90,7 @@ std::unique_ptr<RunSetup> setup_run(const TrainOptions& opts) {
     r.schedule = parallel::parse_schedule(opts.parallel.schedule);
     r.recompute = model::parse_recompute(opts.model.recompute);
     r.bf16 = opts.device.precision == "bf16";
+    r.precision = r.bf16 ? "bf16" : "fp32";
     comm::Topology::detect(world.size(), opts.parallel.topo_ranks_per_node, opts.parallel.topo_nodes_per_group);
     // The device: usable here (a CUDA build and a GPU), and a layout the GPU path has.
     r.device = parse_device(opts.device.name, "--device");
@@ -180,6 +203,7 @@ std::unique_ptr<RunSetup> setup_run(const TrainOptions& opts) {
     setup_error = e.what();
   }
   agree(world, setup_error);
+  if (opts.device.precision == "auto") resolve_auto_precision(r, opts);
   // Every check passed: only now is metrics.jsonl touched, so a run refused in setup leaves an
   // earlier run's file as it was. A resumed run appends to the run it continues; a fresh one
   // keeps the earlier file as metrics.jsonl.prev.

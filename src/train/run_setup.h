@@ -40,8 +40,16 @@ struct RunSetup {
   parallel::Schedule schedule = parallel::Schedule::k1F1B;
   model::Recompute recompute = model::Recompute::kNone;
   Device device = Device::kCpu;
-  bool bf16 = false;                               // --precision bf16
+  bool bf16 = false;                               // --precision bf16 (or auto, resolved to it)
+  std::string precision = "fp32";                  // fp32 | bf16: --precision with auto resolved
+  // --precision auto on the CPU: the two peaks it compared (GFLOP/s, this rank), 0 otherwise;
+  // the chosen one is the run's MFU peak (not measured again).
+  double auto_fp32_peak = 0, auto_bf16_peak = 0;
 };
+
+// --precision auto picks bf16 on a CPU whose measured bf16 GEMM peak is at least this many times
+// its fp32 peak (on every rank); otherwise, and on CUDA, fp32.
+constexpr double kAutoBf16MinGain = 1.3;
 
 // Collective over MPI_COMM_WORLD. Throws SetupError (every rank, one reporting) on bad input.
 std::unique_ptr<RunSetup> setup_run(const TrainOptions& opts);

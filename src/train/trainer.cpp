@@ -108,9 +108,9 @@ void validate_options(const TrainOptions& o) {
   for (int s : o.faults.nan_steps) MOE_CHECK(s >= 1, "--fault.nan-steps: steps count from 1, got ", s);
   for (int s : o.faults.inf_weight_steps) MOE_CHECK(s >= 1, "--fault.inf-weight-steps: steps count from 1, got ", s);
   parse_device(o.device.name, "--device");
-  MOE_CHECK(o.device.precision == "fp32" || o.device.precision == "bf16", "--precision: expected fp32 or bf16, got '",
-            o.device.precision, "'");
-  MOE_CHECK(o.device.precision == "fp32" || o.device.name == "cuda" || kernels::bf16_cpu_available(),
+  MOE_CHECK(o.device.precision == "fp32" || o.device.precision == "bf16" || o.device.precision == "auto",
+            "--precision: expected fp32, bf16 or auto, got '", o.device.precision, "'");
+  MOE_CHECK(o.device.precision != "bf16" || o.device.name == "cuda" || kernels::bf16_cpu_available(),
             "--precision bf16 --device cpu: ", kernels::bf16_cpu_unavailable_reason());
   MOE_CHECK(o.balance.migrate_every >= 0, "--balance.migrate-every must be >= 0 (0 = never), got ", o.balance.migrate_every);
   MOE_CHECK(finite(o.balance.threshold) && o.balance.threshold > 1, "--balance.threshold must be a max/mean "
@@ -411,12 +411,15 @@ Trainer::Trainer(const TrainOptions& opts, RunSetup& setup)
   kernels::set_gemm_bf16(setup.bf16);
   // The MFU denominator: the same run's dense GEMM rate on the device in the run's precision
   // (on the CPU the best of several sgemm runs, kernels/peak_rate.h: the fp32 peak).
-  peak_precision_ = opts.device.precision;
+  peak_precision_ = setup.precision;
 #ifdef MOETRAIN_HAVE_CUDA
   if (setup.device == Device::kCuda)
     res_.peak_gflops = kernels::cuda::measure_gemm_gflops(4096, 3, setup.bf16);
   else
 #endif
+  if (setup.auto_fp32_peak > 0)  // --precision auto measured both already
+    res_.peak_gflops = setup.bf16 ? setup.auto_bf16_peak : setup.auto_fp32_peak;
+  else
     res_.peak_gflops = kernels::measure_peak_gflops(peak_precision_);
 
   exchange_ = std::make_unique<comm::TokenExchange>(grid_.ep, grid_.topo, setup.a2a, &traffic_);
@@ -546,6 +549,14 @@ void Trainer::print_header() const {
                grid_.topo.describe().c_str(), opts_.device.threads,
                blas.c_str(), res_.peak_gflops,
                setup_.bf16 && !cuda ? "oneDNN bf16" : peak_precision_.c_str());
+  if (opts_.device.precision == "auto")
+    std::fprintf(stderr, "moetrain: --precision auto: %s (%s)\n", setup_.precision.c_str(),
+                 setup_.auto_fp32_peak > 0
+                     ? str_cat("bf16 peak ", static_cast<int>(setup_.auto_bf16_peak), " against fp32 ",
+                               static_cast<int>(setup_.auto_fp32_peak), " GFLOP/s on rank 0; bf16 needs ",
+                               kAutoBf16MinGain, "x on every rank").c_str()
+                     : cuda ? "auto picks bf16 only on a CPU; ask for --precision bf16 on CUDA"
+                            : str_cat("no bf16 GEMM here: ", kernels::bf16_cpu_unavailable_reason()).c_str());
 }
 
 bool Trainer::state_finite() const {

@@ -369,7 +369,7 @@ def moe(x, P, p, cfg, diag, biases=None, loads=None):
         if tok.numel() == 0:
             continue
         out = swiglu_mlp(xf[tok], P, p + f"experts.{e}.")
-        y = y.index_add(0, tok, out * topk_w[tok, slot].unsqueeze(-1))
+        y = y.index_add(0, tok, (out * topk_w[tok, slot].unsqueeze(-1)).to(y.dtype))  # autocast: bf16 out
     if cfg.n_shared_experts > 0:
         y = y + swiglu_mlp(xf, P, p + "shared_experts.")
 
