@@ -6,8 +6,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#ifdef __GLIBC__
+#if defined(__GLIBC__) && !defined(MOETRAIN_SMPI)  // SMPI's headers redefine malloc and friends
 #include <malloc.h>
+#define MOE_GLIBC_MALLOPT 1
 #endif
 #ifdef MOETRAIN_SMPI
 #include <unordered_map>
@@ -234,7 +235,7 @@ void* device_alloc_zeroed(Device d, size_t bytes) { return device_alloc(d, bytes
 void* device_alloc_uninit(Device d, size_t bytes) { return device_alloc(d, bytes, false); }
 
 bool keep_host_heap() {
-#ifdef __GLIBC__
+#ifdef MOE_GLIBC_MALLOPT
   if (std::getenv("MALLOC_TRIM_THRESHOLD_") || std::getenv("MALLOC_MMAP_THRESHOLD_")) return false;
   // The largest threshold glibc accepts on 64-bit (its dynamic threshold stops there too); setting
   // it also turns the dynamic one off, so blocks up to it come from the heap from the start.

@@ -43,7 +43,7 @@ void* device_alloc_uninit(Device d, size_t bytes);
 // (about 3,300 faults a step of the tiny model, 4-8% of it). The process keeps its high-water
 // heap. An explicit MALLOC_TRIM_THRESHOLD_ or MALLOC_MMAP_THRESHOLD_ in the environment is left as
 // it is. Returns true when it changed the allocator's settings.
-bool keep_host_heap();
+bool keep_host_heap();  // false (nothing done) in SMPI builds and off glibc
 void device_free(Device d, void* p);
 void device_memset_zero(Device d, void* p, size_t bytes);
 // Copies between any two of host and device memory (synchronous with respect to the host).
