@@ -7,13 +7,19 @@
   (also writes OUT.hosts, the hostfile)
 
 The model, per direction (SPLITDUPLEX: both directions at full speed at once):
-  other node  rank -> its node's injection link (all NICs of the node) -> the fabric
-              (backbone) -> the other node's ejection link -> rank
+  other node  rank -> its node's injection link (all NICs of the node, shared by the flows
+              leaving it) -> the fabric (backbone, FATPIPE at one NIC's bandwidth: a flow goes
+              through one NIC, and the fabric itself is non-blocking) -> the other node's
+              ejection link -> rank
   same node   the node's fabric (loopback, FATPIPE: each flow up to the GPU-to-GPU bandwidth)
 Why one host per node, not one per GPU: with one host per GPU (a link per GPU and per NIC) the
 flow-level solver re-solved ~P^2 flows at each of ~P^2 completion events and P = 64 took 5 min;
 this form takes ~20 s. What it loses: which NIC a GPU uses (HALO's rails; the node's NICs are
-pooled) and a per-GPU cap on intra-node injection (FATPIPE caps each flow, not each GPU).
+pooled, so a flow reaches one NIC's bandwidth however many NICs are idle, but which one is not
+modelled) and a per-GPU cap on intra-node injection (FATPIPE caps each flow, not each GPU).
+Until 2026-12-04 the backbone was the sum of every node's injection, so a single flow leaving a
+node ran at all four NICs' 100 GB/s; a ring all-reduce, with one flow leaving each node, ran 4x
+faster than one NIC allows (docs/step_study.md).
 Frontier's group fabric is modelled as non-blocking: Slingshot's adaptive routing spreads a
 switch's traffic over its 31 local links (16 endpoint ports x 25 GB/s = 400 GB/s in, 31 x 25 GB/s
 = 775 GB/s to the group), so inside one group (<= 128 nodes) the NICs bind, not the switches.
@@ -35,6 +41,7 @@ PLATFORMS = {
         gpu_fabric_lat=0.9e-6,      # intra-node MPI latency: platforms/calibration.json
                                     # (shared-memory ping-pong measured here)
         injection_bw=4 * 25 * GB,   # 4 Slingshot NICs x 25 GB/s per node and direction
+        nic_bw=25 * GB,             # one flow: one NIC (one Slingshot-11 port, 200 Gb/s)
         nic_lat=1.0e-6,             # NIC + first switch, each end: ~2-3 us one-way MPI latency
                                     # over Slingshot-11 (OSU latency class; assumed, not measured)
         fabric_lat=0.35e-6,         # one Rosetta switch hop (~350 ns class; assumed)
@@ -45,6 +52,7 @@ PLATFORMS = {
         gpu_fabric_bw=450 * GB,     # NVLink 4 via NVSwitch: 900 GB/s bidirectional per GPU
         gpu_fabric_lat=0.9e-6,      # as frontier (measured here)
         injection_bw=8 * 50 * GB,   # 8 ConnectX-7 400 Gb/s (one per GPU) = 8 x 50 GB/s
+        nic_bw=50 * GB,             # one flow: one ConnectX-7
         nic_lat=1.0e-6,             # InfiniBand NDR MPI latency ~1-2 us one way (assumed)
         fabric_lat=3 * 0.3e-6,      # leaf-spine-leaf, ~300 ns per hop (assumed)
     ),
@@ -53,8 +61,9 @@ PLATFORMS = {
 
 def platform(kind, nodes):
     p = PLATFORMS[kind]
-    # The backbone never binds: a non-blocking fabric (the sum of every node's injection).
-    bb = nodes * p["injection_bw"]
+    # The backbone is FATPIPE (each flow has it whole, flows do not share it: a non-blocking
+    # fabric) at one NIC's bandwidth: the cap of a single flow.
+    bb = p["nic_bw"]
     return "\n".join([
         '<?xml version="1.0"?>',
         '<!DOCTYPE platform SYSTEM "https://simgrid.org/simgrid.dtd">',

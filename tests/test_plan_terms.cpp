@@ -703,9 +703,11 @@ TEST(PlanTerms, ExchangePlanByAlgorithm) {
 
 // Ring all-reduce 2·(g-1)/g·bytes/bw + 2·(g-1)·latency on the slowest link the group spans, and
 // p2p latency + bytes/bw, with the links above (4 ranks, nodes of 2).
-//   group 2, stride 1 (one node): 400/100 + 2 = 6; stride 2 (two nodes, 5 B/s): 80 + 4 = 84;
-//   group 4: 2·3/4·400/5 + 2·3·2 = 120 + 12 = 132.  p2p stride 2 (next node): 2 + 80 = 82;
-//   stride 1: 1 + 4 = 5.
+//   group 2, stride 1 (one node): 400/100 + 2 = 6; stride 2 (two nodes: both ranks of a node
+//   send across at once, 1 NIC of 10 B/s / 2 = 5 B/s): 80 + 4 = 84; group 4, stride 1: one
+//   hop leaves each node (the NIC's whole 10 B/s): 2·3/4·400/10 + 2·3·2 = 60 + 12 = 72; the
+//   same with 2 NICs of 4 B/s (a flow uses one: 4 B/s): 150 + 12 = 162.  p2p stride 2 (next
+//   node): 2 + 80 = 82; stride 1: 1 + 4 = 5.
 TEST(PlanTerms, AllReduceAndP2pLinkModel) {
   plan::ClusterProfile c = unit_profile();
   c.intra_node = {100, 1};
@@ -714,17 +716,21 @@ TEST(PlanTerms, AllReduceAndP2pLinkModel) {
   c.nic_bandwidth = 10;
   EXPECT_DOUBLE_EQ(plan::allreduce_seconds(c, 4, 2, 1, 400), 6);
   EXPECT_DOUBLE_EQ(plan::allreduce_seconds(c, 4, 2, 2, 400), 84);
-  EXPECT_DOUBLE_EQ(plan::allreduce_seconds(c, 4, 4, 1, 400), 132);
+  EXPECT_DOUBLE_EQ(plan::allreduce_seconds(c, 4, 4, 1, 400), 72);
   EXPECT_EQ(plan::allreduce_seconds(c, 4, 1, 1, 400), 0);
   EXPECT_DOUBLE_EQ(plan::p2p_seconds(c, 4, 2, 400), 82);
   EXPECT_DOUBLE_EQ(plan::p2p_seconds(c, 4, 1, 400), 5);
+  c.nics_per_node = 2;
+  c.nic_bandwidth = 4;
+  EXPECT_DOUBLE_EQ(plan::allreduce_seconds(c, 4, 4, 1, 400), 162);
 }
 
 // Expert gradients are all-reduced over dp only, with stride ep·tp: pp 1, dp 2, ep 2 on 4 ranks
 // (nodes of 2, the unit profile's links). Replicated spans over dp·ep = 4 ranks (stride 1, two
-// nodes, inter 16 GB/s capped by 2 NICs x 16 GB/s / 2 ranks = 16 GB/s, 2 ns):
+// nodes: one hop leaves each node, at one NIC's 16 GB/s; 2 ns):
 //   128 params = 256 bytes: 2·3/4·256/16 + 2·3·2 = 24 + 12 = 36 ns; 44 params = 88 bytes:
-//   8.25 + 12 = 20.25 ns.  Experts: 72 params = 144 bytes over dp 2 at stride 2 (two nodes):
+//   8.25 + 12 = 20.25 ns.  Experts: 72 params = 144 bytes over dp 2 at stride 2 (two nodes,
+//   both ranks of a node send across: 2 NICs x 16 GB/s / 2 = 16 GB/s each):
 //   144/16 + 2·2 = 9 + 4 = 13 ns.  Total 69.25 ns.
 TEST(PlanTerms, GradientAllReduceGroups) {
   const plan::ClusterProfile c = unit_profile();

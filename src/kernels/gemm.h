@@ -32,7 +32,8 @@ void linear_backward(float* dx, float* dw, const float* dy, const float* x, cons
 // program (same pid, same arguments; OpenBLAS reads the variable only when it loads). Returns
 // normally otherwise. An explicit OPENBLAS_CORETYPE (scripts/golden.sh pins Prescott) is kept.
 void ensure_blas_kernels(char** argv);
-// The OpenBLAS core in use (e.g. "SkylakeX") and, when moetrain chose it, " (set by moetrain)".
+// The OpenBLAS core in use (e.g. "SkylakeX") and, when moetrain chose it, " (set by moetrain)";
+// when the environment chose it, that, and whether this CPU has faster (AVX-512) kernels.
 std::string blas_core_description();
 
 // Sets the BLAS thread count (OpenBLAS); 1 is the project default (one thread per rank).

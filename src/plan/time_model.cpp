@@ -137,9 +137,22 @@ double allreduce_seconds(const ClusterProfile& c, int world, int group, int stri
   if (const CommCurve* cc = c.find_comm("allreduce", "", world, group, 0)) return cc->seconds.time_at(bytes);
   const int rpn = std::min(world, c.ranks_per_node);
   const int nodes = nodes_spanned(group, stride, rpn);
-  const LinkClass l = nodes > 1 ? link_between_nodes(c, nodes) : c.intra_node;
-  // Ring: 2(g−1)/g of the buffer over the slowest link, 2(g−1) steps of latency.
-  return 2.0 * (group - 1) / group * bytes / l.bandwidth + 2.0 * (group - 1) * l.latency;
+  // Ring over the group's ranks in rank order, every group of this kind at once: 2(g−1) steps,
+  // each moving 1/g of the buffer one hop, as fast as the slowest hop, and each paying the
+  // slowest link's per-message latency.
+  if (nodes == 1)
+    return 2.0 * (group - 1) / group * bytes / c.intra_node.bandwidth + 2.0 * (group - 1) * c.intra_node.latency;
+  // The hops that leave a node at once: one per group of this kind that crosses it (stride of
+  // them while the stride is inside a node), every rank's when the stride spans nodes. A flow
+  // goes through one NIC, and the node's NICs are shared by the flows leaving it; beyond a
+  // switch group the global links' taper applies.
+  const LinkClass l = link_between_nodes(c, nodes);
+  const int flows = std::min(stride, rpn);
+  const bool beyond_group = c.nodes_per_group > 0 && nodes > c.nodes_per_group;
+  const double taper = beyond_group && c.inter_node.bandwidth > 0 ? c.inter_group.bandwidth / c.inter_node.bandwidth : 1.0;
+  double hop = std::min(c.nic_bandwidth, c.nics_per_node * c.nic_bandwidth / flows) * taper;
+  if (stride < rpn) hop = std::min(hop, c.intra_node.bandwidth);  // the hops inside a node
+  return 2.0 * (group - 1) / group * bytes / hop + 2.0 * (group - 1) * l.latency;
 }
 
 double p2p_seconds(const ClusterProfile& c, int world, int stride, double bytes) {

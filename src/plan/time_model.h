@@ -80,6 +80,11 @@ double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, 
 // 0 where the profile has a measured a2a curve for the group: the curve's dispatch includes it.
 double a2a_plan_seconds(const ClusterProfile& c, const std::string& algo, int world, int ep, int tp,
                         double pairs);
+// Ring all-reduce of `bytes` over `group` ranks `stride` apart, every such group at once:
+// 2(g − 1)/g of the buffer over the slowest hop and 2(g − 1) latencies. A hop between nodes is
+// one flow through one NIC, sharing the node's NICs with the min(stride, ranks per node) flows
+// that leave the node at once (one per group crossing it; every rank's when the stride spans
+// nodes); a measured "allreduce" curve replaces the model.
 double allreduce_seconds(const ClusterProfile& c, int world, int group, int stride, double bytes);
 double p2p_seconds(const ClusterProfile& c, int world, int stride, double bytes);
 
