@@ -157,6 +157,14 @@ class StepRunner {
     wrong_ += std::llabs(got - static_cast<int64_t>(N_) * sp_.model.top_k * g_.ep.size());
   }
 
+  // Layer l's exchange plan from its routing (the counts, then the metadata: a2a time).
+  void plan_layer(size_t l, StepTimes& t) {
+    const comm::A2aRouting& r = routes_[l];
+    ScopedTimer timer(t.a2a);
+    plans_[l] = ex_.plan(N_, static_cast<int>(r.dst.size()), r.src_row.data(), r.dst.data(), r.tag.data(),
+                         r.value.data());
+  }
+
   // One round trip of layer l's rows: out to the experts, compute, back (forward: dispatch, FFN,
   // combine; backward: combine's adjoint, FFN backward, dispatch's adjoint).
   void round_trip(size_t l, double ffn_s, StepTimes& t) {
@@ -187,12 +195,7 @@ class StepRunner {
         inject(w.ffn_fwd, t.compute);
         continue;
       }
-      const comm::A2aRouting& r = routes_[l];
-      {
-        ScopedTimer timer(t.a2a);
-        plans_[l] = ex_.plan(N_, static_cast<int>(r.dst.size()), r.src_row.data(), r.dst.data(), r.tag.data(),
-                             r.value.data());
-      }
+      plan_layer(l, t);
       if (mb == 0) check_plan(plans_[l]);
       round_trip(l, w.ffn_fwd, t);
     }
@@ -211,8 +214,13 @@ class StepRunner {
         inject(w.ffn_bwd + w.attn_bwd, t.compute);
         continue;
       }
-      // Recomputation replays the layer's forward exchanges (its compute is in ffn_bwd).
-      if (sp_.layout.recompute != "none") round_trip(l, 0, t);
+      // Recomputation replays the layer's forward: its routing again, so a new plan (as the
+      // trainer's recomputed forward and the planner's charge), then its exchanges (their
+      // compute is in ffn_bwd).
+      if (sp_.layout.recompute != "none") {
+        plan_layer(l, t);
+        round_trip(l, 0, t);
+      }
       round_trip(l, w.ffn_bwd, t);
       inject(w.attn_bwd, t.compute);
     }
