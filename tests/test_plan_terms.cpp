@@ -725,6 +725,28 @@ TEST(PlanTerms, AllReduceAndP2pLinkModel) {
   EXPECT_DOUBLE_EQ(plan::allreduce_seconds(c, 4, 4, 1, 400), 162);
 }
 
+// The gradient all-reduce in two levels (comm/two_level.h) where a large span's group has several
+// members on each node: 8 ranks in nodes of 4, 1 NIC of 10 B/s, intra 100 B/s and 1 s, inter 2 s,
+// 4e6 bytes (1e6 floats, over core/two_level.h's threshold). Group 8, stride 1 (4 per node, 2 nodes):
+//   in the node, twice: 3/4·4e6/100 + 3·1 = 30003; across: the 4 members of a node each send
+//   their quarter at once (10/4 B/s each): 2·1/2·1e6/2.5 + 2·1·2 = 400004; total 460010
+//   (one ring would take 2·7/8·4e6/10 + 14·2 = 700028).
+// Group 2 at stride 4 (one member per node), the same group under the threshold, and the TP
+// all-reduce (allreduce_seconds): one ring.
+TEST(PlanTerms, TwoLevelAllReduce) {
+  plan::ClusterProfile c = unit_profile();
+  c.ranks_per_node = 4;
+  c.intra_node = {100, 1};
+  c.inter_node = {10, 2};
+  c.inter_group = c.inter_node;
+  c.nics_per_node = 1;
+  c.nic_bandwidth = 10;
+  EXPECT_DOUBLE_EQ(plan::gradient_allreduce_seconds(c, 8, 8, 1, 4e6), 460010);
+  EXPECT_DOUBLE_EQ(plan::allreduce_seconds(c, 8, 8, 1, 4e6), 700028);  // the TP all-reduce: one ring
+  EXPECT_DOUBLE_EQ(plan::gradient_allreduce_seconds(c, 8, 2, 4, 4e6), 2.0 * 1 / 2 * 4e6 / 2.5 + 2 * 2);
+  EXPECT_DOUBLE_EQ(plan::gradient_allreduce_seconds(c, 8, 8, 1, 4000), 2.0 * 7 / 8 * 4000 / 10 + 14 * 2);
+}
+
 // Expert gradients are all-reduced over dp only, with stride ep·tp: pp 1, dp 2, ep 2 on 4 ranks
 // (nodes of 2, the unit profile's links). Replicated spans over dp·ep = 4 ranks (stride 1, two
 // nodes: one hop leaves each node, at one NIC's 16 GB/s; 2 ns):

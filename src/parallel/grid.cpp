@@ -18,6 +18,8 @@ Grid make_grid(const ParallelDims& dims, const model::ModelConfig& cfg, int forc
   g.pp = g.world.split((c.dp * dims.ep + c.ep) * dims.tp + c.tp, c.pp);
   g.tp = g.world.split((c.pp * dims.dp + c.dp) * dims.ep + c.ep, c.tp);
   g.tokens = g.world.split(c.pp, (c.dp * dims.ep + c.ep) * dims.tp + c.tp);
+  g.data_nodes = comm::NodeSplit::of(g.data, g.topo);
+  g.dp_nodes = comm::NodeSplit::of(g.dp, g.topo);
   return g;
 }
 
@@ -44,7 +46,8 @@ void sync_gradients(const model::ParamLayout& layout, float* grads, const Grid& 
     while (j < specs.size() && specs[j].is_expert == specs[i].is_expert) ++j;
     const size_t begin = specs[i].offset, end = specs[j - 1].offset + specs[j - 1].numel;
     const comm::Group& g = specs[i].is_expert ? grid.dp : grid.data;
-    if (g.size() > 1) g.allreduce_sum(grads + begin, static_cast<int64_t>(end - begin));
+    const comm::NodeSplit& nodes = specs[i].is_expert ? grid.dp_nodes : grid.data_nodes;
+    comm::allreduce_sum(g, nodes, grads + begin, static_cast<int64_t>(end - begin));
     i = j;
   }
 }

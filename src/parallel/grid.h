@@ -13,6 +13,7 @@
 
 #include "comm/group.h"
 #include "comm/topology.h"
+#include "comm/two_level.h"
 #include "model/params.h"
 #include "parallel/parallel_dims.h"
 
@@ -23,6 +24,8 @@ struct Grid {
   RankCoords me;
   comm::Topology topo;
   comm::Group world, ep, dp, data, pp, tp, tokens;
+  // The data and dp groups split by node, for their two-level gradient all-reduce.
+  comm::NodeSplit data_nodes, dp_nodes;
   // Index of this rank's share of the global batch: dp_idx · ep + ep_idx.
   int data_rank() const { return me.dp * dims.ep + me.ep; }
   int data_size() const { return dims.dp * dims.ep; }
@@ -39,7 +42,8 @@ void sync_tensor_parallel(const model::ParamLayout& layout, float* grads, const 
 
 // Gradient synchronisation after backward (gradients were scaled by 1/data_size in backward):
 // replicated tensors summed over the data group, routed experts over the dp group. Contiguous
-// tensors of one kind go in one all-reduce.
+// tensors of one kind go in one all-reduce, in two levels where the group spans nodes with
+// several members on each (comm/two_level.h).
 void sync_gradients(const model::ParamLayout& layout, float* grads, const Grid& grid);
 
 }  // namespace moe::parallel

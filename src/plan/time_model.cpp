@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/two_level.h"
 #include "plan/step_ops.h"
 
 namespace moe::plan {
@@ -132,6 +133,18 @@ double a2a_plan_seconds(const ClusterProfile& c, const std::string& algo, int wo
   return counts + msgs + wire + std::max(fan_out_seconds(intra, intra_meta, r_n - 1), inter_meta / inter.bandwidth);
 }
 
+namespace {
+
+// A hop between nodes is one flow through one NIC; the node's NICs are shared by the `flows`
+// leaving it at once; beyond a switch group the global links' taper applies.
+double hop_between_nodes(const ClusterProfile& c, int nodes, int flows) {
+  const bool beyond_group = c.nodes_per_group > 0 && nodes > c.nodes_per_group;
+  const double taper = beyond_group && c.inter_node.bandwidth > 0 ? c.inter_group.bandwidth / c.inter_node.bandwidth : 1.0;
+  return std::min(c.nic_bandwidth, c.nics_per_node * c.nic_bandwidth / flows) * taper;
+}
+
+}  // namespace
+
 double allreduce_seconds(const ClusterProfile& c, int world, int group, int stride, double bytes) {
   if (group <= 1 || bytes <= 0) return 0;
   if (const CommCurve* cc = c.find_comm("allreduce", "", world, group, 0)) return cc->seconds.time_at(bytes);
@@ -143,16 +156,29 @@ double allreduce_seconds(const ClusterProfile& c, int world, int group, int stri
   if (nodes == 1)
     return 2.0 * (group - 1) / group * bytes / c.intra_node.bandwidth + 2.0 * (group - 1) * c.intra_node.latency;
   // The hops that leave a node at once: one per group of this kind that crosses it (stride of
-  // them while the stride is inside a node), every rank's when the stride spans nodes. A flow
-  // goes through one NIC, and the node's NICs are shared by the flows leaving it; beyond a
-  // switch group the global links' taper applies.
-  const LinkClass l = link_between_nodes(c, nodes);
-  const int flows = std::min(stride, rpn);
-  const bool beyond_group = c.nodes_per_group > 0 && nodes > c.nodes_per_group;
-  const double taper = beyond_group && c.inter_node.bandwidth > 0 ? c.inter_group.bandwidth / c.inter_node.bandwidth : 1.0;
-  double hop = std::min(c.nic_bandwidth, c.nics_per_node * c.nic_bandwidth / flows) * taper;
+  // them while the stride is inside a node), every rank's when the stride spans nodes.
+  double hop = hop_between_nodes(c, nodes, std::min(stride, rpn));
   if (stride < rpn) hop = std::min(hop, c.intra_node.bandwidth);  // the hops inside a node
-  return 2.0 * (group - 1) / group * bytes / hop + 2.0 * (group - 1) * l.latency;
+  return 2.0 * (group - 1) / group * bytes / hop + 2.0 * (group - 1) * link_between_nodes(c, nodes).latency;
+}
+
+double gradient_allreduce_seconds(const ClusterProfile& c, int world, int group, int stride, double bytes) {
+  if (group <= 1 || bytes <= 0) return 0;
+  if (c.find_comm("allreduce", "", world, group, 0)) return allreduce_seconds(c, world, group, stride, bytes);
+  const int rpn = std::min(world, c.ranks_per_node);
+  // Two levels (comm/two_level.h) where the group has the same members on each node, several:
+  // ring reduce-scatter and all-gather inside the node, and between them a ring all-reduce of
+  // each member's 1/r share across the n nodes, every member of every such group of the node
+  // sending at once (min(stride·r, ranks per node) flows). The rule counts floats (the trainer's
+  // fp32 gradients).
+  const int r = stride < rpn && rpn % stride == 0 ? std::min(group, rpn / stride) : 1;
+  if (group % r != 0 || !two_level_allreduce_applies(r, group / r, static_cast<int64_t>(bytes / 4)))
+    return allreduce_seconds(c, world, group, stride, bytes);
+  const int n = group / r;
+  const double in_node = (r - 1.0) / r * bytes / c.intra_node.bandwidth + (r - 1) * c.intra_node.latency;
+  const double across = 2.0 * (n - 1) / n * (bytes / r) / hop_between_nodes(c, n, std::min(stride * r, rpn)) +
+                        2.0 * (n - 1) * link_between_nodes(c, n).latency;
+  return 2 * in_node + across;
 }
 
 double p2p_seconds(const ClusterProfile& c, int world, int stride, double bytes) {
@@ -251,7 +277,7 @@ double gradient_sync_seconds(const PlanModel& m, const Layout& lay, const Cluste
   const double H = m.hidden, V = static_cast<double>(m.vocab_size);
   double sync = 0, replicated = 0, tp_run = 0;
   auto flush = [&]() {
-    sync += allreduce_seconds(c, world, data, tp, replicated * mo.grad_bytes);
+    sync += gradient_allreduce_seconds(c, world, data, tp, replicated * mo.grad_bytes);
     replicated = 0;
   };
   auto flush_tp = [&]() {
@@ -275,7 +301,7 @@ double gradient_sync_seconds(const PlanModel& m, const Layout& lay, const Cluste
     if (p.experts > 0) {
       flush();
       const double experts = p.per_expert * p.experts / lay.ep;
-      sync += allreduce_seconds(c, world, lay.dp, lay.ep * tp, experts * mo.grad_bytes);
+      sync += gradient_allreduce_seconds(c, world, lay.dp, lay.ep * tp, experts * mo.grad_bytes);
       local_params += experts;
       tp_run += experts;
     }

@@ -80,12 +80,18 @@ double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, 
 // 0 where the profile has a measured a2a curve for the group: the curve's dispatch includes it.
 double a2a_plan_seconds(const ClusterProfile& c, const std::string& algo, int world, int ep, int tp,
                         double pairs);
-// Ring all-reduce of `bytes` over `group` ranks `stride` apart, every such group at once:
-// 2(g − 1)/g of the buffer over the slowest hop and 2(g − 1) latencies. A hop between nodes is
-// one flow through one NIC, sharing the node's NICs with the min(stride, ranks per node) flows
-// that leave the node at once (one per group crossing it; every rank's when the stride spans
-// nodes); a measured "allreduce" curve replaces the model.
+// All-reduce of `bytes` over `group` ranks `stride` apart, every such group at once, one ring
+// (MPI_Allreduce's model; the TP all-reduces): 2(g − 1)/g of the buffer over the slowest hop and
+// 2(g − 1) latencies. A hop between nodes is one flow through one NIC, sharing the node's NICs
+// with the min(stride, ranks per node) flows leaving the node at once (one per group crossing it,
+// every rank's when the stride spans nodes). A measured "allreduce" curve replaces the model.
 double allreduce_seconds(const ClusterProfile& c, int world, int group, int stride, double bytes);
+// The gradient all-reduce as parallel::sync_gradients runs it (comm::allreduce_sum): in two
+// levels where core/two_level.h's rule applies (r ≥ 2 members on each of n ≥ 2 nodes, a large
+// span): 2 × ((r − 1)/r of the buffer + (r − 1) latencies) inside the node, plus a ring of the
+// 1/r share over the n nodes with min(stride·r, ranks per node) flows leaving each node; else
+// allreduce_seconds. On GPUs NCCL's rings, one channel per NIC, also use every NIC of a node.
+double gradient_allreduce_seconds(const ClusterProfile& c, int world, int group, int stride, double bytes);
 double p2p_seconds(const ClusterProfile& c, int world, int stride, double bytes);
 
 }  // namespace moe::plan

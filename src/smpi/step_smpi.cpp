@@ -16,10 +16,13 @@
 // smpi/auto-shared-malloc-thresh for the exchange's own buffers), so row contents are garbage and
 // are not checked; every plan's counts are (each received pair's expert lives on its receiver, and
 // each EP group receives exactly tokens x k pairs).
-// The all-reduce is a ring (reduce-scatter + all-gather, 2(g-1) steps of 1/g of the buffer to the
-// next rank) of Group sends: the traffic of the planner's ring model without its arithmetic
-// (MPI_Allreduce would apply the sum on the host to every rank's buffer, and its temporaries are not
-// folded: 1024 ranks do not fit).
+// The all-reduce runs as the trainer's (parallel::sync_gradients): in two levels where they apply
+// (comm/two_level.h: a ring reduce-scatter inside the node, a ring all-reduce of each member's
+// share across the nodes, a ring all-gather inside the node), else one ring (reduce-scatter +
+// all-gather, 2(g-1) steps of 1/g of the buffer to the next rank). Each is Group sends: the
+// traffic of the planner's ring models without their arithmetic (MPI_Allreduce would apply the
+// sum on the host to every rank's buffer, and its temporaries are not folded: 1024 ranks do not
+// fit).
 #pragma push_macro("exit")
 #undef exit
 #include <CLI/CLI.hpp>
@@ -75,18 +78,29 @@ void inject(double seconds, double& total) {
   total += seconds;
 }
 
-// The ring all-reduce's traffic: 2(g-1) steps, each 1/g of `count` floats to the next rank and
-// from the previous one. buf holds at least 2 chunks.
-void ring_allreduce_traffic(const comm::Group& g, float* buf, int64_t count) {
+// `steps` ring steps over g: each sends 1/g of `count` floats to the next rank and receives as
+// much from the previous one. buf holds at least 2 chunks.
+void ring_traffic(const comm::Group& g, float* buf, int64_t count, int steps) {
   const int n = g.size(), r = g.rank();
   if (n <= 1 || count <= 0) return;
   const int64_t chunk = (count + n - 1) / n;
-  for (int step = 0; step < 2 * (n - 1); ++step) {
+  for (int step = 0; step < steps; ++step) {
     std::vector<comm::Request> reqs;
     reqs.push_back(g.irecv(buf + chunk, chunk, (r + n - 1) % n, step));
     reqs.push_back(g.isend(buf, chunk, (r + 1) % n, step));
     comm::wait_all(reqs);
   }
+}
+
+// The gradient all-reduce's traffic, as comm::allreduce_sum runs it: two levels where they apply
+// (reduce-scatter in the node: g_n − 1 ring steps; the share's all-reduce across nodes: 2(n − 1);
+// all-gather in the node: g_n − 1), else one ring of 2(g − 1) steps.
+void allreduce_traffic(const comm::Group& g, const comm::NodeSplit& s, float* buf, int64_t count) {
+  if (!s.applies(g, count)) return ring_traffic(g, buf, count, 2 * (g.size() - 1));
+  const int r = s.per_node;
+  ring_traffic(s.node, buf, count, r - 1);
+  ring_traffic(s.cross, buf, (count + r - 1) / r, 2 * (s.nodes - 1));
+  ring_traffic(s.node, buf, count, r - 1);
 }
 
 int64_t floats_of(double bytes) { return static_cast<int64_t>(std::ceil(bytes / 4)); }
@@ -130,7 +144,8 @@ class StepRunner {
     {
       ScopedTimer timer(t.allreduce);
       for (const GradCall& c : st_.grads)
-        ring_allreduce_traffic(c.experts ? g_.dp : g_.data, grads_.data(), floats_of(c.bytes));
+        allreduce_traffic(c.experts ? g_.dp : g_.data, c.experts ? g_.dp_nodes : g_.data_nodes, grads_.data(),
+                          floats_of(c.bytes));
     }
     inject(st_.optimizer_s, t.optimizer);
     t.step = now_seconds() - t0;

@@ -73,8 +73,8 @@ void gradient_calls(const StepSpec& sp, const plan::MemoryOptions& mo, int s, in
   flush();
   const int world = lay.world();
   for (const GradCall& g : st.grads)
-    st.grad_predicted_s += g.experts ? plan::allreduce_seconds(sp.cluster, world, lay.dp, lay.ep, g.bytes)
-                                     : plan::allreduce_seconds(sp.cluster, world, lay.data_ranks(), 1, g.bytes);
+    st.grad_predicted_s += g.experts ? plan::gradient_allreduce_seconds(sp.cluster, world, lay.dp, lay.ep, g.bytes)
+                                     : plan::gradient_allreduce_seconds(sp.cluster, world, lay.data_ranks(), 1, g.bytes);
   st.optimizer_s = sp.cluster.optimizer_s_per_param * local;
 }
 
