@@ -162,6 +162,9 @@ A2aBenchResult run_a2a_bench(const Group& group, const Topology& topo, const A2a
     for (A2aAlgorithm algo : o.algorithms) {
       TrafficStats stats;
       TokenExchange ex(group, topo, algo, &stats);
+#ifdef MOETRAIN_SMPI
+      ex.keep_staging(true);  // simulated time does not see it; the simulator's page faults do
+#endif
       Buffer<float> recv;
       auto dispatch = [&](double* plan_s, double* mc_s) {
         double t0 = now_seconds();

@@ -50,7 +50,7 @@ void StageRun::post(const Stage& st, const RowSpace& in, const RowSpace& out, in
     const int64_t count = static_cast<int64_t>(msg.idx.size()) * H;
     float* direct = out.consecutive(msg.idx, H);
     if (!direct) {
-      rbuf_[m] = Rows(static_cast<size_t>(count), staging_);
+      rbuf_[m] = Rows(static_cast<size_t>(count), staging_, pool_);
       direct = rbuf_[m].data();
     }
     rreqs_.push_back(g_.irecv(direct, count, msg.peer, st.tag));
@@ -61,7 +61,7 @@ void StageRun::post(const Stage& st, const RowSpace& in, const RowSpace& out, in
     const float* direct = in.consecutive(msg.idx, H);
     if (!direct) {
       Rows& b = sbuf_[m];
-      b = Rows(static_cast<size_t>(count), staging_);
+      b = Rows(static_cast<size_t>(count), staging_, pool_);
       for (size_t k = 0; k < msg.idx.size(); ++k) copy_row(b.data() + k * H, in.row(msg.idx[k], H), H);
       direct = b.data();
     }
@@ -395,6 +395,15 @@ TokenExchange::TokenExchange(const Group& group, const Topology& topo, A2aAlgori
                              TrafficStats* stats)
     : group_(group), topo_(topo), algo_(algo), stats_(stats) {}
 
+void TokenExchange::keep_staging(bool keep) {
+  pool_ = keep ? std::make_shared<exchange_detail::StagingPool>() : nullptr;
+}
+
+exchange_detail::ExchangeRun TokenExchange::start_run(const Impl& im) const {
+  if (pool_) pool_->begin();
+  return exchange_detail::ExchangeRun{group_, im, stats_, staging_, pool_.get()};
+}
+
 ExchangePlan TokenExchange::plan(int num_src_rows, int num_pairs, const int32_t* src_row,
                                  const int32_t* dst_rank, const int32_t* tag,
                                  const float* value, const int32_t* fold_key) const {
@@ -548,7 +557,7 @@ void TokenExchange::multicast_host(const ExchangePlan& plan, const float* src, f
   const Impl& im = checked_impl(plan, algo_, group_, "multicast");
   MOE_CHECK(H >= 0, "TokenExchange::multicast: H = ", H, " must be >= 0");
   if (H == 0) return;  // nothing to move (every rank passes the same H)
-  algorithm_of(algo_).multicast(ExchangeRun{group_, im, stats_, staging_}, src, recv, H);
+  algorithm_of(algo_).multicast(start_run(im), src, recv, H);
 }
 
 void TokenExchange::reduce_host(const ExchangePlan& plan, const float* rows, float* dst,
@@ -559,8 +568,9 @@ void TokenExchange::reduce_host(const ExchangePlan& plan, const float* rows, flo
   MOE_CHECK(H >= 0, "TokenExchange::reduce: H = ", H, " must be >= 0");
   if (H == 0) return;  // nothing to move (every rank passes the same H)
   // ret[p]: the row of pair p back at its source (rbd: the pilot pair's row holds S_node).
-  Rows ret(static_cast<size_t>(im.num_send_pairs) * H, staging_);
-  algorithm_of(algo_).return_rows(ExchangeRun{group_, im, stats_, staging_}, rows, ret.data(), H);
+  const ExchangeRun run = start_run(im);
+  Rows ret = run.rows(static_cast<size_t>(im.num_send_pairs) * H);
+  algorithm_of(algo_).return_rows(run, rows, ret.data(), H);
   source_fold(im, ret.data(), dst, H);
 }
 

@@ -25,6 +25,10 @@
 #include "core/buffer.h"
 
 namespace moe::comm {
+namespace exchange_detail {
+class StagingPool;
+struct ExchangeRun;
+}  // namespace exchange_detail
 
 enum class A2aAlgorithm { kFlat, kRbd, kHalo, kRbdHalo };
 // "flat" | "rbd" | "halo" | "rbd-halo"; the error names it.
@@ -60,6 +64,12 @@ class TokenExchange {
   // Charges the staging rows every exchange allocates while it runs (send/receive buffers, RBD
   // pools, HALO rails) to `tracker`; null (the default) charges nothing.
   void set_staging_tracker(MemTracker* tracker) { staging_ = tracker; }
+  // Keeps the staging rows from one exchange to the next instead of allocating them per call
+  // (off by default: a trainer with one TokenExchange per layer would hold every layer's staging
+  // between calls). The SMPI programs turn it on: there every allocation is a fresh shared
+  // mapping, and touching it again is most of what simulating an exchange costs. Copies of this
+  // object share the kept rows; use them one at a time.
+  void keep_staging(bool keep);
 
   // Collective. Exchanges counts and the per-pair metadata (tag, value). fold_key (optional, one
   // int per pair): reduce then sums each source row's pairs in ascending fold_key order, one pair
@@ -90,12 +100,15 @@ class TokenExchange {
   void multicast_host(const ExchangePlan& plan, const float* src, float* recv, int H) const;
   void reduce_host(const ExchangePlan& plan, const float* rows, float* dst, int H) const;
   void return_values_host(const ExchangePlan& plan, const float* recv_vals, float* src_vals) const;
+  // What one call's algorithm runs with (starts the call's use of the kept staging rows).
+  exchange_detail::ExchangeRun start_run(const ExchangePlan::Impl& im) const;
 
   const Group& group_;
   const Topology& topo_;
   A2aAlgorithm algo_;
   TrafficStats* stats_;
   MemTracker* staging_ = nullptr;
+  std::shared_ptr<exchange_detail::StagingPool> pool_;  // keep_staging
 };
 
 }  // namespace moe::comm

@@ -104,7 +104,7 @@ class HaloAlgorithm final : public Algorithm {
   void multicast(const ExchangeRun& run, const float* src, float* recv, int H) const override {
     const Impl& im = run.im;
     const RowSpace src_by_pair = space(src, im.num_send_pairs, im.src_row.data());
-    Rows rail(static_cast<size_t>(im.num_rail) * H, run.staging);
+    Rows rail = run.rows(static_cast<size_t>(im.num_rail) * H);
     StageRun s1(run), s2(run), s3(run);
     s1.post(im.halo1, src_by_pair, space(recv, im.num_recv), H);
     s2.post(im.halo2, src_by_pair, space(rail.data(), im.num_rail), H);
@@ -118,7 +118,7 @@ class HaloAlgorithm final : public Algorithm {
 
   void return_rows(const ExchangeRun& run, const float* rows, float* ret, int H) const override {
     const Impl& im = run.im;
-    Rows rail(static_cast<size_t>(im.num_rail) * H, run.staging);
+    Rows rail = run.rows(static_cast<size_t>(im.num_rail) * H);
     StageRun s1(run), s3(run), s2(run);
     s1.post(im.halo1_back, space(rows, im.num_recv), space(ret, im.num_send_pairs), H);
     s3.post(im.halo3_back, space(rows, im.num_recv), space(rail.data(), im.num_rail), H);

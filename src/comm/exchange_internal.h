@@ -11,7 +11,9 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "comm/exchange.h"
@@ -79,17 +81,73 @@ inline RowSpace space(const float* a, int64_t na = 0, const int32_t* map = nullp
   return RowSpace{const_cast<float*>(a), na, map, const_cast<float*>(b)};
 }
 
-// Staging rows of one exchange: a Buffer charged to the exchange's staging tracker (when set), so
-// the measured memory of a rank includes what its exchanges hold while they run.
+// Staging buffers kept from one exchange to the next (TokenExchange::keep_staging): the k-th
+// staging request of a call gets the k-th buffer, grown when too small. Every call of one plan
+// makes the same requests in the same order, so after the first call nothing is allocated, and
+// nothing is mapped or faulted in again (under SMPI's shared malloc every allocation is a fresh
+// mapping whose pages fault on first touch: 99.8% of a simulated step's page faults).
+class StagingPool {
+ public:
+  // Starts a call: requests count from the first buffer again. Every Rows of the previous call
+  // must be gone (its requests complete).
+  void begin() { next_ = 0; }
+  float* take(size_t count) {
+    if (next_ == slots_.size()) slots_.emplace_back();
+    Buffer<float>& b = slots_[next_++];
+    if (b.size() < count) b.resize_for_overwrite(count);
+    return b.data();
+  }
+
+ private:
+  std::deque<Buffer<float>> slots_;  // a deque: taken pointers stay valid while it grows
+  size_t next_ = 0;
+};
+
+// Staging rows of one exchange, charged to the exchange's staging tracker (when set) while they
+// live, so the measured memory of a rank includes what its exchanges hold while they run. From
+// the pool when there is one, else owned. Contents start undefined (every use writes its rows
+// before reading them; debug builds poison owned rows) unless `zeroed`.
 class Rows {
  public:
   Rows() = default;
-  Rows(size_t count, MemTracker* tracker) : buf_(count, tracker) {}
-  float* data() { return buf_.data(); }
-  size_t size() const { return buf_.size(); }
+  Rows(size_t count, MemTracker* tracker, StagingPool* pool, bool zeroed = false) {
+    if (!pool) {
+      zeroed ? own_.resize(count, tracker) : own_.resize_for_overwrite(count, tracker);
+      data_ = own_.data();
+      return;
+    }
+    data_ = count ? pool->take(count) : nullptr;
+    if (zeroed && count) std::memset(data_, 0, count * sizeof(float));
+    tracker_ = tracker;
+    charged_ = count * sizeof(float);
+    if (tracker_) tracker_->add(charged_);
+  }
+  ~Rows() { release(); }
+  Rows(Rows&& o) noexcept { *this = std::move(o); }
+  Rows& operator=(Rows&& o) noexcept {
+    if (this != &o) {
+      release();
+      own_ = std::move(o.own_);
+      data_ = std::exchange(o.data_, nullptr);
+      tracker_ = std::exchange(o.tracker_, nullptr);
+      charged_ = std::exchange(o.charged_, 0);
+    }
+    return *this;
+  }
+  float* data() { return data_; }
 
  private:
-  Buffer<float> buf_;
+  void release() {
+    if (tracker_) tracker_->sub(charged_);
+    tracker_ = nullptr;
+    charged_ = 0;
+    data_ = nullptr;
+    own_.release();
+  }
+  Buffer<float> own_;
+  float* data_ = nullptr;
+  MemTracker* tracker_ = nullptr;  // pooled rows only (owned rows charge through own_)
+  size_t charged_ = 0;
 };
 
 inline void copy_row(float* dst, const float* src, int H) {
@@ -148,6 +206,8 @@ struct ExchangeRun {
   const Impl& im;
   TrafficStats* stats;    // may be null
   MemTracker* staging;    // may be null
+  StagingPool* pool;      // may be null: staging rows are then allocated per call
+  Rows rows(size_t count, bool zeroed = false) const { return Rows(count, staging, pool, zeroed); }
 };
 
 // Posts a stage's receives and sends (and does its self copies). receive() waits for the
@@ -156,7 +216,7 @@ struct ExchangeRun {
 class StageRun {
  public:
   explicit StageRun(const ExchangeRun& run)
-      : g_(run.group), im_(run.im), stats_(run.stats), staging_(run.staging) {}
+      : g_(run.group), im_(run.im), stats_(run.stats), staging_(run.staging), pool_(run.pool) {}
   void post(const Stage& st, const RowSpace& in, const RowSpace& out, int H);
   void receive();
   void finish();
@@ -166,6 +226,7 @@ class StageRun {
   const Impl& im_;
   TrafficStats* stats_;
   MemTracker* staging_;
+  StagingPool* pool_;
   const Stage* st_ = nullptr;
   RowSpace out_;
   int H_ = 0;

@@ -222,7 +222,7 @@ class RbdAlgorithm final : public Algorithm {
   void multicast(const ExchangeRun& run, const float* src, float* recv, int H) const override {
     const Impl& im = run.im;
     const RowSpace src_by_pair = space(src, im.num_send_pairs, im.src_row.data());
-    Rows pool(static_cast<size_t>(im.num_pool) * H, run.staging);
+    Rows pool = run.rows(static_cast<size_t>(im.num_pool) * H);
     RowSpace recv_pool = space(recv, im.num_recv, nullptr, pool.data());
     StageRun a(run), b(run);
     a.post(im.rbd_a, src_by_pair, recv_pool, H);
@@ -241,20 +241,20 @@ class RbdAlgorithm final : public Algorithm {
     // With a fold key every pair's row comes back on its own: sums by node would break its order.
     if (im.keyed_fold) return return_rows_flat(run, rows, ret, H);
     // S_rank per pool slot (my pairs of one (source, row) on this node), pair order.
-    Rows srank(static_cast<size_t>(im.num_pool) * H, run.staging);
+    Rows srank = run.rows(static_cast<size_t>(im.num_pool) * H, /*zeroed=*/true);  // slots without pairs stay 0
     RowSpace rows_space = space(rows, im.num_recv);
     for (int k = 0; k < im.num_pool; ++k)  // (an rbd-halo rail rank's pilot may have no pairs here)
       if (im.slot_pair_off[k + 1] > im.slot_pair_off[k])
         fold_rows(srank.data() + static_cast<int64_t>(k) * H, rows_space,
                   im.slot_pairs.data() + im.slot_pair_off[k], im.slot_pair_off[k + 1] - im.slot_pair_off[k], H);
     // Replicas' S_rank to the pilot rank (intra-node).
-    Rows contrib(static_cast<size_t>(im.num_contrib) * H, run.staging);
+    Rows contrib = run.rows(static_cast<size_t>(im.num_contrib) * H);
     StageRun b(run), a(run);
     b.post(im.rbd_b_back, space(rows, im.num_recv, nullptr, srank.data()),
            space(contrib.data(), im.num_contrib), H);
     b.receive();
     // S_node per pilot: the node's ranks ascending.
-    Rows snode(static_cast<size_t>(im.num_pilots_in) * H, run.staging);
+    Rows snode = run.rows(static_cast<size_t>(im.num_pilots_in) * H);
     RowSpace parts = space(srank.data(), im.num_pool, nullptr, contrib.data());
     for (int k = 0; k < im.num_pilots_in; ++k)
       fold_rows(snode.data() + static_cast<int64_t>(k) * H, parts,

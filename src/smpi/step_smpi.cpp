@@ -125,6 +125,7 @@ class StepRunner {
                                                derive_rng(seed, stream)));
     }
     plans_.resize(st_.layers.size());
+    ex_.keep_staging(true);  // the staging rows are mapped and faulted in once, not every call
   }
 
   StepTimes run() {

@@ -552,6 +552,19 @@ void run_scenario(const std::string& name, const Group& g, const Topology& topo,
     std::vector<float> again(exp.size() * H, 0.0f);
     ex.multicast(plan, src.data(), again.data(), H);
     CHECK(again == recv, al, "plan reuse");
+
+    // Kept staging rows (keep_staging, the SMPI programs' mode): calls reuse buffers that hold the
+    // previous call's rows, and give the same bits, call after call.
+    TokenExchange kept(g, topo, parse_a2a_algorithm(kAlgos[a]), nullptr);
+    kept.keep_staging(true);
+    for (int round = 0; round < 2; ++round) {
+      std::vector<float> r2(exp.size() * H, -3.0f), d2 = dst_init;
+      kept.multicast(plan, src.data(), r2.data(), H);
+      CHECK(r2 == recv, al, "kept staging, round ", round, ": multicast differs");
+      kept.reduce(plan, rows.data(), d2.data(), H);
+      CHECK(std::memcmp(d2.data(), dst.data(), dst.size() * sizeof(float)) == 0, al,
+            "kept staging, round ", round, ": reduce is not bit-identical");
+    }
   }
   for (int a = 1; a < kNumAlgos; ++a) {
     CHECK(recv_of[a] == recv_of[0], at, kAlgos[a], " multicast differs from flat");
