@@ -62,13 +62,14 @@ void StageRun::post(const Stage& st, const RowSpace& in, const RowSpace& out, in
     if (!direct) {
       Rows& b = sbuf_[m];
       b = Rows(static_cast<size_t>(count), staging_, pool_);
-      for (size_t k = 0; k < msg.idx.size(); ++k) copy_row(b.data() + k * H, in.row(msg.idx[k], H), H);
+      for (size_t k = 0; copy_rows_ && k < msg.idx.size(); ++k)
+        copy_row(b.data() + k * H, in.row(msg.idx[k], H), H);
       direct = b.data();
     }
     sreqs_.push_back(g_.isend(direct, count, msg.peer, st.tag));
     if (stats_) stats_->add(im_.link_to[msg.peer], static_cast<uint64_t>(count) * sizeof(float));
   }
-  for (size_t k = 0; k < st.self_in.size(); ++k)
+  for (size_t k = 0; copy_rows_ && k < st.self_in.size(); ++k)
     copy_row(out.row(st.self_out[k], H), in.row(st.self_in[k], H), H);
   if (stats_ && st.self_is_message && !st.self_in.empty())
     stats_->add(LinkClass::kSameRank, st.self_in.size() * H * sizeof(float));
@@ -78,7 +79,7 @@ void StageRun::receive() {
   if (received_) return;
   wait_all(rreqs_);
   for (size_t m = 0; m < st_->recvs.size(); ++m) {
-    if (!rbuf_[m].data()) continue;  // received in place
+    if (!rbuf_[m].data() || !copy_rows_) continue;  // received in place, or rows not copied
     const Msg& msg = st_->recvs[m];
     for (size_t k = 0; k < msg.idx.size(); ++k)
       copy_row(out_.row(msg.idx[k], H_), rbuf_[m].data() + k * H_, H_);
@@ -401,7 +402,7 @@ void TokenExchange::keep_staging(bool keep) {
 
 exchange_detail::ExchangeRun TokenExchange::start_run(const Impl& im) const {
   if (pool_) pool_->begin();
-  return exchange_detail::ExchangeRun{group_, im, stats_, staging_, pool_.get()};
+  return exchange_detail::ExchangeRun{group_, im, stats_, staging_, pool_.get(), copy_rows_};
 }
 
 ExchangePlan TokenExchange::plan(int num_src_rows, int num_pairs, const int32_t* src_row,
@@ -571,7 +572,7 @@ void TokenExchange::reduce_host(const ExchangePlan& plan, const float* rows, flo
   const ExchangeRun run = start_run(im);
   Rows ret = run.rows(static_cast<size_t>(im.num_send_pairs) * H);
   algorithm_of(algo_).return_rows(run, rows, ret.data(), H);
-  source_fold(im, ret.data(), dst, H);
+  if (run.copy_rows) source_fold(im, ret.data(), dst, H);
 }
 
 void TokenExchange::return_values_host(const ExchangePlan& plan, const float* recv_vals,

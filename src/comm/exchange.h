@@ -70,6 +70,11 @@ class TokenExchange {
   // mapping, and touching it again is most of what simulating an exchange costs. Copies of this
   // object share the kept rows; use them one at a time.
   void keep_staging(bool keep);
+  // false: every message is sent with its size, but no row is packed, copied or summed, so the
+  // receive and reduce buffers hold whatever they held. For a simulation whose rows are
+  // placeholders (moetrain_smpi_step: SMPI's shared malloc, compute not executed), where copying
+  // rows is most of the host's work and none of the simulated time. True by default.
+  void set_copy_rows(bool copy) { copy_rows_ = copy; }
 
   // Collective. Exchanges counts and the per-pair metadata (tag, value). fold_key (optional, one
   // int per pair): reduce then sums each source row's pairs in ascending fold_key order, one pair
@@ -109,6 +114,7 @@ class TokenExchange {
   TrafficStats* stats_;
   MemTracker* staging_ = nullptr;
   std::shared_ptr<exchange_detail::StagingPool> pool_;  // keep_staging
+  bool copy_rows_ = true;
 };
 
 }  // namespace moe::comm

@@ -207,6 +207,7 @@ struct ExchangeRun {
   TrafficStats* stats;    // may be null
   MemTracker* staging;    // may be null
   StagingPool* pool;      // may be null: staging rows are then allocated per call
+  bool copy_rows;         // false: messages keep their sizes, but no row is packed, copied or summed
   Rows rows(size_t count, bool zeroed = false) const { return Rows(count, staging, pool, zeroed); }
 };
 
@@ -216,7 +217,8 @@ struct ExchangeRun {
 class StageRun {
  public:
   explicit StageRun(const ExchangeRun& run)
-      : g_(run.group), im_(run.im), stats_(run.stats), staging_(run.staging), pool_(run.pool) {}
+      : g_(run.group), im_(run.im), stats_(run.stats), staging_(run.staging), pool_(run.pool),
+        copy_rows_(run.copy_rows) {}
   void post(const Stage& st, const RowSpace& in, const RowSpace& out, int H);
   void receive();
   void finish();
@@ -227,6 +229,7 @@ class StageRun {
   TrafficStats* stats_;
   MemTracker* staging_;
   StagingPool* pool_;
+  bool copy_rows_;
   const Stage* st_ = nullptr;
   RowSpace out_;
   int H_ = 0;

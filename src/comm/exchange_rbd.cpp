@@ -231,7 +231,7 @@ class RbdAlgorithm final : public Algorithm {
     b.receive();
     a.finish();
     b.finish();
-    for (size_t k = 0; k < im.expand_row.size(); ++k)
+    for (size_t k = 0; run.copy_rows && k < im.expand_row.size(); ++k)
       copy_row(recv + static_cast<int64_t>(im.expand_row[k]) * H,
                pool.data() + static_cast<int64_t>(im.expand_slot[k]) * H, H);
   }
@@ -241,9 +241,9 @@ class RbdAlgorithm final : public Algorithm {
     // With a fold key every pair's row comes back on its own: sums by node would break its order.
     if (im.keyed_fold) return return_rows_flat(run, rows, ret, H);
     // S_rank per pool slot (my pairs of one (source, row) on this node), pair order.
-    Rows srank = run.rows(static_cast<size_t>(im.num_pool) * H, /*zeroed=*/true);  // slots without pairs stay 0
+    Rows srank = run.rows(static_cast<size_t>(im.num_pool) * H, /*zeroed=*/run.copy_rows);  // slots without pairs: 0
     RowSpace rows_space = space(rows, im.num_recv);
-    for (int k = 0; k < im.num_pool; ++k)  // (an rbd-halo rail rank's pilot may have no pairs here)
+    for (int k = 0; run.copy_rows && k < im.num_pool; ++k)  // (an rbd-halo rail rank's pilot may have no pairs here)
       if (im.slot_pair_off[k + 1] > im.slot_pair_off[k])
         fold_rows(srank.data() + static_cast<int64_t>(k) * H, rows_space,
                   im.slot_pairs.data() + im.slot_pair_off[k], im.slot_pair_off[k + 1] - im.slot_pair_off[k], H);
@@ -256,7 +256,7 @@ class RbdAlgorithm final : public Algorithm {
     // S_node per pilot: the node's ranks ascending.
     Rows snode = run.rows(static_cast<size_t>(im.num_pilots_in) * H);
     RowSpace parts = space(srank.data(), im.num_pool, nullptr, contrib.data());
-    for (int k = 0; k < im.num_pilots_in; ++k)
+    for (int k = 0; run.copy_rows && k < im.num_pilots_in; ++k)
       fold_rows(snode.data() + static_cast<int64_t>(k) * H, parts,
                 im.contrib_idx.data() + im.contrib_off[k], im.contrib_off[k + 1] - im.contrib_off[k], H);
     // One row per (row, node) back across nodes; same-node pairs back individually.

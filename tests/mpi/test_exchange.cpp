@@ -565,6 +565,24 @@ void run_scenario(const std::string& name, const Group& g, const Topology& topo,
       CHECK(std::memcmp(d2.data(), dst.data(), dst.size() * sizeof(float)) == 0, al,
             "kept staging, round ", round, ": reduce is not bit-identical");
     }
+
+    // Rows not copied (set_copy_rows(false), the simulated step's mode): the same messages and
+    // bytes on every link class as the real exchange, and the caller's buffers left untouched.
+    TrafficStats real_stats, sized_stats;
+    TokenExchange real(g, topo, parse_a2a_algorithm(kAlgos[a]), &real_stats);
+    TokenExchange sized(g, topo, parse_a2a_algorithm(kAlgos[a]), &sized_stats);
+    sized.keep_staging(true);
+    sized.set_copy_rows(false);
+    std::vector<float> r3(exp.size() * H, -3.0f), d3 = dst_init, scratch_r(exp.size() * H), scratch_d = dst_init;
+    real.multicast(plan, src.data(), scratch_r.data(), H);
+    real.reduce(plan, rows.data(), scratch_d.data(), H);
+    sized.multicast(plan, src.data(), r3.data(), H);
+    sized.reduce(plan, rows.data(), d3.data(), H);
+    bool same_traffic = true;
+    for (int c = 0; c < kNumLinkClasses; ++c)
+      same_traffic &= real_stats.bytes[c] == sized_stats.bytes[c] && real_stats.messages[c] == sized_stats.messages[c];
+    CHECK(same_traffic, al, "rows not copied: traffic differs from the real exchange's");
+    CHECK(d3 == dst_init, al, "rows not copied: reduce changed dst");
   }
   for (int a = 1; a < kNumAlgos; ++a) {
     CHECK(recv_of[a] == recv_of[0], at, kAlgos[a], " multicast differs from flat");
