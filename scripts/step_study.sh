@@ -5,7 +5,7 @@
 # tokens per rank fixed. Beside each point, the planner's predicted step.
 #   scripts/step_study.sh [OUT_DIR]          (default out/step_study)
 # Environment (defaults in brackets):
-#   RANKS ["64 128 256 512 1024"]  MODEL [xmoe-small]  TOKENS [512] (per rank)  SEQ [512]
+#   RANKS ["64 128 256 512 1024"]  MODEL [xmoe-small]  TOKENS [2048] (per rank)  SEQ [512]
 #   OVERHEAD [cal] (us per message; cal = platforms/calibration.json)  PLATFORM [frontier]
 #   LAYOUT [] (one layout for every size; empty: the planner's search at each size)
 #   SMPI_BUILD [build-smpi] (configured and built here when missing)
@@ -14,7 +14,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$root/out/step_study}"
-RANKS="${RANKS:-64 128 256 512 1024}"; MODEL="${MODEL:-xmoe-small}"; TOKENS="${TOKENS:-512}"
+RANKS="${RANKS:-64 128 256 512 1024}"; MODEL="${MODEL:-xmoe-small}"; TOKENS="${TOKENS:-2048}"
 SEQ="${SEQ:-512}"; OVERHEAD="${OVERHEAD:-cal}"; PLATFORM="${PLATFORM:-frontier}"; LAYOUT="${LAYOUT:-}"
 SMPI_BUILD="${SMPI_BUILD:-$root/build-smpi}"
 mkdir -p "$out/raw"

@@ -15,7 +15,9 @@
 // Buffers are SMPI shared memory (SMPI_SHARED_MALLOC; run with smpi/shared-malloc:local and
 // smpi/auto-shared-malloc-thresh for the exchange's own buffers), so row contents are garbage and
 // are not checked; every plan's counts are (each received pair's expert lives on its receiver, and
-// each EP group receives exactly tokens x k pairs).
+// each EP group receives exactly tokens x k pairs). The exchange keeps its staging rows between
+// calls (keep_staging) and copies no rows (set_copy_rows(false)): every message keeps its size,
+// and the host does not pack, unpack or sum rows nobody reads.
 // The all-reduce runs as the trainer's (parallel::sync_gradients): in two levels where they apply
 // (comm/two_level.h: a ring reduce-scatter inside the node, a ring all-reduce of each member's
 // share across the nodes, a ring all-gather inside the node), else one ring (reduce-scatter +
