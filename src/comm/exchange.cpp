@@ -62,15 +62,17 @@ void StageRun::post(const Stage& st, const RowSpace& in, const RowSpace& out, in
     if (!direct) {
       Rows& b = sbuf_[m];
       b = Rows(static_cast<size_t>(count), staging_, pool_);
-      for (size_t k = 0; copy_rows_ && k < msg.idx.size(); ++k)
-        copy_row(b.data() + k * H, in.row(msg.idx[k], H), H);
+      if (copy_rows_)
+        for (size_t k = 0; k < msg.idx.size(); ++k)
+          copy_row(b.data() + k * H, in.row(msg.idx[k], H), H);
       direct = b.data();
     }
     sreqs_.push_back(g_.isend(direct, count, msg.peer, st.tag));
     if (stats_) stats_->add(im_.link_to[msg.peer], static_cast<uint64_t>(count) * sizeof(float));
   }
-  for (size_t k = 0; copy_rows_ && k < st.self_in.size(); ++k)
-    copy_row(out.row(st.self_out[k], H), in.row(st.self_in[k], H), H);
+  if (copy_rows_)
+    for (size_t k = 0; k < st.self_in.size(); ++k)
+      copy_row(out.row(st.self_out[k], H), in.row(st.self_in[k], H), H);
   if (stats_ && st.self_is_message && !st.self_in.empty())
     stats_->add(LinkClass::kSameRank, st.self_in.size() * H * sizeof(float));
 }

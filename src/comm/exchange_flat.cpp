@@ -19,8 +19,9 @@ class FlatAlgorithm final : public Algorithm {
   void multicast(const ExchangeRun& run, const float* src, float* recv, int H) const override {
     const Impl& im = run.im;
     Rows sendbuf = run.rows(static_cast<size_t>(im.num_send_pairs) * H);
-    for (int p = 0; run.copy_rows && p < im.num_send_pairs; ++p)
-      copy_row(sendbuf.data() + static_cast<int64_t>(p) * H, src + static_cast<int64_t>(im.src_row[p]) * H, H);
+    if (run.copy_rows)
+      for (int p = 0; p < im.num_send_pairs; ++p)
+        copy_row(sendbuf.data() + static_cast<int64_t>(p) * H, src + static_cast<int64_t>(im.src_row[p]) * H, H);
     run.group.alltoallv(sendbuf.data(), scaled(im.send_count, H), scaled(im.send_off, H), recv,
                         scaled(im.recv_count, H), scaled(im.recv_off, H));
     if (run.stats)

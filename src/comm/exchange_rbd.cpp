@@ -231,9 +231,10 @@ class RbdAlgorithm final : public Algorithm {
     b.receive();
     a.finish();
     b.finish();
-    for (size_t k = 0; run.copy_rows && k < im.expand_row.size(); ++k)
-      copy_row(recv + static_cast<int64_t>(im.expand_row[k]) * H,
-               pool.data() + static_cast<int64_t>(im.expand_slot[k]) * H, H);
+    if (run.copy_rows)
+      for (size_t k = 0; k < im.expand_row.size(); ++k)
+        copy_row(recv + static_cast<int64_t>(im.expand_row[k]) * H,
+                 pool.data() + static_cast<int64_t>(im.expand_slot[k]) * H, H);
   }
 
   void return_rows(const ExchangeRun& run, const float* rows, float* ret, int H) const override {
@@ -243,10 +244,11 @@ class RbdAlgorithm final : public Algorithm {
     // S_rank per pool slot (my pairs of one (source, row) on this node), pair order.
     Rows srank = run.rows(static_cast<size_t>(im.num_pool) * H, /*zeroed=*/run.copy_rows);  // slots without pairs: 0
     RowSpace rows_space = space(rows, im.num_recv);
-    for (int k = 0; run.copy_rows && k < im.num_pool; ++k)  // (an rbd-halo rail rank's pilot may have no pairs here)
-      if (im.slot_pair_off[k + 1] > im.slot_pair_off[k])
-        fold_rows(srank.data() + static_cast<int64_t>(k) * H, rows_space,
-                  im.slot_pairs.data() + im.slot_pair_off[k], im.slot_pair_off[k + 1] - im.slot_pair_off[k], H);
+    if (run.copy_rows)
+      for (int k = 0; k < im.num_pool; ++k)  // (an rbd-halo rail rank's pilot may have no pairs here)
+        if (im.slot_pair_off[k + 1] > im.slot_pair_off[k])
+          fold_rows(srank.data() + static_cast<int64_t>(k) * H, rows_space,
+                    im.slot_pairs.data() + im.slot_pair_off[k], im.slot_pair_off[k + 1] - im.slot_pair_off[k], H);
     // Replicas' S_rank to the pilot rank (intra-node).
     Rows contrib = run.rows(static_cast<size_t>(im.num_contrib) * H);
     StageRun b(run), a(run);
@@ -256,9 +258,10 @@ class RbdAlgorithm final : public Algorithm {
     // S_node per pilot: the node's ranks ascending.
     Rows snode = run.rows(static_cast<size_t>(im.num_pilots_in) * H);
     RowSpace parts = space(srank.data(), im.num_pool, nullptr, contrib.data());
-    for (int k = 0; run.copy_rows && k < im.num_pilots_in; ++k)
-      fold_rows(snode.data() + static_cast<int64_t>(k) * H, parts,
-                im.contrib_idx.data() + im.contrib_off[k], im.contrib_off[k + 1] - im.contrib_off[k], H);
+    if (run.copy_rows)
+      for (int k = 0; k < im.num_pilots_in; ++k)
+        fold_rows(snode.data() + static_cast<int64_t>(k) * H, parts,
+                  im.contrib_idx.data() + im.contrib_off[k], im.contrib_off[k + 1] - im.contrib_off[k], H);
     // One row per (row, node) back across nodes; same-node pairs back individually.
     a.post(im.rbd_a_back, space(rows, im.num_recv, nullptr, snode.data()),
            space(ret, im.num_send_pairs), H);
