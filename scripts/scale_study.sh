@@ -24,6 +24,9 @@ OVERHEADS="${OVERHEADS:-cal 0}"; PLATFORM="${PLATFORM:-frontier}"
 HIDDEN="${HIDDEN:-auto}"; EXPERTS="${EXPERTS:-256}"; TOPK="${TOPK:-6}"
 ALGOS="${ALGOS:-flat rbd halo rbd-halo}"; PRECISION="${PRECISION:-auto}"
 SMPI_BUILD="${SMPI_BUILD:-$root/build-smpi}"; PREDICT="${PREDICT:-$root/build/moetrain_a2a_predict}"
+# the simulations run inside OUT_DIR/raw: a relative build dir is taken from where this was started
+case "$SMPI_BUILD" in /*) ;; *) SMPI_BUILD="$PWD/$SMPI_BUILD" ;; esac
+case "$PREDICT" in /*) ;; *) PREDICT="$PWD/$PREDICT" ;; esac
 mkdir -p "$out/raw"
 if [ ! -x "$SMPI_BUILD/moetrain_smpi_a2a" ]; then
   cmake -S "$root" -B "$SMPI_BUILD" -DMOETRAIN_SMPI=ON >/dev/null

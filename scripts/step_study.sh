@@ -17,6 +17,8 @@ out="${1:-$root/out/step_study}"
 RANKS="${RANKS:-64 128 256 512 1024}"; MODEL="${MODEL:-xmoe-small}"; TOKENS="${TOKENS:-2048}"
 SEQ="${SEQ:-512}"; OVERHEAD="${OVERHEAD:-cal}"; PLATFORM="${PLATFORM:-frontier}"; LAYOUT="${LAYOUT:-}"
 SMPI_BUILD="${SMPI_BUILD:-$root/build-smpi}"
+# the simulations run inside OUT_DIR/raw: a relative build dir is taken from where this was started
+case "$SMPI_BUILD" in /*) ;; *) SMPI_BUILD="$PWD/$SMPI_BUILD" ;; esac
 mkdir -p "$out/raw"
 if [ ! -x "$SMPI_BUILD/moetrain_smpi_step" ]; then
   cmake -S "$root" -B "$SMPI_BUILD" -DMOETRAIN_SMPI=ON >/dev/null
