@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "test_util.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/dataset.h"
@@ -30,12 +31,7 @@ using moe::Rng;
 using moe::io::ByteCorpus;
 using moe::io::Split;
 
-std::string fresh_dir(const std::string& name) {
-  fs::path p = fs::path(::testing::TempDir()) / ("moe_ds_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+std::string fresh_dir(const std::string& name) { return moe::test_util::fresh_scratch_dir("ds", name); }
 
 // Writes n bytes following the encoding above for the given block size.
 std::string write_marked(const std::string& path, size_t n, size_t block) {
@@ -223,8 +219,7 @@ TEST(ByteCorpus, ErrorsNameTheFile) {
 // A file smaller than 20 full blocks gets smaller blocks (size/40, at least 256 bytes), so about
 // 1/20 of it is still held out for validation.
 TEST(ByteCorpus, SmallFilesStillGetAValidationSplit) {
-  const std::string dir = ::testing::TempDir() + "/moetrain_small_corpus";
-  std::filesystem::create_directories(dir);
+  const std::string dir = fresh_dir("small_corpus");
   const std::string path = dir + "/small.txt";
   std::ofstream(path) << std::string(100000, 'y');
   ByteCorpus c = ByteCorpus::load(path);

@@ -14,6 +14,7 @@
 #include <limits>
 #include <string>
 
+#include "test_util.h"
 #include "core/checked_math.h"
 #include "core/error.h"
 #include "io/json_file.h"
@@ -28,12 +29,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string fresh_dir(const std::string& name) {
-  fs::path p = fs::path(::testing::TempDir()) / ("moe_hf_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+std::string fresh_dir(const std::string& name) { return moe::test_util::fresh_scratch_dir("hf", name); }
 
 template <class F>
 std::string error_of(F&& f) {

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "test_util.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "model/memory_sizes.h"
@@ -42,7 +43,7 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 fs::path temp_file(const std::string& name, const std::string& text) {
-  fs::path p = fs::path(::testing::TempDir()) / ("moe_plan_" + std::to_string(::getpid()) + "_" + name);
+  const fs::path p = moe::test_util::scratch_path("plan", name);
   std::ofstream(p) << text;
   return p;
 }

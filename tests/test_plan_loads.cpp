@@ -31,7 +31,7 @@ using test_util::error_of;
 // A metrics.jsonl of `steps` identical steps whose every MoE layer has `loads`.
 plan::RoutingStats loads_file(const std::string& name, const std::vector<double>& loads, int layers = 3,
                               int steps = 2) {
-  const fs::path p = fs::path(::testing::TempDir()) / ("moe_plan_loads_" + std::to_string(::getpid()) + "_" + name);
+  const fs::path p = moe::test_util::scratch_path("plan_loads", name);
   std::ofstream f(p);
   for (int s = 1; s <= steps; ++s) {
     nlohmann::json layer_list = nlohmann::json::array();

@@ -308,8 +308,7 @@ TEST(RouterGroups, DeepSeekV3RouterFieldsAreReadAndThePlannerStillReadsV3) {
   const model::ModelConfig c = model::config_from_json(j, "v3router.json");
   EXPECT_EQ(c.n_group, 8);
   EXPECT_EQ(c.topk_group, 4);
-  const std::string path = (std::filesystem::path(::testing::TempDir()) /
-                            ("moe_groups_" + std::to_string(::getpid()) + "_v3.json")).string();
+  const std::string path = moe::test_util::scratch_path("groups", "v3.json").string();
   nlohmann::json v3 = {{"model_type", "deepseek_v3"}, {"vocab_size", 129280}, {"hidden_size", 7168},
                        {"num_hidden_layers", 61}, {"num_attention_heads", 128}, {"intermediate_size", 18432},
                        {"moe_intermediate_size", 2048}, {"n_routed_experts", 256}, {"n_shared_experts", 1},

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 
@@ -23,12 +24,7 @@ using moe::io::SafetensorsFile;
 using moe::io::SafetensorsWriter;
 
 // A fresh, empty folder per test.
-std::string fresh_dir(const std::string& name) {
-  fs::path p = fs::path(::testing::TempDir()) / ("moe_st_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+std::string fresh_dir(const std::string& name) { return moe::test_util::fresh_scratch_dir("st", name); }
 
 std::string read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

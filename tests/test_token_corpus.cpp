@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/corpus.h"
@@ -29,12 +30,7 @@ using moe::io::IndexedDataset;
 using moe::io::Split;
 using moe::io::TokenCorpus;
 
-std::string fresh_dir(const std::string& name) {
-  fs::path p = fs::path(::testing::TempDir()) / ("moe_tok_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+std::string fresh_dir(const std::string& name) { return moe::test_util::fresh_scratch_dir("tok", name); }
 
 bool have_python() {
   const std::string py = MOETRAIN_SYSTEM_PYTHON3;

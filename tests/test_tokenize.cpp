@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "core/error.h"
 #include "io/indexed_dataset.h"
 #include "io/token_corpus.h"
@@ -19,12 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string fresh_dir(const std::string& name) {
-  fs::path p = fs::path(::testing::TempDir()) / ("moe_tokz_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+std::string fresh_dir(const std::string& name) { return moe::test_util::fresh_scratch_dir("tokz", name); }
 
 std::string chapter(int c) {
   std::string s = "Chapter " + std::to_string(c) + "\n";
