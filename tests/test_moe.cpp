@@ -172,6 +172,10 @@ TEST(MoeLayout, MatchesNaiveLoopOnRandomRouting) {
 // ------------------------------------------------------------------------------------------------
 // Dispatch / combine with identity experts
 
+// Row of each pair, -1 = dropped.
+IVec rows_of_pairs(const DispatchLayout& l) { return to_vec(l.row_of_slot_TK); }
+IVec rows_of_pairs(const PaddedLayout& l) { return to_vec(l.pos_of_slot_TK); }
+
 template <class Layout, class Fwd, class Bwd, class Cmb, class CmbBwd>
 void check_identity_roundtrip(const Layout& l, size_t N, int T, int k, int H, Fwd gather,
                               Bwd gather_bwd, Cmb combine, CmbBwd combine_bwd) {
@@ -185,7 +189,14 @@ void check_identity_roundtrip(const Layout& l, size_t N, int T, int k, int H, Fw
   combine(out.data(), rows.data(), w.data(), l, H, false);
   for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(out[i], x[i], 1e-6) << i;
   // backward: combine' then identity' then gather'
-  Vec drows(rows.size(), 0.0f), dw(w.size(), 0.0f), dx(x.size(), 0.0f);
+  // combine' writes every row a pair owns and every dweight: garbage in those must not show;
+  // padding rows are the caller's to zero.
+  Vec drows(rows.size(), 0.0f), dw(w.size(), 5.0f), dx(x.size(), 0.0f);
+  const IVec pair_row = rows_of_pairs(l);
+  for (int p = 0; p < T * k; ++p) {
+    const int32_t r = pair_row[p];
+    if (r >= 0) std::fill_n(drows.begin() + static_cast<size_t>(r) * H, H, 9.0f);
+  }
   combine_bwd(drows.data(), dw.data(), dout.data(), rows.data(), w.data(), l, H);
   gather_bwd(dx.data(), drows.data(), l, H);
   for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(dx[i], dout[i], 1e-6) << i;

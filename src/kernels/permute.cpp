@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu_clones.h"
 #include "kernels/device_select.h"
 #include "kernels/element_math.h"
 
@@ -17,7 +18,73 @@ inline void axpy(float* __restrict y, float a, const float* __restrict x, int H)
 inline void add(float* __restrict y, const float* __restrict x, int H) {
   for (int i = 0; i < H; ++i) y[i] += x[i];
 }
+inline void scale(float* __restrict y, float a, const float* __restrict x, int H) {
+  for (int i = 0; i < H; ++i) y[i] = a * x[i];
+}
 inline size_t row(int64_t r, int H) { return static_cast<size_t>(r) * static_cast<size_t>(H); }
+
+// The row loops below stream T·k rows of H floats: AVX-512 / AVX2 / baseline clones
+// (kernels/cpu_clones.h; this file is built without FMA contraction, so every clone rounds alike).
+MOE_CPU_CLONES void gather_rows_backward_cpu(float* dx_TH, const float* drows_NH,
+                                             const int32_t* row_of_slot_TK, int T, int k, int H) {
+  for (int t = 0; t < T; ++t) {
+    float* d = dx_TH + row(t, H);
+    for (int j = 0; j < k; ++j) {
+      const int32_t r = row_of_slot_TK[static_cast<size_t>(t) * k + j];
+      if (r >= 0) add(d, drows_NH + row(r, H), H);
+    }
+  }
+}
+
+MOE_CPU_CLONES void combine_rows_cpu(float* out_TH, const float* y_NH, const float* weight_TK,
+                                     const int32_t* row_of_slot_TK, int T, int k, int H,
+                                     bool accumulate) {
+  for (int t = 0; t < T; ++t) {
+    float* o = out_TH + row(t, H);
+    if (!accumulate) std::memset(o, 0, static_cast<size_t>(H) * sizeof(float));
+    for (int j = 0; j < k; ++j) {
+      const size_t p = static_cast<size_t>(t) * k + j;
+      const int32_t r = row_of_slot_TK[p];
+      if (r >= 0) axpy(o, weight_TK[p], y_NH + row(r, H), H);
+    }
+  }
+}
+
+MOE_CPU_CLONES void combine_rows_backward_cpu(float* dy_NH, float* dweight_TK, const float* dout_TH,
+                                              const float* y_NH, const float* weight_TK,
+                                              const int32_t* row_of_slot_TK, int T, int k, int H) {
+  for (int t = 0; t < T; ++t) {
+    const float* d = dout_TH + row(t, H);
+    for (int j = 0; j < k; ++j) {
+      const size_t p = static_cast<size_t>(t) * k + j;
+      const int32_t r = row_of_slot_TK[p];
+      if (r < 0) {
+        if (dweight_TK) dweight_TK[p] = 0.0f;
+        continue;
+      }
+      if (dy_NH) scale(dy_NH + row(r, H), weight_TK[p], d, H);
+      if (dweight_TK) dweight_TK[p] = math::row_dot(y_NH + row(r, H), d, H);
+    }
+  }
+}
+
+MOE_CPU_CLONES void gather_scaled_rows_cpu(float* dst_NH, const float* src_NH,
+                                           const int32_t* row_of_i, const float* value_n, size_t n,
+                                           int H) {
+  for (size_t i = 0; i < n; ++i) scale(dst_NH + i * H, value_n[i], src_NH + row(row_of_i[i], H), H);
+}
+
+MOE_CPU_CLONES void gather_scaled_rows_backward_cpu(float* dsrc_NH, float* dvalue_n,
+                                                    const float* d_NH, const float* src_NH,
+                                                    const int32_t* row_of_i, const float* value_n,
+                                                    size_t n, int H) {
+  for (size_t i = 0; i < n; ++i) {
+    const size_t r = row(row_of_i[i], H);
+    const float* d = d_NH + i * H;
+    scale(dsrc_NH + r, value_n[i], d, H);
+    dvalue_n[i] = math::row_dot(src_NH + r, d, H);
+  }
+}
 
 }  // namespace
 
@@ -66,27 +133,13 @@ void gather_rows(float* rows_NH, const float* x_TH, const int32_t* slot_of_row_N
 void gather_rows_backward(float* dx_TH, const float* drows_NH, const int32_t* row_of_slot_TK, int T,
                           int k, int H) {
   MOE_CUDA_DISPATCH(gather_rows_backward, dx_TH, drows_NH, row_of_slot_TK, T, k, H);
-  for (int t = 0; t < T; ++t) {
-    float* d = dx_TH + row(t, H);
-    for (int j = 0; j < k; ++j) {
-      const int32_t r = row_of_slot_TK[static_cast<size_t>(t) * k + j];
-      if (r >= 0) add(d, drows_NH + row(r, H), H);
-    }
-  }
+  gather_rows_backward_cpu(dx_TH, drows_NH, row_of_slot_TK, T, k, H);
 }
 
 void combine_rows(float* out_TH, const float* y_NH, const float* weight_TK,
                   const int32_t* row_of_slot_TK, int T, int k, int H, bool accumulate) {
   MOE_CUDA_DISPATCH(combine_rows, out_TH, y_NH, weight_TK, row_of_slot_TK, T, k, H, accumulate);
-  for (int t = 0; t < T; ++t) {
-    float* o = out_TH + row(t, H);
-    if (!accumulate) std::memset(o, 0, static_cast<size_t>(H) * sizeof(float));
-    for (int j = 0; j < k; ++j) {
-      const size_t p = static_cast<size_t>(t) * k + j;
-      const int32_t r = row_of_slot_TK[p];
-      if (r >= 0) axpy(o, weight_TK[p], y_NH + row(r, H), H);
-    }
-  }
+  combine_rows_cpu(out_TH, y_NH, weight_TK, row_of_slot_TK, T, k, H, accumulate);
 }
 
 void combine_rows_backward(float* dy_NH, float* dweight_TK, const float* dout_TH, const float* y_NH,
@@ -94,16 +147,7 @@ void combine_rows_backward(float* dy_NH, float* dweight_TK, const float* dout_TH
                            int H) {
   MOE_CUDA_DISPATCH(combine_rows_backward, dy_NH, dweight_TK, dout_TH, y_NH, weight_TK,
                     row_of_slot_TK, T, k, H);
-  for (int t = 0; t < T; ++t) {
-    const float* d = dout_TH + row(t, H);
-    for (int j = 0; j < k; ++j) {
-      const size_t p = static_cast<size_t>(t) * k + j;
-      const int32_t r = row_of_slot_TK[p];
-      if (r < 0) continue;
-      if (dy_NH) axpy(dy_NH + row(r, H), weight_TK[p], d, H);
-      if (dweight_TK) dweight_TK[p] += math::row_dot(y_NH + row(r, H), d, H);
-    }
-  }
+  combine_rows_backward_cpu(dy_NH, dweight_TK, dout_TH, y_NH, weight_TK, row_of_slot_TK, T, k, H);
 }
 
 void scatter_rows(float* dst_NH, const float* src_NH, const int32_t* row_of_i, size_t n, int H) {
@@ -122,12 +166,7 @@ void gather_rows_by_index(float* dst_NH, const float* src_NH, const int32_t* row
 void gather_scaled_rows(float* dst_NH, const float* src_NH, const int32_t* row_of_i,
                         const float* value_n, size_t n, int H) {
   MOE_CUDA_DISPATCH(gather_scaled_rows, dst_NH, src_NH, row_of_i, value_n, n, H);
-  for (size_t i = 0; i < n; ++i) {
-    const float w = value_n[i];
-    const float* s = src_NH + row(row_of_i[i], H);
-    float* d = dst_NH + i * H;
-    for (int c = 0; c < H; ++c) d[c] = w * s[c];
-  }
+  gather_scaled_rows_cpu(dst_NH, src_NH, row_of_i, value_n, n, H);
 }
 
 void gather_scaled_rows_backward(float* dsrc_NH, float* dvalue_n, const float* d_NH,
@@ -135,14 +174,7 @@ void gather_scaled_rows_backward(float* dsrc_NH, float* dvalue_n, const float* d
                                  size_t n, int H) {
   MOE_CUDA_DISPATCH(gather_scaled_rows_backward, dsrc_NH, dvalue_n, d_NH, src_NH, row_of_i,
                     value_n, n, H);
-  for (size_t i = 0; i < n; ++i) {
-    const size_t r = row(row_of_i[i], H);
-    const float* d = d_NH + i * H;
-    const float w = value_n[i];
-    float* ds = dsrc_NH + r;
-    for (int c = 0; c < H; ++c) ds[c] = w * d[c];
-    dvalue_n[i] = math::row_dot(src_NH + r, d, H);
-  }
+  gather_scaled_rows_backward_cpu(dsrc_NH, dvalue_n, d_NH, src_NH, row_of_i, value_n, n, H);
 }
 
 }  // namespace moe::kernels

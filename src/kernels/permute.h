@@ -33,8 +33,10 @@ void gather_rows_backward(float* dx_TH, const float* drows_NH, const int32_t* ro
 // out_TH[t] (= or +=) sum_{j ascending} weight_TK[p] · y_NH[row_of_slot_TK[p]], p = t·k + j.
 void combine_rows(float* out_TH, const float* y_NH, const float* weight_TK,
                   const int32_t* row_of_slot_TK, int T, int k, int H, bool accumulate);
-// dy_NH[row(p)] += weight_TK[p] · dout_TH[t] ; dweight_TK[p] += dot(y_NH[row(p)], dout_TH[t]).
-// Either output may be nullptr. The dot is the fixed-order row_dot of element_math.h.
+// dy_NH[row(p)] = weight_TK[p] · dout_TH[t] ; dweight_TK[p] = dot(y_NH[row(p)], dout_TH[t]), for
+// every kept pair (rows of distinct pairs are distinct); a dropped pair gets dweight 0, and rows
+// no pair owns (padding) are left as they are. Either output may be nullptr. The dot is the
+// fixed-order row_dot of element_math.h.
 void combine_rows_backward(float* dy_NH, float* dweight_TK, const float* dout_TH, const float* y_NH,
                            const float* weight_TK, const int32_t* row_of_slot_TK, int T, int k,
                            int H);

@@ -22,8 +22,8 @@ void gather_rows_backward(float* dx_TH, const float* drows_RH, const DispatchLay
 // (accumulate = false: out_TH[t] = that sum; a token with every pair dropped gets 0).
 void combine_forward(float* out_TH, const float* y_RH, const float* weight_TK,
                      const DispatchLayout& l, int H, bool accumulate = true);
-// dy_RH[row(t,j)] += weight[t,j] · dout[t] ; dweight_TK[t,j] += dot(y_RH[row(t,j)], dout[t]).
-// Dropped pairs get no gradient. Either output may be nullptr.
+// dy_RH[row(t,j)] = weight[t,j] · dout[t] ; dweight_TK[t,j] = dot(y_RH[row(t,j)], dout[t]).
+// Writes every row and every dweight (a dropped pair gets 0). Either output may be nullptr.
 void combine_backward(float* dy_RH, float* dweight_TK, const float* dout_TH, const float* y_RH,
                       const float* weight_TK, const DispatchLayout& l, int H);
 
@@ -38,8 +38,8 @@ void padded_gather_backward(float* dx_TH, const float* dbuf_ECH, const PaddedLay
 // out_TH[t] += sum over kept j of weight[t,j] · y_ECH[pos(t,j)]  (accumulate = false: =)
 void padded_combine_forward(float* out_TH, const float* y_ECH, const float* weight_TK,
                             const PaddedLayout& l, int H, bool accumulate = true);
-// dy_ECH[pos(t,j)] += weight[t,j] · dout[t] (padding rows untouched: the caller zeroes dy_ECH);
-// dweight_TK[t,j] += dot(y_ECH[pos(t,j)], dout[t]).
+// dy_ECH[pos(t,j)] = weight[t,j] · dout[t] (padding rows untouched: the caller zeroes them);
+// dweight_TK[t,j] = dot(y_ECH[pos(t,j)], dout[t]) (a dropped pair gets 0).
 void padded_combine_backward(float* dy_ECH, float* dweight_TK, const float* dout_TH,
                              const float* y_ECH, const float* weight_TK, const PaddedLayout& l,
                              int H);

@@ -216,8 +216,8 @@ void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_g
   const int El = dispatcher->num_local_experts();
   // Backward's temporaries, sized as the planner's memory model counts them
   // (plan/memory_model.h: n·k + 2·R·H + 2·R·F): the caller's workspace, or fresh ones for this call.
-  // combine' adds into the first two, so those are zeroed; the experts write their dx rows and
-  // SwiGLU scratch before reading them.
+  // combine' writes dweight and every row a pair owns, so only the padded layout's padding rows
+  // of dy are zeroed; the experts write their dx rows and SwiGLU scratch before reading them.
   MoeBackwardWorkspace own;
   MoeBackwardWorkspace& ws = cfg.workspace ? *cfg.workspace : own;
   float *dweight, *dy_rows, *dx_rows, *scratch;
@@ -233,8 +233,8 @@ void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_g
       }
       return b.data();
     };
-    dweight = take(ws.dweight, static_cast<size_t>(T) * k, true);
-    dy_rows = take(ws.dy_rows, N * H, true);
+    dweight = take(ws.dweight, static_cast<size_t>(T) * k, false);
+    dy_rows = take(ws.dy_rows, N * H, cfg.padded);
     dx_rows = take(ws.dx_rows, dx ? N * H : 0, false);
     scratch = take(ws.scratch, 2 * N * F, false);
   }

@@ -29,7 +29,8 @@ class TokenDispatcher {
   virtual const int32_t* expert_offsets(const MoeActivations& act) const = 0;  // [El+1], host
   virtual void dispatch(float* x_rows, const float* x, const MoeActivations& act) const = 0;
   virtual void combine(float* y, const float* y_rows, const MoeActivations& act) const = 0;
-  // dweight_TK is zero on entry (dropped pairs keep 0).
+  // Writes all of dweight_TK (dropped pairs: 0) and every row of dy_rows that a pair owns; padding
+  // rows (the padded layout's) are left as they are.
   virtual void combine_backward(float* dy_rows, float* dweight_TK, const float* dy,
                                 const MoeActivations& act) const = 0;
   virtual void dispatch_backward(float* dx, const float* dx_rows,

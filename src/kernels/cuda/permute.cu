@@ -125,7 +125,7 @@ __global__ void combine_rows_kernel(float* out, const float* y, const float* wei
   }
 }
 
-// dy[row(p)] += weight[p] · dout[p / k]: rows of distinct pairs are distinct, so no conflicts.
+// dy[row(p)] = weight[p] · dout[p / k]: rows of distinct pairs are distinct, so no conflicts.
 __global__ void combine_dy_kernel(float* dy, const float* dout, const float* weight,
                                   const int32_t* row_of_slot, size_t P, int k, int H) {
   MOE_ROW_STRIDE(p, P) {
@@ -134,7 +134,7 @@ __global__ void combine_dy_kernel(float* dy, const float* dout, const float* wei
     const float w = weight[p];
     const float* d = dout + (p / k) * H;
     float* o = dy + static_cast<size_t>(r) * H;
-    for (int c = threadIdx.x; c < H; c += blockDim.x) o[c] += w * d[c];
+    for (int c = threadIdx.x; c < H; c += blockDim.x) o[c] = w * d[c];
   }
 }
 
@@ -143,8 +143,7 @@ __global__ void combine_dweight_kernel(float* dweight, const float* dout, const 
                                        const int32_t* row_of_slot, size_t P, int k, int H) {
   MOE_GRID_STRIDE(p, P) {
     const int32_t r = row_of_slot[p];
-    if (r < 0) continue;
-    dweight[p] += math::row_dot(y + static_cast<size_t>(r) * H, dout + (p / k) * H, H);
+    dweight[p] = r < 0 ? 0.0f : math::row_dot(y + static_cast<size_t>(r) * H, dout + (p / k) * H, H);
   }
 }
 
