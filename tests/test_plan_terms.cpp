@@ -511,8 +511,8 @@ TEST(PlanTerms, StepDenseLayerGemmAttentionElementsOptimizerRecompute) {
 // One MoE layer on ep 2 (2 ranks on one node, 32 GB/s + 1 ns), M 1, no memory-bound cost.
 //   forward GEMMs: attention 512, router nt(4, E 4, H 4) 128, 2 local experts on r = R/El = 8/2 =
 //   4 rows: gate + up 4 x 2·4·3·4 = 384, down 2 x 96 = 192, head 320; attention 256 -> 1792 ns.
-//   all-to-all of R·H·2 = 64 bytes over 2 ranks: 32 bytes cross, 1 ns + 1 ns latency = 2 ns;
-//   dispatch + combine both ways: backward 3584 + 4 = 3588. The forward also plans (flat: the
+//   all-to-all of R·H·2 = 64 bytes over 2 ranks: 32 bytes cross, 1 ns + 1 ns latency = 2 ns
+//   (less 2^-8 ns: see below); dispatch + combine both ways: backward 3584 + 4 = 3588. The forward also plans (flat: the
 //   counts, then the metadata, 1 message of 1 ns each, + R = 8 pairs of 8 bytes, half of them to
 //   the peer: 32 bytes at 32 GB/s): 2 + 1 = 3 ns: 1792 + 4 + 3 = 1799.
 //   gradient all-reduce over dp·ep = 2 ranks (ring: 2·(g-1)/g·bytes/bw + 2·(g-1)·latency), one call
@@ -530,19 +530,22 @@ TEST(PlanTerms, StepMoeLayerExpertGemmsAllToAllAllReduce) {
   o.embeddings = true;
   const plan::PlanModel m = toy({true});
   const plan::TrainShape s{4, 2, "bf16"};
+  // flat messages only a rank that gets rows: R pairs over 2 ranks miss the peer with 2^-R, so
+  // an all-to-all's 1 ns latency counts (1 − 2^-R) ns.
+  const double a2a8 = 1 + (1 - std::ldexp(1.0, -8)), a2a12 = 1.5 + (1 - std::ldexp(1.0, -12));
   plan::TimeBreakdown t = plan::estimate_time(m, layout(1, 1, 2, 1), s, c, o);
-  expect_ns(t.stages[0].fwd, 1799, "fwd");
-  expect_ns(t.stages[0].bwd, 3588, "bwd");
-  expect_ns(t.stages[0].a2a, 11, "a2a");
+  expect_ns(t.stages[0].fwd, 1792 + 2 * a2a8 + 3, "fwd");
+  expect_ns(t.stages[0].bwd, 3584 + 2 * a2a8, "bwd");
+  expect_ns(t.stages[0].a2a, 4 * a2a8 + 3, "a2a");
   expect_ns(t.allreduce, 14.75, "allreduce");
   expect_ns(t.optimizer, 244, "optimizer");
-  expect_ns(t.step, 1799 + 3588 + 14.75 + 244, "step");
+  expect_ns(t.step, 1792 + 3584 + 4 * a2a8 + 3 + 14.75 + 244, "step");
   t = plan::estimate_time(m, layout(1, 1, 2, 1, "moe"), s, c, o);
-  expect_ns(t.stages[0].bwd, 3588 + 704 + 3 + 4, "moe recompute bwd");
+  expect_ns(t.stages[0].bwd, 3584 + 704 + 3 + 4 * a2a8, "moe recompute bwd");
   o.time_imbalance = 1.5;
   t = plan::estimate_time(m, layout(1, 1, 2, 1), s, c, o);
-  expect_ns(t.stages[0].fwd, 512 + 256 + 128 + 864 + 320 + 5 + 3.5, "imbalanced fwd");
-  expect_ns(t.stages[0].bwd, 2 * (512 + 256 + 128 + 864 + 320) + 5, "imbalanced bwd");
+  expect_ns(t.stages[0].fwd, 512 + 256 + 128 + 864 + 320 + 2 * a2a12 + 3.5, "imbalanced fwd");
+  expect_ns(t.stages[0].bwd, 2 * (512 + 256 + 128 + 864 + 320) + 2 * a2a12, "imbalanced bwd");
 }
 
 // ---------------------------------------------------------------- time: pipeline and bubble
@@ -606,6 +609,9 @@ TEST(PlanTerms, CpuPipelineSimulationWithSharedCores) {
 //   nodes beyond a switch group (inter-group 2 B/s + 3 s): flat max(1, 100) + 1 + 2·3 = 107
 //   tp 2, ep 2 (stride 2): one EP rank per node, 200 bytes cross at 5 B/s + 2 = 42
 //   a measured curve (100 bytes in 1 s, bandwidth-bound beyond): 400 bytes in 4 s.
+//   pairs known, 2 per rank: a rank gets rows with 1 − (3/4)² = 0.4375, so flat pays that share
+//     of its 1 + 2·2 latency: 40 + 0.4375·5; rbd (k 2: 1 token, 0.75 pilots over the 2 remote
+//     ranks, each reached with 1 − 2^-0.75): 30 + 0.4375·1 + (1 − 2^-0.75)·2·2. Many pairs: 45.
 TEST(PlanTerms, AllToAllByAlgorithmAndLinkClass) {
   plan::ClusterProfile c = unit_profile();
   c.intra_node = {100, 1};
@@ -617,6 +623,9 @@ TEST(PlanTerms, AllToAllByAlgorithmAndLinkClass) {
   EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd", 4, 4, 1, 400, 2), 35);
   EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd", 4, 4, 1, 400, 1), 45);
   EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd", 4, 4, 1, 400, 8), 9.9609375 + 5);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "flat", 4, 4, 1, 400, 2, 2), 40 + 0.4375 * 5);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd", 4, 4, 1, 400, 2, 2), 30 + 0.4375 + (1 - std::pow(2.0, -0.75)) * 4);
+  EXPECT_NEAR(plan::a2a_seconds(c, "flat", 4, 4, 1, 400, 2, 1000), 45, 1e-9);
   EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "halo", 4, 4, 1, 400, 2), 44);
   EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd-halo", 4, 4, 1, 400, 2), 34);
   for (const char* algo : {"flat", "rbd", "halo", "rbd-halo"}) EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, algo, 4, 2, 1, 400, 2), 3) << algo;

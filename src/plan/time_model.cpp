@@ -57,8 +57,19 @@ double ffn_seconds(const LayerOps& o, const PlanModel& m, int l, const Layout& l
 }
 }  // namespace
 
+namespace {
+
+// Expected share of `dests` destinations that get at least one of `items` items, each item going
+// to one of them uniformly (1 where the items are not known, pairs < 0).
+double nonempty_share(double dests, double items) {
+  if (items < 0 || dests <= 0) return 1;
+  return 1 - std::pow(1 - 1 / dests, items);
+}
+
+}  // namespace
+
 double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, int ep, int tp,
-                   double bytes, int k) {
+                   double bytes, int k, double pairs) {
   if (ep <= 1 || bytes <= 0) return 0;
   const int rpn = std::min(world, c.ranks_per_node);
   if (const CommCurve* cc = c.find_comm("a2a", algo, world, ep, rpn)) return cc->seconds.time_at(bytes);
@@ -72,9 +83,12 @@ double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, 
   // the signal's flight): flat has one phase, rbd and halo two (inter-node, then the forward
   // inside the destination node).
   const LinkClass& intra = c.intra_node;
+  // flat and rbd send a message only to a rank that gets rows: with few pairs per rank over a
+  // wide group many get none (256 ranks, 252 pairs: 37% of them).
+  const double pair_share = nonempty_share(ep, pairs);
   if (n_g == 1 || algo == "flat") {
     return std::max(fan_out_seconds(intra, intra_bytes, r_n - 1), inter_bytes / inter.bandwidth) +
-           (r_n - 1) * c.intra_node.latency + (ep - r_n) * inter.latency +
+           pair_share * ((r_n - 1) * c.intra_node.latency + (ep - r_n) * inter.latency) +
            (n_g == 1 ? c.intra_node.wire_latency : inter.wire_latency);
   }
   // rbd and rbd-halo: one pilot per (token, remote node), (n_g − 1)(1 − (1 − 1/n_g)^k) rows
@@ -83,11 +97,13 @@ double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, 
   const double rows = k * static_cast<double>(n_g - 1) / n_g;
   const double inter_rbd = inter_bytes * pilots / rows;
   if (algo == "rbd") {
-    // The replicas are copied inside the destination node.
+    // The replicas are copied inside the destination node. A token's pilot goes to one rank of
+    // each remote node it has experts on: pairs / k · pilots over the ep − r_n remote ranks.
     const double copies = inter_bytes - inter_rbd;
+    const double pilot_share = nonempty_share(ep - r_n, pairs < 0 ? -1 : pairs / k * pilots);
     return std::max(fan_out_seconds(intra, intra_bytes + copies, r_n - 1), inter_rbd / inter.bandwidth) +
-           (r_n - 1) * c.intra_node.latency + (ep - r_n) * inter.latency + inter.wire_latency +
-           c.intra_node.wire_latency;
+           pair_share * (r_n - 1) * c.intra_node.latency + pilot_share * (ep - r_n) * inter.latency +
+           inter.wire_latency + c.intra_node.wire_latency;
   }
   // halo: phase I (intra) overlaps phase II (one message per remote node, rail to rail, all
   // rows; rbd-halo: the pilots) and phase III (forward inside the destination node: the rows
@@ -346,7 +362,7 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& lay, const TrainSh
       const double ffn_tp = o.moe ? 0 : tp_comm;
       const double ffn_f = ffn_seconds(o, m, l, lay, rs, T, mo, c, ef, false) + ffn_tp;
       const double ffn_b = ffn_seconds(o, m, l, lay, rs, T, mo, c, eb, true) + ffn_tp;
-      const double a2a = o.moe ? a2a_seconds(c, lay.a2a, world, lay.ep, tp, o.rows * H * mo.act_bytes, m.top_k) : 0;
+      const double a2a = o.moe ? a2a_seconds(c, lay.a2a, world, lay.ep, tp, o.rows * H * mo.act_bytes, m.top_k, o.rows) : 0;
       w.fwd_compute += attn_f + ffn_f + rf * o.dropped;
       w.bwd_compute += attn_b + ffn_b + rb * o.dropped;
       // The plan, then dispatch + combine; backward reuses the plan, a recomputed forward plans

@@ -67,8 +67,10 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& layout, const Trai
 // ranks (stride tp) with `k` routed experts per token: the calibrated curve when the profile has
 // one for this group and world, else the link model (flat: (p−1) messages, all rows; rbd: one
 // pilot per (token, remote node); halo: one message per remote node, intra-node forward).
+// `pairs` (rows each rank sends, if known) counts flat's and rbd's messages to the ranks that get
+// rows: with pairs ~ ep many get none.
 double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, int ep, int tp,
-                   double bytes, int k);
+                   double bytes, int k, double pairs = -1);
 // Seconds of one exchange's plan (comm::TokenExchange::plan, once per MoE layer and micro-batch
 // forward, recomputed or not; dispatch, combine and their adjoints reuse it): every rank learns the counts and per-pair
 // metadata of the `pairs` rows it sends (tag and value, and rbd's pilot rank and index: 8 or 16

@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
                 "moetrain_a2a_predict: stdin line ", n, ": algorithm '", algo,
                 "' (expected flat, rbd, halo or rbd-halo)");
       std::printf("%s %d %d %.0f %d %.9g", algo.c_str(), world, ep, bytes, k,
-                  moe::plan::a2a_seconds(c, algo, world, ep, 1, bytes, k));
+                  moe::plan::a2a_seconds(c, algo, world, ep, 1, bytes, k, pairs));
       if (pairs >= 0) std::printf(" %.9g", moe::plan::a2a_plan_seconds(c, algo, world, ep, 1, pairs));
       std::printf("\n");
     }
