@@ -216,8 +216,8 @@ void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_g
   const int El = dispatcher->num_local_experts();
   // Backward's temporaries, sized as the planner's memory model counts them
   // (plan/memory_model.h: n·k + 2·R·H + 2·R·F): the caller's workspace, or fresh ones for this call.
-  // combine' writes dweight and every row a pair owns, so only the padded layout's padding rows
-  // of dy are zeroed; the experts write their dx rows and SwiGLU scratch before reading them.
+  // combine' writes dweight and every row a pair owns, so dy is zeroed only for the padded layout
+  // (for its padding rows); the experts write their dx rows and SwiGLU scratch before reading them.
   MoeBackwardWorkspace own;
   MoeBackwardWorkspace& ws = cfg.workspace ? *cfg.workspace : own;
   float *dweight, *dy_rows, *dx_rows, *scratch;
