@@ -3,7 +3,7 @@
 # (scripts/torch_moe_layer.py), side by side in one go at the three shapes of issue 13, one BLAS
 # thread each. Both link the same OpenBLAS, so both get the same kernels, set explicitly: without
 # OPENBLAS_CORETYPE PyTorch's OpenBLAS would pick its generic kernels on this CPU (moetrain would
-# re-execute itself with SkylakeX) and the comparison would measure that, not the layers.
+# re-execute itself with a better core) and the comparison would measure that, not the layers.
 # Prints: moetrain ms, its % of its own same-run sgemm rate, PyTorch ms, speed-up, and the goals.
 #   scripts/torch_compare.sh [--precision fp32|bf16] [--iters N] [--rounds R] [--build DIR]
 # --rounds R runs the pair R times per shape, alternating, and keeps each side's best round (its
@@ -25,7 +25,8 @@ done
 moetrain="$build/moetrain"
 [ -x "$moetrain" ] || { echo "torch_compare.sh: $moetrain not found (build it first, or pass --build DIR)" >&2; exit 2; }
 python=/usr/bin/python3  # PyTorch 1.13 (not the pyenv python3 on PATH)
-export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}" OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+source "$root/scripts/blas_core.sh"
+export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-$(blas_core_for_this_cpu)}" OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 

@@ -29,7 +29,8 @@ for a in "${extra[@]}"; do [[ "$a" == --precision || "$a" == --precision=* ]] &&
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "torch_train_compare.sh: --rounds must be a positive integer, got '$rounds'" >&2; exit 2; }
 [ -x "$moetrain" ] || { echo "torch_train_compare.sh: $moetrain not found (build it first, or pass --build DIR)" >&2; exit 2; }
 python=/usr/bin/python3  # PyTorch 1.13 (not the pyenv python3 on PATH)
-export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}" OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+source "$root/scripts/blas_core.sh"
+export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-$(blas_core_for_this_cpu)}" OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 

@@ -403,6 +403,18 @@ expect migrate-without-ep '`--balance.migrate-every` on one process (no expert p
 expect migrate-with-zero1 '`--balance.migrate-every` with `--zero1`' \
   '--balance.migrate-every with --zero1: moving experts with a sharded AdamW state is not supported' \
   "${common[@]}" --balance.migrate-every 5 --zero1 --out "$dir/om5"
+# OpenBLAS told to load kernels this CPU cannot run would die of SIGILL at the first GEMM. Only a
+# CPU without AVX-512 can show it; on one with AVX-512 the same run must train.
+if grep -qw avx512f /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo &&
+   grep -qw avx512dq /proc/cpuinfo; then
+  OPENBLAS_CORETYPE=SkylakeX "$bin" "${common[@]}" --out "$dir/ob1" >/dev/null 2>&1 ||
+    { echo "FAIL blas-core-avx512: OPENBLAS_CORETYPE=SkylakeX failed on a CPU with AVX-512" >&2; fail=$((fail + 1)); }
+  rm -rf "$dir/ob1"
+else
+  OPENBLAS_CORETYPE=SkylakeX expect blas-core-avx512 '`OPENBLAS_CORETYPE=SkylakeX` on a CPU without AVX-512' \
+    'OPENBLAS_CORETYPE=SkylakeX: its kernels need AVX-512 (F, BW, VL, DQ), which this CPU lacks' \
+    "${common[@]}" --out "$dir/ob1"
+fi
 
 for o in "$dir"/o*; do
   [ -e "$o/model.safetensors" ] && { echo "FAIL: $o has weights after an error" >&2; fail=$((fail + 1)); }

@@ -519,6 +519,30 @@ TEST(Gemm, ThreadsAndRoofline) {
   EXPECT_GT(measure_peak_gflops("fp32", {64}, 2), 0.0);
 }
 
+TEST(Gemm, BlasCoresThisCpuCannotRunAreNamed) {
+  // The generic core and names OpenBLAS does not know (it falls back) always run.
+  EXPECT_EQ(blas_core_unsupported_reason("Prescott"), "");
+  EXPECT_EQ(blas_core_unsupported_reason("NoSuchCore"), "");
+  EXPECT_EQ(blas_core_unsupported_reason(nullptr), "");
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  for (const char* core : {"SkylakeX", "skylakex", "Cooperlake", "SapphireRapids"}) {
+    const std::string why = blas_core_unsupported_reason(core);
+    EXPECT_EQ(why.empty(), avx512) << core << ": " << why;
+    if (!avx512) {
+      EXPECT_NE(why.find("AVX-512"), std::string::npos) << why;
+    }
+    if (!avx512 && avx2) {
+      EXPECT_NE(why.find("use Haswell"), std::string::npos) << why;
+    }
+  }
+  for (const char* core : {"Haswell", "Zen"}) {
+    const std::string why = blas_core_unsupported_reason(core);
+    EXPECT_EQ(why.empty(), avx2) << core << ": " << why;
+  }
+}
+
 TEST(Rope, TableMatchesDirectFormula) {
   const int hd = 16;
   RopeTable t = make_rope_table(64, hd, 500000.0);

@@ -103,10 +103,35 @@ bool is_avx512_core(const char* core) {
   return strcasecmp(core, "skylakex") == 0 || strcasecmp(core, "cooperlake") == 0 ||
          strcasecmp(core, "sapphirerapids") == 0;
 }
+// OpenBLAS cores whose kernels use AVX2 and FMA (0.3.21's names; the AVX-512 ones above too).
+bool is_avx2_core(const char* core) {
+  return strcasecmp(core, "haswell") == 0 || strcasecmp(core, "zen") == 0 || is_avx512_core(core);
+}
 }  // namespace
 
+std::string blas_core_unsupported_reason(const char* core) {
+  if (core == nullptr) return {};
+  if (is_avx512_core(core) && !cpu_has_avx512_blas())
+    return str_cat("its kernels need AVX-512 (F, BW, VL, DQ), which this CPU lacks; ",
+                   best_blas_core() ? str_cat("use ", best_blas_core(), " or unset it")
+                                    : std::string("use Prescott or unset it"));
+  if (is_avx2_core(core) && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")))
+    return "its kernels need AVX2 and FMA, which this CPU lacks; use Prescott or unset it";
+  return {};
+}
+
 void ensure_blas_kernels(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv(kReexecMark) != nullptr) return;
+  if (const char* env = std::getenv("OPENBLAS_CORETYPE"); env != nullptr) {
+    // OpenBLAS loads the kernels it is told to and dies of SIGILL at the first GEMM when this CPU
+    // cannot run them: refuse here, naming the variable, instead.
+    const std::string why = blas_core_unsupported_reason(openblas_get_corename());
+    if (!why.empty()) {
+      std::fprintf(stderr, "moetrain: error: OPENBLAS_CORETYPE=%s: %s\n", env, why.c_str());
+      std::exit(2);
+    }
+    return;
+  }
+  if (std::getenv(kReexecMark) != nullptr) return;
   const char* core = openblas_get_corename();
   if (core == nullptr || !is_pre_avx2_core(core)) return;
   const char* want = best_blas_core();

@@ -31,7 +31,12 @@ void linear_backward(float* dx, float* dw, const float* dy, const float* x, cons
 // (Haswell kernels) or AVX-512 (SkylakeX kernels), it sets OPENBLAS_CORETYPE and re-executes the
 // program (same pid, same arguments; OpenBLAS reads the variable only when it loads). Returns
 // normally otherwise. An explicit OPENBLAS_CORETYPE (scripts/golden.sh pins Prescott) is kept.
+// An explicit OPENBLAS_CORETYPE whose kernels this CPU cannot run (SkylakeX without AVX-512, say:
+// OpenBLAS would die of SIGILL at the first GEMM) is refused: one line naming it, exit status 2.
 void ensure_blas_kernels(char** argv);
+// Why this CPU cannot run the OpenBLAS core `core` (e.g. "SkylakeX" without AVX-512), or "" when
+// it can (unknown names included: OpenBLAS falls back to a core it supports).
+std::string blas_core_unsupported_reason(const char* core);
 // The OpenBLAS core in use (e.g. "SkylakeX") and, when moetrain chose it, " (set by moetrain)";
 // when the environment chose it, that, and whether this CPU has faster (AVX-512) kernels.
 std::string blas_core_description();
