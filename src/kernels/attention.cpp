@@ -44,9 +44,7 @@ namespace {
 
 using namespace lanes;
 
-constexpr int kBlock = 64;     // rows per query block and per key block
-constexpr int kScoreRows = 4;  // rows of a score tile: 4 rows × 4 chunks = 16 vectors
-constexpr int kAccRows = 8;    // rows of a product tile: 8 rows × 2 vectors
+constexpr int kBlock = 64;  // rows per query block and per key block
 
 // One (b, h): the views of its rows in the [B, T, C] buffers and in [B, nh, T].
 struct HeadView {
@@ -101,6 +99,9 @@ int valid_keys(int t, int s0, int nk) { return std::clamp(t - s0 + 1, 0, nk); }
 #pragma GCC target("avx512f,fma")
 #define MOE_ATTENTION_FMA 512
 namespace isa_avx512 {
+// Register tiles sized to 32 zmm registers: a score tile is 4 rows × 4 key chunks (16 accumulator
+// vectors + 4 of keys), a product tile 8 rows × 2 vectors (16 + 2).
+constexpr int kScoreRows = 4, kScoreChunks = 4, kAccRows = 8;
 #include "kernels/attention_blocks.inc"
 }  // namespace isa_avx512
 #pragma GCC pop_options
@@ -109,6 +110,10 @@ namespace isa_avx512 {
 #undef MOE_ATTENTION_FMA
 #define MOE_ATTENTION_FMA 256
 namespace isa_avx2 {
+// 16 ymm registers, two per 16-float vector: a score tile is 2 rows × 2 key chunks (8 ymm of
+// accumulators + 4 of keys), a product tile 2 rows × 2 vectors (8 + 4). The AVX-512 shapes spill
+// here: 4 × 4 vectors are 32 ymm, and they ran at 2.1 GFLOP/s on an AVX2 Zen (2026-12-05).
+constexpr int kScoreRows = 2, kScoreChunks = 2, kAccRows = 2;
 #include "kernels/attention_blocks.inc"
 }  // namespace isa_avx2
 #pragma GCC pop_options
@@ -116,6 +121,7 @@ namespace isa_avx2 {
 #endif
 #define MOE_ATTENTION_FMA 0
 namespace isa_base {
+constexpr int kScoreRows = 2, kScoreChunks = 2, kAccRows = 2;  // as AVX2 (the lanes are in SSE)
 #include "kernels/attention_blocks.inc"
 }  // namespace isa_base
 #undef MOE_ATTENTION_FMA
