@@ -46,6 +46,42 @@ MOE_LANES void store_part(float* p, F16 v, int n) {
 
 MOE_LANES F16 max16(F16 a, F16 b) { return a > b ? a : b; }
 
+// Native vectors of W floats (16: one zmm, 8: one ymm, 4: one SSE register), for loops compiled
+// once per instruction set (MOE_ISA_CLONES in kernels/cpu_clones.h). A 64-byte F16 in a function
+// built for AVX2 has no register of its size and GCC lowers much of its arithmetic lane by lane
+// through the stack (SwiGLU's AVX2 clone ran at 10 cycles an element so, 2026-12-05).
+typedef float F8 __attribute__((vector_size(32)));
+typedef int32_t I8 __attribute__((vector_size(32)));
+typedef float F4 __attribute__((vector_size(16)));
+typedef int32_t I4 __attribute__((vector_size(16)));
+template <int W>
+struct Vec;
+template <>
+struct Vec<16> {
+  using F = F16;
+  using I = I16;
+};
+template <>
+struct Vec<8> {
+  using F = F8;
+  using I = I8;
+};
+template <>
+struct Vec<4> {
+  using F = F4;
+  using I = I4;
+};
+template <class F>
+MOE_LANES F loadv(const float* p) {
+  F v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <class F>
+MOE_LANES void storev(float* p, F v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
 // e^x, Cephes' expf: x = n·ln2 + f with n = round(x/ln2) (the 1.5·2^23 rounding trick), a degree-6
 // polynomial in f, times 2^n built in the exponent bits. Relative error below 1e-7 on [-87, 88],
 // where x is clamped (so e^x stays a normal float; -inf/+inf give e^-87/e^88); NaN stays NaN.
