@@ -16,6 +16,8 @@ PKGS+=(libsimgrid-dev)
 PKGS+=(libdnnl-dev ocl-icd-opencl-dev)
 # tests/report.sh renders moetrain report's pages in headless Chromium (skipped without it).
 PKGS+=(chromium)
+# Every build compiles through ccache (CMakeLists.txt): a second build folder or clone reuses objects.
+PKGS+=(ccache)
 
 missing=()
 for p in "${PKGS[@]}"; do

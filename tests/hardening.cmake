@@ -4,7 +4,8 @@
 # Hostile files (classes 1, 2 and the load side of 4): checkpoints reaching outside their folder,
 # deep JSON at every entry point, size-overflow configs, NaN/Inf checkpoints, stray step-N folders.
 add_test(NAME hostile_files COMMAND ${CMAKE_SOURCE_DIR}/tests/hostile_files.sh $<TARGET_FILE:moetrain>)
-set_tests_properties(hostile_files PROPERTIES TIMEOUT 300)
+# 84 s in a Release build, 280 s under ASan on a 2-core CI machine: the limit is for hangs.
+set_tests_properties(hostile_files PROPERTIES TIMEOUT 900)
 
 # Runs that meet each other or a stalled machine (classes 3, 4, 6, 7): two runs on one folder,
 # metrics kept, a FIFO as data, non-finite runs, stale export files, kill -STOP on one of 4 ranks

@@ -10,7 +10,7 @@ endif()
 add_test(NAME report_html
          COMMAND ${CMAKE_SOURCE_DIR}/tests/report.sh $<TARGET_FILE:moetrain> ${CMAKE_SOURCE_DIR}/data/kjv.txt
                  ${CMAKE_BINARY_DIR}/report_html ${MOETRAIN_REPORT_MPIRUN})
-set_tests_properties(report_html PROPERTIES SKIP_RETURN_CODE 77 LABELS "mpi;report" TIMEOUT 300)
+set_tests_properties(report_html PROPERTIES SKIP_RETURN_CODE 77 LABELS "mpi;report;long" TIMEOUT 300)
 # inspect on checkpoints, run and export folders, safetensors, config.json, byte corpus, indexed
 # dataset; counts against independent ones; bad paths.
 add_test(NAME inspect_cli
