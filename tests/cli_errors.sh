@@ -255,6 +255,10 @@ expect eval-batches-zero '`--eval-batches 0`' '--eval-batches must be positive, 
 expect steps-negative '`--steps -5`' '--steps must be positive, got -5' "${common[@]}" --steps -5 --out "$dir/o54"
 expect batch-overflow '`--batch` beyond int32' '--batch' "${common[@]}" --batch 99999999999 --out "$dir/o55"
 expect threads-absurd '`--threads 5000`' '--threads must be in [1, 1024], got 5000' "${common[@]}" --threads 5000 --out "$dir/o56"
+expect peak-negative '`--peak-gflops -3`' \
+  '--peak-gflops must be a GFLOP/s figure in (0, 1e7] (or 0: measure it), got -3' "${common[@]}" --peak-gflops -3 --out "$dir/op1"
+expect peak-nan '`--peak-gflops nan`' \
+  '--peak-gflops must be a GFLOP/s figure in (0, 1e7] (or 0: measure it), got nan' "${common[@]}" --peak-gflops nan --out "$dir/op2"
 expect capacity-inf '`--capacity-factor inf`' \
   '--capacity-factor must be >= 0 (0 = dropless), got inf' "${common[@]}" --preset test-moe --capacity-factor inf --out "$dir/o57"
 expect capacity-nan '`--capacity-factor nan`' \

@@ -71,6 +71,10 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   t->add_option("--eval-every", o.data.eval_every, "validation every N steps (0 = only at the end)")->capture_default_str();
   t->add_option("--eval-batches", o.data.eval_batches, "validation batches")->capture_default_str();
   t->add_option("--threads", o.device.threads, "BLAS threads")->capture_default_str();
+  t->add_option("--peak-gflops", o.device.peak_gflops,
+                "MFU's denominator: GFLOP/s per rank at the run's precision (e.g. a calibrated "
+                "profile's peak_flops / 1e9); 0 = measure it at start (best of 10 short GEMM runs)")
+      ->capture_default_str();
   t->add_option("--capacity-factor", o.model.moe.capacity_factor, "expert capacity factor (0 = dropless)")->capture_default_str();
   t->add_flag("--padded", o.model.moe.padded, "capacity-padded [E,C,H] MoE layout instead of padding-free");
   t->add_option("--pp", o.parallel.dims.pp, "pipeline-parallel stages")->capture_default_str();

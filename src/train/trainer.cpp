@@ -79,6 +79,10 @@ void validate_options(const TrainOptions& o) {
   MOE_CHECK(o.data.batch > 0, "--batch must be positive, got ", o.data.batch);
   MOE_CHECK(o.data.seq_len > 1, "--seq-len must be at least 2, got ", o.data.seq_len);
   MOE_CHECK(o.device.threads > 0 && o.device.threads <= 1024, "--threads must be in [1, 1024], got ", o.device.threads);
+  MOE_CHECK(o.device.peak_gflops == 0 || (std::isfinite(o.device.peak_gflops) && o.device.peak_gflops > 0 &&
+                                          o.device.peak_gflops <= 1e7),
+            "--peak-gflops must be a GFLOP/s figure in (0, 1e7] (or 0: measure it), got ",
+            o.device.peak_gflops);
   MOE_CHECK(o.model.vocab_size >= 0 && o.model.vocab_size <= (1 << 24), "--vocab-size must be in [1, 2^24] (0 = the model's), got ",
             o.model.vocab_size);
   MOE_CHECK(o.data.eval_batches > 0, "--eval-batches must be positive, got ", o.data.eval_batches);
@@ -412,6 +416,9 @@ Trainer::Trainer(const TrainOptions& opts, RunSetup& setup)
   // The MFU denominator: the same run's dense GEMM rate on the device in the run's precision
   // (on the CPU the best of several sgemm runs, kernels/peak_rate.h: the fp32 peak).
   peak_precision_ = setup.precision;
+  if (opts.device.peak_gflops > 0)  // the user's figure (a calibrated profile): no noise at all
+    res_.peak_gflops = opts.device.peak_gflops;
+  else
 #ifdef MOETRAIN_HAVE_CUDA
   if (setup.device == Device::kCuda)
     res_.peak_gflops = kernels::cuda::measure_gemm_gflops(4096, 3, setup.bf16);
@@ -540,7 +547,7 @@ void Trainer::print_header() const {
   std::fprintf(stderr,
                "moetrain: %s, %.2fM params (%.2fM active), %d layers, E=%d k=%d, global batch "
                "%dx%d in %d micro-batch(es), %d steps, %d rank(s) [%s, layers %s, %s, a2a %s, "
-               "recompute %s, %s], %d BLAS thread(s) per rank (%s), peak %.1f GFLOP/s per rank (%s GEMM)\n",
+               "recompute %s, %s], %d BLAS thread(s) per rank (%s), peak %.1f GFLOP/s per rank (%s GEMM%s)\n",
                opts_.model.config_path.empty() ? opts_.model.preset.c_str() : opts_.model.config_path.c_str(),
                pc.total / 1e6, pc.active / 1e6, cfg_.num_hidden_layers, cfg_.n_routed_experts,
                cfg_.num_experts_per_tok, B_global_, T_, M_, opts_.steps, grid_.world.size(),
@@ -548,7 +555,8 @@ void Trainer::print_header() const {
                comm::a2a_algorithm_name(setup_.a2a), model::recompute_name(setup_.recompute),
                grid_.topo.describe().c_str(), opts_.device.threads,
                blas.c_str(), res_.peak_gflops,
-               setup_.bf16 && !cuda ? "oneDNN bf16" : peak_precision_.c_str());
+               setup_.bf16 && !cuda ? "oneDNN bf16" : peak_precision_.c_str(),
+               opts_.device.peak_gflops > 0 ? ", given by --peak-gflops" : "");
   if (opts_.device.precision == "auto")
     std::fprintf(stderr, "moetrain: --precision auto: %s (%s)\n", setup_.precision.c_str(),
                  setup_.auto_fp32_peak > 0
@@ -718,7 +726,8 @@ void Trainer::log(int step, const StepOutcome& s, double vl) {
               {"tokens", static_cast<long long>(B_global_) * T_},
               {"tokens_per_s", tps},
               {"mfu", mfu},
-              {"mfu_peak", {{"gflops", res_.peak_gflops}, {"precision", peak_precision_}}},
+              {"mfu_peak", {{"gflops", res_.peak_gflops}, {"precision", peak_precision_},
+                            {"source", opts_.device.peak_gflops > 0 ? "--peak-gflops" : "measured"}}},
               {"step_time_s", s.seconds},
               {"elapsed_s", now_seconds() - t_start_},  // wall time since this process started training
               {"bubble_fraction", s.bubble},

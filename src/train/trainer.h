@@ -91,6 +91,9 @@ struct DeviceOptions {
   // rank has its own GPU and libnccl.so.2 loads, else staged through the host over MPI.
   std::string comm_backend = "auto";
   int threads = 1;              // BLAS threads
+  // MFU's denominator, GFLOP/s per rank at the run's precision (--peak-gflops: e.g. a calibrated
+  // profile's peak_flops / 1e9). 0: measured at start (CPU: best of several short sgemm runs).
+  double peak_gflops = 0;
 };
 
 struct TrainOptions {
