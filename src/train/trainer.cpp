@@ -358,6 +358,7 @@ class Trainer {
   comm::CommBackend backend_ = comm::CommBackend::kMpi;
   std::string backend_why_ = "one rank";
   std::string peak_precision_;
+  std::string peak_source_;  // where res_.peak_gflops came from: "measured" or "--peak-gflops"
   TrainResult res_;
   struct CpuAgain {  // later work in this process (tests run several trainings) starts on the CPU
     ~CpuAgain() {
@@ -416,6 +417,7 @@ Trainer::Trainer(const TrainOptions& opts, RunSetup& setup)
   // The MFU denominator: the same run's dense GEMM rate on the device in the run's precision
   // (on the CPU the best of several sgemm runs, kernels/peak_rate.h: the fp32 peak).
   peak_precision_ = setup.precision;
+  peak_source_ = opts.device.peak_gflops > 0 ? "--peak-gflops" : "measured";
   if (opts.device.peak_gflops > 0)  // the user's figure (a calibrated profile): no noise at all
     res_.peak_gflops = opts.device.peak_gflops;
   else
@@ -556,7 +558,7 @@ void Trainer::print_header() const {
                grid_.topo.describe().c_str(), opts_.device.threads,
                blas.c_str(), res_.peak_gflops,
                setup_.bf16 && !cuda ? "oneDNN bf16" : peak_precision_.c_str(),
-               opts_.device.peak_gflops > 0 ? ", given by --peak-gflops" : "");
+               peak_source_ == "measured" ? "" : str_cat(", given by ", peak_source_).c_str());
   if (opts_.device.precision == "auto")
     std::fprintf(stderr, "moetrain: --precision auto: %s (%s)\n", setup_.precision.c_str(),
                  setup_.auto_fp32_peak > 0
@@ -727,7 +729,7 @@ void Trainer::log(int step, const StepOutcome& s, double vl) {
               {"tokens_per_s", tps},
               {"mfu", mfu},
               {"mfu_peak", {{"gflops", res_.peak_gflops}, {"precision", peak_precision_},
-                            {"source", opts_.device.peak_gflops > 0 ? "--peak-gflops" : "measured"}}},
+                            {"source", peak_source_}}},
               {"step_time_s", s.seconds},
               {"elapsed_s", now_seconds() - t_start_},  // wall time since this process started training
               {"bubble_fraction", s.bubble},
