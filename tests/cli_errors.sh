@@ -259,6 +259,16 @@ expect peak-negative '`--peak-gflops -3`' \
   '--peak-gflops must be a GFLOP/s figure in (0, 1e7] (or 0: measure it), got -3' "${common[@]}" --peak-gflops -3 --out "$dir/op1"
 expect peak-nan '`--peak-gflops nan`' \
   '--peak-gflops must be a GFLOP/s figure in (0, 1e7] (or 0: measure it), got nan' "${common[@]}" --peak-gflops nan --out "$dir/op2"
+expect budget-zero '`--time-budget 0`' \
+  "--time-budget must be more than 0 and at most 1e7 seconds, got '0'" "${common[@]}" --time-budget 0 --out "$dir/ob1"
+expect budget-unit '`--time-budget 5x`' \
+  "--time-budget must be a duration: seconds, or a number with the unit s, m or h (300, 90s, 5m, 1.5h), got '5x'" \
+  "${common[@]}" --time-budget 5x --out "$dir/ob2"
+expect budget-negative '`--time-budget -5`' \
+  "got '-5'" "${common[@]}" --time-budget=-5 --out "$dir/ob3"
+expect budget-warmup '`--time-budget 5m --warmup 2`' \
+  '--time-budget chooses the step count from the warm-up steps'"'"' time (their learning rates do not depend on it), so it needs --warmup >= 4, got 2' \
+  "${common[@]}" --time-budget 5m --warmup 2 --out "$dir/ob4"
 expect capacity-inf '`--capacity-factor inf`' \
   '--capacity-factor must be >= 0 (0 = dropless), got inf' "${common[@]}" --preset test-moe --capacity-factor inf --out "$dir/o57"
 expect capacity-nan '`--capacity-factor nan`' \

@@ -143,6 +143,12 @@ both "manifest: seed beyond 2^64" 'field "seed": "99999999999999999999999" is no
 fresh step-huge
 ck manifest "$dir/step-huge" 'm["step"] = 1e300'
 both "manifest: step 1e300" 'field "step" must be an integer in [0, 2147483647], got 1e+300' "$dir/step-huge"
+fresh budget-below
+ck manifest "$dir/budget-below" 'm["time_budget_steps"] = 1'
+both "manifest: time_budget_steps below step" 'field "time_budget_steps" 1 is below field "step" 2' "$dir/budget-below"
+fresh budget-text
+ck manifest "$dir/budget-text" 'm["time_budget_steps"] = "many"'
+both "manifest: time_budget_steps a string" 'field "time_budget_steps" must be an integer in [0, 2147483647]' "$dir/budget-text"
 fresh fifo-shard
 rm "$dir/fifo-shard/shard-00000.safetensors"
 mkfifo "$dir/fifo-shard/shard-00000.safetensors"

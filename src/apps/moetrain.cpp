@@ -59,7 +59,19 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   t->add_option("--data", o.data.path, "text file, one token per byte (default: data/kjv.txt), or an indexed dataset PREFIX (moetrain tokenize)");
   t->add_option("--vocab-size", o.model.vocab_size, "override the model's vocab_size (e.g. a BPE dataset's)");
   t->add_option("--out", o.out_dir, "output folder")->capture_default_str();
-  t->add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+  t->add_option("--steps", o.steps, "optimizer steps (with --time-budget: the most it may choose)")->capture_default_str();
+  t->add_option_function<std::string>(
+      "--time-budget",
+      [&o](const std::string& text) {
+        try {
+          o.time_budget_s = train::parse_duration_s(text, "--time-budget");
+        } catch (const Error& e) {
+          throw CLI::ValidationError(e.what());
+        }
+      },
+      "train for this long (e.g. 300, 90s, 5m, 1.5h): seconds of training steps, not counting "
+      "evaluations and checkpoints; the step count and its cosine schedule are chosen from the "
+      "warm-up steps' median time");
   t->add_option("--batch", o.data.batch, "sequences per step")->capture_default_str();
   t->add_option("--seq-len", o.data.seq_len, "tokens per sequence")->capture_default_str();
   t->add_option("--seed", o.data.seed, "seed for weights and data order")->capture_default_str()->check(kNonNegativeInteger);
@@ -341,6 +353,9 @@ int main(int argc, char** argv) {
       comm::MpiRuntime mpi(&argc, &argv);
       try {
         train_opts.progress = !quiet;
+        // --time-budget chooses the step count; an explicit --steps caps it.
+        if (train_opts.time_budget_s > 0 && app.get_subcommand("train")->count("--steps") == 0)
+          train_opts.steps = train::kTimeBudgetMaxSteps;
         train::install_stop_handlers();
         train::run_training(train_opts);
       } catch (const train::SetupError& e) {

@@ -172,6 +172,7 @@ std::string save_checkpoint(const comm::Group& world, const std::string& dir, in
                 {"data_rng_state", std::to_string(meta.data_rng_state)},
                 {"seed", std::to_string(meta.seed)},
                 {"bad_steps", meta.bad_steps},
+                {"time_budget_steps", meta.time_budget_steps},
                 {"config", meta.config},
                 {"parallel", meta.parallel},
                 {"expert_placement", meta.expert_placement},

@@ -111,6 +111,9 @@ Manifest parse_manifest(const std::string& text, const std::string& mpath) {
   CheckpointMeta& meta = out.meta;
   meta.step = small_int(m, "step", -1, mpath);
   meta.bad_steps = small_int(m, "bad_steps", 0, mpath);
+  meta.time_budget_steps = small_int(m, "time_budget_steps", 0, mpath);
+  MOE_CHECK(meta.time_budget_steps == 0 || meta.time_budget_steps >= meta.step, mpath,
+            ": field \"time_budget_steps\" ", meta.time_budget_steps, " is below field \"step\" ", meta.step);
   meta.data_rng_state = u64_string(m, "data_rng_state", mpath);
   meta.seed = u64_string(m, "seed", mpath);
   MOE_CHECK(m.contains("config") && m["config"].is_object(), mpath,

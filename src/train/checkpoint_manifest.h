@@ -27,6 +27,9 @@ struct CheckpointMeta {
   uint64_t data_rng_state = 0;    // data sampler state after `step` steps (the data cursor)
   uint64_t seed = 0;
   int bad_steps = 0;              // non-finite steps skipped so far
+  // The step count a --time-budget run chose after its warm-up (0: a run with a fixed --steps, or
+  // one written before the choice); a resumed --time-budget run keeps it.
+  int time_budget_steps = 0;
   nlohmann::json config;          // the model's config.json
   nlohmann::json parallel;        // layout that wrote it (information; any layout can load it)
   nlohmann::json expert_placement;  // {"layer": [ep rank of logical expert e, ...]}

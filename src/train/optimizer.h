@@ -40,6 +40,9 @@ class AdamW {
   // norm before clipping; when it is not finite, nothing is updated. `step` is 0-based.
   double step(float* params, const float* grads, int step);
   const OptimConfig& config() const { return cfg_; }
+  // --time-budget: the step count is chosen after the warm-up, whose learning rates do not
+  // depend on it (learning_rate: steps 0..warmup_steps).
+  void set_total_steps(int total) { cfg_.total_steps = total; }
   // Expert parallelism: each rank holds only its experts, with pipeline stages only its layers,
   // with tensor parallelism only its slices of the split matrices: the global gradient norm needs
   // a reduction. The reducer gets this rank's squared norms of the replicated tensors, of the

@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -73,9 +75,32 @@ void install_stop_handlers() {
   sigaction(SIGINT, &sa, nullptr);
 }
 
+double parse_duration_s(const std::string& text, const char* flag) {
+  // A number (no sign, no exponent, no inf/nan), then an optional unit.
+  size_t end = 0;
+  while (end < text.size() && (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.')) ++end;
+  const std::string number = text.substr(0, end), unit = text.substr(end);
+  const bool one_point = number.find('.') == number.rfind('.');
+  const bool digit = number.find_first_of("0123456789") != std::string::npos;
+  double scale = 0;
+  if (unit.empty() || unit == "s") scale = 1;
+  else if (unit == "m" || unit == "min") scale = 60;
+  else if (unit == "h") scale = 3600;
+  MOE_CHECK(digit && one_point && scale > 0, flag, " must be a duration: seconds, or a number with the unit "
+            "s, m or h (300, 90s, 5m, 1.5h), got '", text, "'");
+  const double seconds = std::strtod(number.c_str(), nullptr) * scale;
+  MOE_CHECK(seconds > 0 && seconds <= 1e7, flag, " must be more than 0 and at most 1e7 seconds, got '", text, "'");
+  return seconds;
+}
+
 void validate_options(const TrainOptions& o) {
   auto finite = [](double v) { return std::isfinite(v); };
   MOE_CHECK(o.steps > 0, "--steps must be positive, got ", o.steps);
+  MOE_CHECK(o.time_budget_s == 0 || (finite(o.time_budget_s) && o.time_budget_s > 0 && o.time_budget_s <= 1e7),
+            "--time-budget must be more than 0 and at most 1e7 seconds, got ", o.time_budget_s);
+  MOE_CHECK(o.time_budget_s == 0 || o.optim.warmup_steps >= kTimeBudgetMinWarmup, "--time-budget chooses the "
+            "step count from the warm-up steps' time (their learning rates do not depend on it), so it needs "
+            "--warmup >= ", kTimeBudgetMinWarmup, ", got ", o.optim.warmup_steps);
   MOE_CHECK(o.data.batch > 0, "--batch must be positive, got ", o.data.batch);
   MOE_CHECK(o.data.seq_len > 1, "--seq-len must be at least 2, got ", o.data.seq_len);
   MOE_CHECK(o.device.threads > 0 && o.device.threads <= 1024, "--threads must be in [1, 1024], got ", o.device.threads);
@@ -182,6 +207,15 @@ std::string format_duration(double s) {
   return buf;
 }
 
+// A budget or a time measured against it: under a minute in seconds ("0.5s", "42.3s"), else as
+// format_duration.
+std::string format_budget(double s) {
+  if (s >= 59.95) return format_duration(s);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3gs", s);
+  return buf;
+}
+
 // Mean over the tokens group (every rank of a stage holds as many tokens) of one value per rank.
 double data_mean(const parallel::Grid& g, double v) {
   if (g.tokens.size() > 1) g.tokens.allreduce_sum(&v, 1);
@@ -276,7 +310,7 @@ struct StepBalance {
 // (nothing would run on the new map) nor after a skipped one. Collective over the world.
 StepBalance balance_step(model::Model& model, const TrainOptions& opts, const parallel::Grid& grid,
                          const std::vector<int>& moe_layer_ids, const std::vector<int64_t>& flat_loads, int step,
-                         bool skipped, const std::vector<float*>& moving, bool report, bool tty) {
+                         int total_steps, bool skipped, const std::vector<float*>& moving, bool report, bool tty) {
   StepBalance out;
   const int E = model.config().n_routed_experts;
   if (grid.dims.ep <= 1 || flat_loads.size() != moe_layer_ids.size() * E) return out;
@@ -287,7 +321,7 @@ StepBalance balance_step(model::Model& model, const TrainOptions& opts, const pa
     out.rank_loads.push_back(balance::rank_loads(where, loads[i]));
     out.imbalance.push_back(balance::imbalance(where, loads[i]));
   }
-  if (opts.balance.migrate_every == 0 || skipped || (step + 1) % opts.balance.migrate_every != 0 || step + 1 >= opts.steps)
+  if (opts.balance.migrate_every == 0 || skipped || (step + 1) % opts.balance.migrate_every != 0 || step + 1 >= total_steps)
     return out;
   const double t0 = now_seconds();
   std::vector<LayerMigration> changed;
@@ -342,6 +376,7 @@ class Trainer {
     return validation_loss(*model_, val_, B_, T_, opts_.data.eval_batches, grid_);
   }
   void log(int step, const StepOutcome& s, double val_loss);
+  void choose_steps(int step, double step_seconds);  // --time-budget, once, after the warm-up
   bool state_finite() const;  // collective: weights and AdamW moments finite on every rank
   void finish(bool stopped_early);
 
@@ -385,6 +420,12 @@ class Trainer {
   double bytes_per_token_ = 1.0;
   bool tokenized_ = false;
   double flops_per_step_ = 0;
+  int total_steps_ = 0;         // --steps, or what --time-budget chose (then also in the optimizer)
+  bool budget_pending_ = false;  // --time-budget: the step count is not chosen yet
+  std::vector<double> warmup_times_;  // --time-budget: the timed warm-up steps of this process
+  double train_s_ = 0;           // seconds inside step() in this process: --time-budget's clock
+  int budget_step_ = -1;         // the step whose metrics line carries the choice (budget_json_)
+  json budget_json_;
   int step0_ = 0, bad_steps_ = 0, bad_in_a_row_ = 0, good_steps_ = 0, steps_run_ = 0, bad_steps_at_start_ = 0;
   double t_start_ = 0, ema_tps_ = 0;
   mixture::MoeStepTimes profile_moe_;  // --profile: totals over the run
@@ -450,8 +491,10 @@ Trainer::Trainer(const TrainOptions& opts, RunSetup& setup)
   // this rank like backward's temporaries: charged, so the measured peak includes them.
   exchange_->set_staging_tracker(&model.work_memory());
   model.init_weights(opts.data.seed);
+  total_steps_ = opts.steps;
+  budget_pending_ = opts.time_budget_s > 0;
   OptimConfig oc = opts.optim;
-  oc.total_steps = opts.steps;
+  oc.total_steps = total_steps_;
   // --zero1: this rank keeps and updates only its slice of the AdamW state (parallel/zero1.h).
   shard_ = std::make_unique<parallel::ZeroShard>(opts.parallel.zero1
                                                      ? parallel::ZeroShard::split(model.layout(), grid_)
@@ -493,6 +536,24 @@ Trainer::Trainer(const TrainOptions& opts, RunSetup& setup)
     score_bias_->load_json(meta.router_bias, setup.resume_path + "/manifest.json: field \"router_bias\"");
     step0_ = meta.step;
     bad_steps_ = meta.bad_steps;
+    // --time-budget: the count chosen before the checkpoint stays (the schedule must not move);
+    // a checkpoint written during the warm-up lets this run choose it.
+    if (opts.time_budget_s > 0 && meta.time_budget_steps > 0) {
+      total_steps_ = std::min(meta.time_budget_steps, opts.steps);
+      budget_pending_ = false;
+      if (root_ && opts.progress)
+        std::fprintf(stderr, "--time-budget: keeping the %d steps the checkpoint's run chose\n", total_steps_);
+    } else if (opts.time_budget_s > 0 && step0_ > opts.optim.warmup_steps) {
+      throw SetupError(str_cat("--time-budget: ", setup.resume_path, " is at step ", step0_, ", past the ",
+                               opts.optim.warmup_steps, " warm-up steps whose time chooses the step count, and its "
+                               "run did not use --time-budget: resume it with --steps"),
+                       root_);
+    } else if (opts.time_budget_s == 0 && meta.time_budget_steps > 0 && meta.time_budget_steps != opts.steps &&
+               root_ && opts.progress) {
+      std::fprintf(stderr, "note: the checkpoint's run chose %d steps with --time-budget; this run's schedule ends "
+                   "at --steps %d\n", meta.time_budget_steps, opts.steps);
+    }
+    opt_->set_total_steps(total_steps_);
     bad_steps_at_start_ = bad_steps_;
     data_rng_.set_state(meta.data_rng_state);
     if (root_ && opts.progress)
@@ -545,14 +606,18 @@ void Trainer::print_header() const {
     split += std::to_string(l);
   }
   const bool cuda = setup_.device == Device::kCuda;
+  const std::string steps_text =
+      budget_pending_ ? str_cat("steps to fill a ", format_budget(opts_.time_budget_s), " time budget",
+                                opts_.steps < kTimeBudgetMaxSteps ? str_cat(" (at most ", opts_.steps, ")") : "")
+                      : str_cat(total_steps_, " steps");
   const std::string blas = cuda ? std::string("cuBLAS") : str_cat("OpenBLAS ", kernels::blas_core_description());
   std::fprintf(stderr,
                "moetrain: %s, %.2fM params (%.2fM active), %d layers, E=%d k=%d, global batch "
-               "%dx%d in %d micro-batch(es), %d steps, %d rank(s) [%s, layers %s, %s, a2a %s, "
+               "%dx%d in %d micro-batch(es), %s, %d rank(s) [%s, layers %s, %s, a2a %s, "
                "recompute %s, %s], %d BLAS thread(s) per rank (%s), peak %.1f GFLOP/s per rank (%s GEMM%s)\n",
                opts_.model.config_path.empty() ? opts_.model.preset.c_str() : opts_.model.config_path.c_str(),
                pc.total / 1e6, pc.active / 1e6, cfg_.num_hidden_layers, cfg_.n_routed_experts,
-               cfg_.num_experts_per_tok, B_global_, T_, M_, opts_.steps, grid_.world.size(),
+               cfg_.num_experts_per_tok, B_global_, T_, M_, steps_text.c_str(), grid_.world.size(),
                grid_.dims.describe().c_str(), split.c_str(), parallel::schedule_name(setup_.schedule),
                comm::a2a_algorithm_name(setup_.a2a), model::recompute_name(setup_.recompute),
                grid_.topo.describe().c_str(), opts_.device.threads,
@@ -683,7 +748,7 @@ StepOutcome Trainer::step(int step) {
     score_bias_->apply(model);
   }
   // Expert parallelism: rank loads, and every --balance.migrate-every steps a migration.
-  s.balance = balance_step(model, opts_, grid, moe_layer_ids_, flat_loads, step, s.skipped,
+  s.balance = balance_step(model, opts_, grid, moe_layer_ids_, flat_loads, step, total_steps_, s.skipped,
                            {model.params(), opt_->m().data(), opt_->v().data()}, root_ && opts_.progress, tty_);
   if (grid.world.size() > 1) grid.world.allreduce_sum(s.bytes.data(), static_cast<int64_t>(s.bytes.size()));
   s.stages = gather_stage_stats(grid, s.pipe, traffic_.seconds, model);
@@ -694,6 +759,36 @@ StepOutcome Trainer::step(int step) {
   s.dispatch_bytes.assign(grid.world.size(), dispatch_bytes);
   if (grid.world.size() > 1) grid.world.allgather(&dispatch_bytes, s.dispatch_bytes.data(), 1);
   return s;
+}
+
+// --time-budget: steps 0..warmup run at learning rates that do not depend on the step count, so
+// the count is chosen after step `warmup` from the median time of this process's warm-up steps
+// (its first two untimed: first-touch page faults, JIT kernels), the slowest rank's, and fixed
+// from there on: --steps with the chosen count repeats the run exactly.
+void Trainer::choose_steps(int step, double step_seconds) {
+  if (step >= step0_ + 2) warmup_times_.push_back(step_seconds);
+  if (step < opts_.optim.warmup_steps) return;
+  if (warmup_times_.empty()) warmup_times_.push_back(step_seconds);  // resumed at the warm-up's end
+  std::vector<double> t = warmup_times_;
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  // Every rank must choose the same count: the slowest rank's median and clock decide.
+  double agreed[2] = {t[t.size() / 2], train_s_};
+  if (grid_.world.size() > 1) grid_.world.allreduce_max(agreed, 2);
+  const double median = std::max(agreed[0], 1e-9);
+  // Steps of an earlier process (a resumed run) count at the median.
+  const double spent = agreed[1] + step0_ * median;
+  const double more = std::floor(std::max(0.0, opts_.time_budget_s - spent) / median);
+  total_steps_ = static_cast<int>(std::min<double>(opts_.steps, step + 1 + more));
+  opt_->set_total_steps(total_steps_);
+  budget_pending_ = false;
+  budget_step_ = step;
+  budget_json_ = {{"budget_s", opts_.time_budget_s}, {"step_time_s", median},
+                  {"timed_steps", static_cast<int>(warmup_times_.size())}, {"spent_s", spent},
+                  {"steps", total_steps_}};
+  if (root_ && opts_.progress)
+    std::fprintf(stderr, "%s--time-budget %s: %d steps (median step %.3g s over %d warm-up steps; `--steps %d` "
+                 "repeats this run)\n", tty_ ? "\n" : "", format_budget(opts_.time_budget_s).c_str(),
+                 total_steps_, median, static_cast<int>(warmup_times_.size()), total_steps_);
 }
 
 void Trainer::log(int step, const StepOutcome& s, double vl) {
@@ -751,6 +846,7 @@ void Trainer::log(int step, const StepOutcome& s, double vl) {
     rec["load_imbalance"] = s.balance.imbalance;
   }
   if (!s.balance.migration.is_null()) rec["migration"] = s.balance.migration;
+  if (step == budget_step_) rec["time_budget"] = budget_json_;
   if (!std::isnan(vl)) rec["val_loss"] = vl;
   // Tokenized data: the held-out loss per byte of text as well, comparable with a byte model's.
   if (!std::isnan(vl) && tokenized_ && bytes_per_token_ > 0) rec["val_loss_nats_per_byte"] = vl / bytes_per_token_;
@@ -758,14 +854,17 @@ void Trainer::log(int step, const StepOutcome& s, double vl) {
   setup_.metrics.flush();
 
   if (!opts_.progress) return;
-  const bool last = step + 1 == opts_.steps;
+  const bool last = step + 1 == total_steps_;
   const double elapsed = now_seconds() - t_start_;
-  const double eta = elapsed / (step + 1 - step0_) * (opts_.steps - step - 1);
+  // Before --time-budget has chosen the count, the budget left is the estimate.
+  const double eta = budget_pending_ ? std::max(0.0, opts_.time_budget_s - train_s_)
+                                     : elapsed / (step + 1 - step0_) * (total_steps_ - step - 1);
+  const std::string total_text = budget_pending_ ? std::string("?") : std::to_string(total_steps_);
   char line[256];
   std::snprintf(line, sizeof line,
-                "step %5d/%d  loss %.4f  aux %.4f  %7.0f tok/s  MFU %5.1f%%  a2a %4.1f%%  "
+                "step %5d/%s  loss %.4f  aux %.4f  %7.0f tok/s  MFU %5.1f%%  a2a %4.1f%%  "
                 "bubble %4.1f%%  ETA %s",
-                step + 1, opts_.steps, loss.total, loss.aux, ema_tps_, 100.0 * mfu, 100.0 * s.a2a_s / s.seconds,
+                step + 1, total_text.c_str(), loss.total, loss.aux, ema_tps_, 100.0 * mfu, 100.0 * s.a2a_s / s.seconds,
                 100.0 * s.bubble, format_duration(eta).c_str());
   std::string text = line;
   if (!std::isnan(vl)) text += str_cat("  val ", vl);
@@ -783,8 +882,10 @@ TrainResult Trainer::run() {
   print_header();
   t_start_ = now_seconds();
   bool stopped_early = false;
-  for (int step = step0_; step < opts_.steps; ++step) {
+  for (int step = step0_; step < total_steps_; ++step) {
     const StepOutcome s = this->step(step);
+    train_s_ += s.seconds;
+    if (budget_pending_) choose_steps(step, s.seconds);
     res_.losses.push_back(s.loss.total);
     res_.last_stages = s.stages;
     if (opts_.profile) {
@@ -794,7 +895,7 @@ TrainResult Trainer::run() {
       profile_sync_ += s.sync_s;
       profile_steps_ += s.seconds;
     }
-    const bool last = step + 1 == opts_.steps;
+    const bool last = step + 1 == total_steps_;
     double vl = NAN;
     if (last || (opts_.data.eval_every > 0 && (step + 1) % opts_.data.eval_every == 0)) {
       vl = evaluate();
@@ -824,6 +925,7 @@ TrainResult Trainer::run() {
       meta.data_rng_state = data_rng_.state();
       meta.seed = opts_.data.seed;
       meta.bad_steps = bad_steps_;
+      meta.time_budget_steps = opts_.time_budget_s > 0 && !budget_pending_ ? total_steps_ : 0;
       meta.router_bias = score_bias_->to_json();
       checkpointer_->save(std::move(meta), *model_, *opt_, *shard_);
     }
@@ -855,7 +957,7 @@ void Trainer::finish(bool stopped_early) {
     throw SetupError(str_cat("the final weights are not finite: no weights written; the last good checkpoint is ",
                              checkpointer_->last_or_none()),
                      root_);
-  const int ran = std::max(1, opts_.steps - step0_);
+  const int ran = std::max(1, total_steps_ - step0_);
   res_.tokens_per_s = static_cast<double>(B_global_) * T_ * ran / res_.seconds;
   res_.mfu = flops_per_step_ * ran / res_.seconds / (res_.peak_gflops * 1e9 * grid_.world.size());
 
@@ -872,11 +974,15 @@ void Trainer::finish(bool stopped_early) {
                     final_val / bytes_per_token_);
     else
       std::snprintf(val_text, sizeof val_text, "%.4f nats/token (no tokenizer sidecar: bytes unknown)", final_val);
+    const std::string budget_text =
+        opts_.time_budget_s > 0 ? str_cat(" (training steps ", format_budget(train_s_), " of the ",
+                                          format_budget(opts_.time_budget_s), " budget)")
+                                : std::string();
     std::fprintf(stderr,
-                 "done: %d steps in %s, %.0f tokens/s, MFU %.1f%%, final val loss %s; "
+                 "done: %d steps in %s%s, %.0f tokens/s, MFU %.1f%%, final val loss %s; "
                  "wrote %s/{model.safetensors,config.json,metrics.jsonl}\n",
-                 opts_.steps, format_duration(res_.seconds).c_str(), res_.tokens_per_s, 100 * res_.mfu,
-                 val_text, opts_.out_dir.c_str());
+                 total_steps_, format_duration(res_.seconds).c_str(), budget_text.c_str(), res_.tokens_per_s,
+                 100 * res_.mfu, val_text, opts_.out_dir.c_str());
   }
 }
 

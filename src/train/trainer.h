@@ -98,7 +98,12 @@ struct DeviceOptions {
 
 struct TrainOptions {
   std::string out_dir = "out";
-  int steps = 1200;   // the default job: about 4.5 minutes of the tiny model on one core
+  int steps = 1200;   // optimizer steps; with a time budget, the most it may choose
+  // --time-budget: seconds of training steps (forward, backward, exchange, optimizer; not the
+  // held-out evaluations, checkpoints or setup). The step count, and with it the cosine
+  // schedule, is chosen once from the median time of the warm-up steps, whose learning rates do
+  // not depend on it, so `--steps N` with the chosen N repeats the run exactly. 0 = off.
+  double time_budget_s = 0;
   bool progress = true;         // live progress line on stderr
   bool profile = false;         // --profile: MoE step times in metrics.jsonl, a summary at the end
   ModelOptions model;
@@ -110,6 +115,16 @@ struct TrainOptions {
   FaultOptions faults;
   DeviceOptions device;
 };
+
+// --time-budget without --steps: the most steps it may choose.
+constexpr int kTimeBudgetMaxSteps = 100'000'000;
+// --time-budget needs this many warm-up steps: the first two are not timed (first-touch page
+// faults, JIT kernels), and the median of the rest sets the step count.
+constexpr int kTimeBudgetMinWarmup = 4;
+
+// A duration as the CLI takes it: a number of seconds, or a number with the unit s, m (or min)
+// or h ("300", "90s", "5m", "1.5h"); in (0, 1e7] seconds. Throws moe::Error naming `flag`.
+double parse_duration_s(const std::string& text, const char* flag);
 
 // Every option's value on its own (ranges, finiteness, consistency between flags): throws
 // moe::Error with one line naming the flag and the value. run_training calls it first.
