@@ -476,7 +476,10 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
   device_copy(dev_, mb.inputs.data(), Device::kCpu, inputs.data(), n * sizeof(int32_t));
   device_copy(dev_, mb.targets.data(), Device::kCpu, targets.data(), n * sizeof(int32_t));
 
-  Buffer<float> x(nH, mem, dev_);
+  // The residual stream, each layer's output and the head's buffers are written whole before
+  // they are read: not zeroed (about 18 MB a step of the tiny model).
+  Buffer<float> x;
+  x.resize_for_overwrite(nH, mem, dev_);
   if (st.embedding) {
     k::embedding_forward(x.data(), mb.inputs.data(), w_.embed, n, H);
   } else {
@@ -488,7 +491,8 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
     a->x = std::move(x);
     // The stage's last output goes to x_out (the pipeline's buffer): a temporary, not kept.
     const bool stage_output = l + 1 == st.end_layer(c) && !st.head;
-    Buffer<float> out(nH, stage_output ? &work_mem_ : mem, dev_);
+    Buffer<float> out;  // layer_forward writes it whole (MoE: zeroed there, then summed into)
+    out.resize_for_overwrite(nH, stage_output ? &work_mem_ : mem, dev_);
     // A layer that keeps only part of its activations computes them as workspace; what it keeps
     // moves to the activation tracker, so its peak is exactly what is held for backward.
     const Keep km = keep ? keep_mode(l) : Keep::kAll;
@@ -515,14 +519,14 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
   }
   if (st.head) {
     mb.final_in = std::move(x);
-    mb.final_ln.resize(nH, mem, dev_);
-    mb.final_rstd.resize(n, mem, dev_);
+    mb.final_ln.resize_for_overwrite(nH, mem, dev_);
+    mb.final_rstd.resize_for_overwrite(n, mem, dev_);
     k::rmsnorm_forward(mb.final_ln.data(), mb.final_rstd.data(), mb.final_in.data(), w_.norm, n, H,
                        c.rms_norm_eps);
-    mb.logits.resize(static_cast<size_t>(n) * V, mem, dev_);
+    mb.logits.resize_for_overwrite(static_cast<size_t>(n) * V, mem, dev_);
     k::linear_forward(mb.logits.data(), mb.final_ln.data(), w_.lm_head, n, H, V);
-    mb.probs.resize(static_cast<size_t>(n) * V, mem, dev_);
-    mb.losses.resize(n, mem, dev_);
+    mb.probs.resize_for_overwrite(static_cast<size_t>(n) * V, mem, dev_);
+    mb.losses.resize_for_overwrite(n, mem, dev_);
     loss.ce = k::cross_entropy_forward(mb.losses.data(), mb.probs.data(), mb.logits.data(),
                                        mb.targets.data(), n, V);
   } else {
