@@ -69,20 +69,27 @@ int padded_dim(int hd) { return (hd + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLan
 
 // The tiles of one call, zeroed once: the padding columns [hd, hdp) stay 0, so the products along
 // head_dim can run whole vectors. One call's workspace, so nothing is shared between calls.
+// One head's keys are packed once for all its query blocks (key block j at offset j · tile), not
+// once per (query block, key block) pair: at T = 128 that is 2 packings of each array instead of 3.
 struct Tiles {
-  int hd, hdp;
+  int hd, hdp, nb;           // nb key blocks of kBlock rows (the last may be partial)
   std::vector<float> mem;
-  float *kt, *vt;            // [hd][kBlock]: a key block transposed (keys of K, of V)
-  float *kp, *vp, *qp, *dp;  // [kBlock][hdp]: rows of a key block (K, V), of a query block (Q, dO)
+  float *kt, *vt;            // [nb][hd][kBlock]: the head's key blocks transposed (K, V)
+  float *kp, *vp;            // [nb][kBlock][hdp]: the head's key blocks' rows (K, V)
+  float *qp, *dp;            // [kBlock][hdp]: rows of a query block (Q, dO)
   float *acc, *acc2;         // [kBlock][hdp]: product accumulators
   float *s, *dps;            // [kBlock][kBlock]: scores / probabilities, dP / dS
-  explicit Tiles(int head_dim) : hd(head_dim), hdp(padded_dim(head_dim)) {
-    const size_t tr = static_cast<size_t>(hd) * kBlock, row = static_cast<size_t>(kBlock) * hdp,
-                 sq = static_cast<size_t>(kBlock) * kBlock;
-    mem.assign(2 * tr + 6 * row + 2 * sq, 0.0f);
+  size_t tr, row;            // floats per block of kt / vt, of kp / vp
+  Tiles(int head_dim, int T)
+      : hd(head_dim), hdp(padded_dim(head_dim)), nb(std::max(1, (T + kBlock - 1) / kBlock)) {
+    tr = static_cast<size_t>(hd) * kBlock;
+    row = static_cast<size_t>(kBlock) * hdp;
+    const size_t sq = static_cast<size_t>(kBlock) * kBlock;
+    mem.assign(nb * (2 * tr + 2 * row) + 4 * row + 2 * sq, 0.0f);
     float* p = mem.data();
-    for (float** t : {&kt, &vt}) *t = p, p += tr;
-    for (float** t : {&kp, &vp, &qp, &dp, &acc, &acc2}) *t = p, p += row;
+    for (float** t : {&kt, &vt}) *t = p, p += nb * tr;
+    for (float** t : {&kp, &vp}) *t = p, p += nb * row;
+    for (float** t : {&qp, &dp, &acc, &acc2}) *t = p, p += row;
     for (float** t : {&s, &dps}) *t = p, p += sq;
   }
 };
@@ -181,14 +188,16 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
   MOE_CUDA_DISPATCH(attention_forward, out, att, q, k, v, B, T, n_head, head_dim);
   check_sizes("attention_forward", B, T, n_head, head_dim);
   const size_t rows = static_cast<size_t>(B) * n_head * T;
-  Tiles w(head_dim);
+  Tiles w(head_dim, T);
   const auto block = pick(&ISA(avx512)::forward_query_block, &ISA(avx2)::forward_query_block,
                           &isa_base::forward_query_block);
+  const auto pack = pick(&ISA(avx512)::pack_keys, &ISA(avx2)::pack_keys, &isa_base::pack_keys);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < n_head; ++h) {
       const HeadView g = head_view(b, h, T, n_head, head_dim);
+      pack(w, k, v, g, /*backward=*/false);
       for (int t0 = 0; t0 < T; t0 += kBlock)
-        block(out, att, att + rows, q, k, v, g, w, t0, std::min(kBlock, T - t0));
+        block(out, att, att + rows, q, g, w, t0, std::min(kBlock, T - t0));
     }
 }
 
@@ -199,14 +208,16 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                     scratch);
   check_sizes("attention_backward", B, T, n_head, head_dim);
   const size_t rows = static_cast<size_t>(B) * n_head * T;
-  Tiles w(head_dim);
+  Tiles w(head_dim, T);
   const auto block = pick(&ISA(avx512)::backward_query_block, &ISA(avx2)::backward_query_block,
                           &isa_base::backward_query_block);
+  const auto pack = pick(&ISA(avx512)::pack_keys, &ISA(avx2)::pack_keys, &isa_base::pack_keys);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < n_head; ++h) {
       const HeadView g = head_view(b, h, T, n_head, head_dim);
+      pack(w, k, v, g, /*backward=*/true);
       for (int t0 = 0; t0 < T; t0 += kBlock)
-        block(dq, dk, dv, dout, q, k, v, att, att + rows, g, w, t0, std::min(kBlock, T - t0));
+        block(dq, dk, dv, dout, q, att, att + rows, g, w, t0, std::min(kBlock, T - t0));
     }
 }
 
