@@ -28,6 +28,16 @@ grep -q -- "--time-budget 0.3s: $n steps (median step" "$work/budget.log" ||
 grep -q "^done: $n steps in .* (training steps .* of the 0.3s budget)" "$work/budget.log" ||
   { cat "$work/budget.log"; echo "the last line does not state the budget"; exit 1; }
 run fixed --steps "$n"
+# `moetrain report` states the choice in its summary; a malformed choice is refused by name.
+"$bin" report "$work/budget" -o "$work/budget.html" >/dev/null
+grep -q "time budget</td><td>300.0 ms: $n steps, chosen after step 7 from a median warm-up step of" "$work/budget.html" ||
+  { echo "the report does not state the time budget"; exit 1; }
+mkdir -p "$work/badreport"
+sed 's/"time_budget":{[^}]*}/"time_budget":"soon"/' "$work/budget/metrics.jsonl" > "$work/badreport/metrics.jsonl"
+if "$bin" report "$work/badreport" -o "$work/bad.html" 2>"$work/badreport.log"; then
+  echo "report accepted a malformed time_budget"; exit 1
+fi
+grep -q '"time_budget" must be an object' "$work/badreport.log" || { cat "$work/badreport.log"; exit 1; }
 ckpts=("$work/budget/checkpoints"/step-*)
 /usr/bin/python3 - "$work" "$n" <<'PY'
 import json, math, sys

@@ -80,6 +80,9 @@ struct Run {
   bool dropped_torn_line = false;
   int loads_layers = 0, loads_experts = 0, loads_stride = 1;
   std::vector<int> loads_layer_ids;
+  // --time-budget's choice (the "time_budget" of the step that made it); budget_steps 0: none.
+  double budget_s = NAN, budget_step_time = NAN;
+  int budget_steps = 0, budget_at = 0;
 };
 
 // Next line of f into line (without '\n'); false at the end. *complete: the line ended in '\n'.
@@ -255,6 +258,15 @@ Run read_metrics(const std::string& path) {
       }
     }
     read_loads(run, r, j, where);
+    if (auto tb = j.find("time_budget"); tb != j.end() && !tb->is_null()) {
+      MOE_CHECK(tb->is_object(), where, ": \"time_budget\" must be an object");
+      run.budget_s = number(*tb, "budget_s", where);
+      run.budget_step_time = number(*tb, "step_time_s", where);
+      MOE_CHECK(run.budget_s > 0 && run.budget_s <= 1e7 && run.budget_step_time > 0 && run.budget_step_time <= 1e7,
+                where, ": \"time_budget\" needs budget_s and step_time_s in (0, 1e7] seconds");
+      run.budget_steps = integer(*tb, "steps", where);
+      run.budget_at = r.step;
+    }
     // Wall time across processes: a resumed run's elapsed_s starts again from 0.
     if (std::isfinite(r.elapsed)) {
       if (r.elapsed < last_elapsed) wall_offset = last_wall;
@@ -395,6 +407,11 @@ void section_summary(Page& pg, const Run& run, const std::vector<const Rec*>& rs
   rows.push_back({"tokens/s (all steps)", time > 0 ? fmt(tokens / time, "%.0f") : "n/a"});
   rows.push_back({"MFU (median step)", fmt(100 * percentile(mfu_sorted, 0.5), "%.1f%%")});
   rows.push_back({"skipped steps (non-finite loss)", std::to_string(skipped)});
+  if (run.budget_steps > 0)
+    rows.push_back({"time budget", str_cat(fmt_seconds(run.budget_s), ": ", run.budget_steps, " steps, chosen after step ",
+                                           run.budget_at, " from a median warm-up step of ",
+                                           fmt(run.budget_step_time, "%.3g"), " s; the steps shown took ",
+                                           fmt_seconds(time))});
   if (!rs.front()->stages.empty()) rows.push_back({"pipeline stages", std::to_string(rs.front()->stages.size())});
   pg.table({"", ""}, rows);
   std::vector<std::string> notes;
