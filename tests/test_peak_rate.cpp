@@ -34,6 +34,26 @@ TEST(PeakRate, BestOfRunsIsTheFastestRunAtEverySize) {
   EXPECT_GT(best, fastest / 5);
 }
 
+TEST(PeakRate, FastProductsRunUntilTheMinimumTime) {
+  // 1 ms products with a 30 ms minimum: more calls than runs_per_size, until the time is spent;
+  // with no minimum, exactly runs_per_size; never more than kMaxPeakRuns.
+  int calls = 0;
+  auto product = [&](int) {
+    ++calls;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  best_gemm_gflops(product, {64}, 3, moe::now_seconds, 0.030);
+  EXPECT_GE(calls - 1, 10);  // call 0 is untimed; a sleep may overshoot, so 10 is safe
+  EXPECT_LE(calls - 1, moe::kernels::kMaxPeakRuns);
+  calls = 0;
+  best_gemm_gflops(product, {64}, 3, moe::now_seconds);
+  EXPECT_EQ(calls, 4);
+  calls = 0;
+  best_gemm_gflops([&](int) { ++calls; }, {64}, 3, moe::now_seconds, 1e9);  // instant calls: the cap
+  EXPECT_EQ(calls - 1, moe::kernels::kMaxPeakRuns);
+  EXPECT_THROW(best_gemm_gflops(product, {64}, 0, moe::now_seconds), moe::Error);
+}
+
 TEST(PeakRate, Fp32MeasuresAndOtherPrecisionsAreRefused) {
   EXPECT_GT(measure_peak_gflops("fp32", {64, 96}, 2), 0.0);
   try {

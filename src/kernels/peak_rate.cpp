@@ -20,18 +20,21 @@ double thread_cpu_seconds() {
 }
 
 double best_gemm_gflops(const std::function<void(int n)>& product, const std::vector<int>& sizes,
-                        int runs_per_size, const std::function<double()>& clock) {
-  MOE_CHECK(!sizes.empty() && runs_per_size >= 1, "best_gemm_gflops: ", sizes.size(),
-            " sizes, runs_per_size=", runs_per_size);
+                        int runs_per_size, const std::function<double()>& clock, double min_seconds_per_size) {
+  MOE_CHECK(!sizes.empty() && runs_per_size >= 1 && runs_per_size <= kMaxPeakRuns && min_seconds_per_size >= 0,
+            "best_gemm_gflops: ", sizes.size(), " sizes, runs_per_size=", runs_per_size,
+            " (1..", kMaxPeakRuns, "), min_seconds_per_size=", min_seconds_per_size);
   double best = 0;
   for (int n : sizes) {
     MOE_CHECK(n > 0, "best_gemm_gflops: size ", n, " must be > 0");
     product(n);  // untimed
     const double flops = 2.0 * n * static_cast<double>(n) * n;
-    for (int r = 0; r < runs_per_size; ++r) {
+    double spent = 0;
+    for (int r = 0; r < kMaxPeakRuns && (r < runs_per_size || spent < min_seconds_per_size); ++r) {
       const double t0 = clock();
       product(n);
       const double dt = clock() - t0;
+      spent += std::max(dt, 0.0);
       if (dt > 0) best = std::max(best, flops / dt * 1e-9);
     }
   }
@@ -39,7 +42,7 @@ double best_gemm_gflops(const std::function<void(int n)>& product, const std::ve
 }
 
 double measure_peak_gflops(const std::string& precision, const std::vector<int>& sizes,
-                           int runs_per_size) {
+                           int runs_per_size, double min_seconds_per_size) {
   MOE_CHECK(precision == "fp32" || precision == "bf16", "measure_peak_gflops: precision '", precision,
             "' has no CPU peak measurement (fp32 or bf16)");
   const bool bf16 = precision == "bf16";
@@ -61,8 +64,9 @@ double measure_peak_gflops(const std::string& precision, const std::vector<int>&
     if (bf16) return bf16_roofline_product(n);
     sgemm_fp32(n);
   };
-  if (blas_threads() == 1) return best_gemm_gflops(sgemm, sizes, runs_per_size, thread_cpu_seconds);
-  return best_gemm_gflops(sgemm, sizes, runs_per_size, now_seconds);
+  if (blas_threads() == 1)
+    return best_gemm_gflops(sgemm, sizes, runs_per_size, thread_cpu_seconds, min_seconds_per_size);
+  return best_gemm_gflops(sgemm, sizes, runs_per_size, now_seconds, min_seconds_per_size);
 }
 
 }  // namespace moe::kernels

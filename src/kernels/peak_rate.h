@@ -15,18 +15,24 @@ namespace moe::kernels {
 // for the time it waited (wall time is, and on a shared machine that is most of the noise).
 double thread_cpu_seconds();
 
-// GFLOP/s of the fastest of `runs_per_size` calls of product(n) (one n×n×n product, 2n³ flops)
-// for each n of sizes, after one untimed call per size (page faults, BLAS buffers), timed by
-// `clock` (seconds).
+// GFLOP/s of the fastest of the timed calls of product(n) (one n×n×n product, 2n³ flops) for each
+// n of sizes, after one untimed call per size (page faults, BLAS buffers), timed by `clock`
+// (seconds): at least `runs_per_size` calls, and more until they have taken `min_seconds_per_size`
+// (at most kMaxPeakRuns calls), so a fast product is sampled over as long a stretch as a slow one.
+constexpr int kMaxPeakRuns = 200;
 double best_gemm_gflops(const std::function<void(int n)>& product, const std::vector<int>& sizes,
-                        int runs_per_size, const std::function<double()>& clock);
+                        int runs_per_size, const std::function<double()>& clock,
+                        double min_seconds_per_size = 0);
 
-// The sizes and runs measure_peak_gflops uses: about 0.5 s at 100 GFLOP/s.
+// The sizes and runs measure_peak_gflops uses: about 0.5 s at 100 GFLOP/s. At least 0.1 s a size:
+// AMX's bf16 products (800 GFLOP/s, 2.7 ms at 1024³) took 60 ms in all with 5 runs, and one start
+// in a busy moment read 640 against 755-822 idle.
 inline const std::vector<int>& peak_sizes() {
   static const std::vector<int> sizes = {1024, 1536};
   return sizes;
 }
 constexpr int kPeakRunsPerSize = 5;
+constexpr double kPeakMinSecondsPerSize = 0.1;
 
 // The CPU peak of `precision` ("fp32": sgemm through kernels::gemm, the trainer's kernel; "bf16":
 // the same call with bf16 inputs through oneDNN, refused where that is unavailable), in
@@ -35,6 +41,7 @@ constexpr int kPeakRunsPerSize = 5;
 // thread's). Another precision: one line naming it, non-zero exit.
 double measure_peak_gflops(const std::string& precision = "fp32",
                            const std::vector<int>& sizes = peak_sizes(),
-                           int runs_per_size = kPeakRunsPerSize);
+                           int runs_per_size = kPeakRunsPerSize,
+                           double min_seconds_per_size = kPeakMinSecondsPerSize);
 
 }  // namespace moe::kernels
