@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <utility>
 
 #include "comm/exchange.h"
 #include "comm/mpi_runtime.h"
@@ -424,8 +425,7 @@ class Trainer {
   bool budget_pending_ = false;  // --time-budget: the step count is not chosen yet
   std::vector<double> warmup_times_;  // --time-budget: the timed warm-up steps of this process
   double train_s_ = 0;           // seconds inside step() in this process: --time-budget's clock
-  int budget_step_ = -1;         // the step whose metrics line carries the choice (budget_json_)
-  json budget_json_;
+  json budget_json_;             // the choice, until the metrics line of its step carries it
   int step0_ = 0, bad_steps_ = 0, bad_in_a_row_ = 0, good_steps_ = 0, steps_run_ = 0, bad_steps_at_start_ = 0;
   double t_start_ = 0, ema_tps_ = 0;
   mixture::MoeStepTimes profile_moe_;  // --profile: totals over the run
@@ -781,7 +781,6 @@ void Trainer::choose_steps(int step, double step_seconds) {
   total_steps_ = static_cast<int>(std::min<double>(opts_.steps, step + 1 + more));
   opt_->set_total_steps(total_steps_);
   budget_pending_ = false;
-  budget_step_ = step;
   budget_json_ = {{"budget_s", opts_.time_budget_s}, {"step_time_s", median},
                   {"timed_steps", static_cast<int>(warmup_times_.size())}, {"spent_s", spent},
                   {"steps", total_steps_}};
@@ -846,7 +845,7 @@ void Trainer::log(int step, const StepOutcome& s, double vl) {
     rec["load_imbalance"] = s.balance.imbalance;
   }
   if (!s.balance.migration.is_null()) rec["migration"] = s.balance.migration;
-  if (step == budget_step_) rec["time_budget"] = budget_json_;
+  if (!budget_json_.is_null()) rec["time_budget"] = std::exchange(budget_json_, nullptr);
   if (!std::isnan(vl)) rec["val_loss"] = vl;
   // Tokenized data: the held-out loss per byte of text as well, comparable with a byte model's.
   if (!std::isnan(vl) && tokenized_ && bytes_per_token_ > 0) rec["val_loss_nats_per_byte"] = vl / bytes_per_token_;
