@@ -1,6 +1,7 @@
 // Token permutation kernels, CPU implementation. See permute.h.
 #include "kernels/permute.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -50,21 +51,28 @@ MOE_CPU_CLONES void combine_rows_cpu(float* out_TH, const float* y_NH, const flo
   }
 }
 
+// Walks the expert buffer in row order, so its two big arrays (dy rows written, y rows read)
+// stream through memory and only the token rows of dout (T·H, re-read k times) are visited out
+// of order. In token order every pair's 4 KiB row write started cold at a random place: 3x slower
+// at T4096 H1024 k8 (51.6 against 17 ms). The arithmetic per element is unchanged.
 MOE_CPU_CLONES void combine_rows_backward_cpu(float* dy_NH, float* dweight_TK, const float* dout_TH,
                                               const float* y_NH, const float* weight_TK,
                                               const int32_t* row_of_slot_TK, int T, int k, int H) {
-  for (int t = 0; t < T; ++t) {
-    const float* d = dout_TH + row(t, H);
-    for (int j = 0; j < k; ++j) {
-      const size_t p = static_cast<size_t>(t) * k + j;
-      const int32_t r = row_of_slot_TK[p];
-      if (r < 0) {
-        if (dweight_TK) dweight_TK[p] = 0.0f;
-        continue;
-      }
-      if (dy_NH) scale(dy_NH + row(r, H), weight_TK[p], d, H);
-      if (dweight_TK) dweight_TK[p] = math::row_dot(y_NH + row(r, H), d, H);
-    }
+  const size_t P = static_cast<size_t>(T) * k;
+  int32_t rows = 0;
+  for (size_t p = 0; p < P; ++p) {
+    rows = std::max(rows, row_of_slot_TK[p] + 1);
+    if (row_of_slot_TK[p] < 0 && dweight_TK) dweight_TK[p] = 0.0f;
+  }
+  std::vector<int32_t> slot_of_row(static_cast<size_t>(rows), -1);
+  for (size_t p = 0; p < P; ++p)
+    if (row_of_slot_TK[p] >= 0) slot_of_row[row_of_slot_TK[p]] = static_cast<int32_t>(p);
+  for (int32_t r = 0; r < rows; ++r) {
+    const int32_t p = slot_of_row[r];
+    if (p < 0) continue;  // a padding row: left as it is
+    const float* d = dout_TH + row(p / k, H);
+    if (dy_NH) scale(dy_NH + row(r, H), weight_TK[p], d, H);
+    if (dweight_TK) dweight_TK[p] = math::row_dot(y_NH + row(r, H), d, H);
   }
 }
 
