@@ -5,6 +5,7 @@
 #   scripts/onednn_probe.sh bw
 #   scripts/onednn_probe.sh bf16-experts 64 384 1408 1024
 #   scripts/onednn_probe.sh fp32 128 256 256 1024 0 1 0
+#   scripts/onednn_probe.sh gate-up 128 256 1024 256
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/build.sh" >/dev/null

@@ -5,6 +5,10 @@
 //                            oneDNN's run-time-size primitive (what moetrain uses), a fixed-size
 //                            one, and fixed-size row chunks on weights reordered once
 //   fp32 E M N K TA TB BETA  E products C (+)= op(A) op(B): OpenBLAS against oneDNN's fp32 matmul
+//   gate-up E M H F          E experts of M rows: the SwiGLU gate and up products (forward, their
+//                            weight gradients and dx) in OpenBLAS fp32 as moetrain runs them (two
+//                            [F,H] weights, two GEMMs per part) and merged (one [2F,H] weight a
+//                            expert, one GEMM per part)
 // Every rate is the best of a few repetitions.
 #include <cblas.h>
 
@@ -145,8 +149,67 @@ void fp32(int E, int M, int N, int K, bool ta, bool tb, float beta) {
               tb, beta, blas, pd.impl_info_str(), dnn, dnn / blas);
 }
 
+// Seconds of the best of `reps` calls of f.
+template <class F>
+double best_seconds(int reps, F f) {
+  return 1.0 / best_rate(reps, 1.0, f);
+}
+
+void gate_up(int E, int M, int H, int F) {
+  const size_t MH = static_cast<size_t>(M) * H, FH = static_cast<size_t>(F) * H, MF = static_cast<size_t>(M) * F;
+  // One set of buffers serves both forms: W holds [E,F,H] gate then [E,F,H] up (moetrain's
+  // stacking) or [E,2F,H] (merged); G holds g then u ([E·M,F] each) or [E·M,2F] rows.
+  std::vector<float> X(E * MH), W(2 * E * FH), dW(2 * E * FH), G(2 * E * MF), dG(2 * E * MF), dX(E * MH);
+  for (auto* v : {&X, &W, &dG})
+    for (auto& x : *v) x = static_cast<float>(std::rand()) / RAND_MAX - 0.5f;
+  auto sgemm = [](bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb, float beta,
+                  float* c, int ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, lda,
+                b, ldb, beta, c, ldc);
+  };
+  const float* x = X.data();
+  float *w = W.data(), *dw = dW.data(), *g = G.data(), *dg = dG.data(), *dx = dX.data();
+  const size_t up = E * FH, u = E * MF;  // the up halves of the separate form
+  double sep[3], mer[3];
+  sep[0] = best_seconds(4, [&] {
+    for (int e = 0; e < E; ++e) {
+      sgemm(false, true, M, F, H, x + e * MH, H, w + e * FH, H, 0, g + e * MF, F);
+      sgemm(false, true, M, F, H, x + e * MH, H, w + up + e * FH, H, 0, g + u + e * MF, F);
+    }
+  });
+  sep[1] = best_seconds(4, [&] {
+    for (int e = 0; e < E; ++e) {
+      sgemm(true, false, F, H, M, dg + e * MF, F, x + e * MH, H, 1, dw + e * FH, H);
+      sgemm(true, false, F, H, M, dg + u + e * MF, F, x + e * MH, H, 1, dw + up + e * FH, H);
+    }
+  });
+  sep[2] = best_seconds(4, [&] {
+    for (int e = 0; e < E; ++e) {
+      sgemm(false, false, M, H, F, dg + e * MF, F, w + e * FH, H, 0, dx + e * MH, H);
+      sgemm(false, false, M, H, F, dg + u + e * MF, F, w + up + e * FH, H, 1, dx + e * MH, H);
+    }
+  });
+  mer[0] = best_seconds(4, [&] {
+    for (int e = 0; e < E; ++e) sgemm(false, true, M, 2 * F, H, x + e * MH, H, w + 2 * e * FH, H, 0, g + 2 * e * MF, 2 * F);
+  });
+  mer[1] = best_seconds(4, [&] {
+    for (int e = 0; e < E; ++e)
+      sgemm(true, false, 2 * F, H, M, dg + 2 * e * MF, 2 * F, x + e * MH, H, 1, dw + 2 * e * FH, H);
+  });
+  mer[2] = best_seconds(4, [&] {
+    for (int e = 0; e < E; ++e) sgemm(false, false, M, H, 2 * F, dg + 2 * e * MF, 2 * F, w + 2 * e * FH, H, 0, dx + e * MH, H);
+  });
+  const char* part[3] = {"forward", "dW", "dx"};
+  std::printf("gate+up, %d experts x %d rows, H %d, F %d (OpenBLAS fp32; ms, best of 4)\n", E, M, H, F);
+  for (int i = 0; i < 3; ++i)
+    std::printf("  %-8s two GEMMs %8.1f   merged %8.1f   (%+.1f)\n", part[i], sep[i] * 1e3, mer[i] * 1e3,
+                (mer[i] - sep[i]) * 1e3);
+  const double s3 = sep[0] + sep[1] + sep[2], m3 = mer[0] + mer[1] + mer[2];
+  std::printf("  %-8s two GEMMs %8.1f   merged %8.1f   (%+.1f)\n", "total", s3 * 1e3, m3 * 1e3, (m3 - s3) * 1e3);
+}
+
 int usage() {
-  std::fprintf(stderr, "usage: onednn_probe bw | bf16-experts E M N K | fp32 E M N K TA TB BETA\n");
+  std::fprintf(stderr, "usage: onednn_probe bw | bf16-experts E M N K | fp32 E M N K TA TB BETA | gate-up E M H F\n");
   return 2;
 }
 
@@ -162,6 +225,8 @@ int main(int argc, char** argv) {
     bf16_experts(arg(2), arg(3), arg(4), arg(5));
   } else if (what == "fp32" && argc == 9 && arg(2) > 0 && arg(3) > 0 && arg(4) > 0 && arg(5) > 0) {
     fp32(arg(2), arg(3), arg(4), arg(5), arg(6) != 0, arg(7) != 0, static_cast<float>(std::atof(argv[8])));
+  } else if (what == "gate-up" && argc == 6 && arg(2) > 0 && arg(3) > 0 && arg(4) > 0 && arg(5) > 0) {
+    gate_up(arg(2), arg(3), arg(4), arg(5));
   } else {
     return usage();
   }
