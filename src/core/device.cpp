@@ -1,5 +1,7 @@
 // Host and CUDA allocation behind one seam. See device.h. The CUDA calls are the runtime API only
-// (cuda_runtime_api.h compiles with the host compiler), so core/ needs no nvcc.
+// (cuda_runtime_api.h compiles with the host compiler), so core/ needs no nvcc. On the emulated
+// device (-DMOETRAIN_EMULATE_CUDA=ON) the same calls go to the SIMT shim's runtime
+// (kernels/simt/simt_device.cpp), whose memory faults when host code touches it without a copy.
 #include "core/device.h"
 
 #include <atomic>
@@ -16,15 +18,9 @@
 
 #include "core/error.h"
 
-#if defined(MOETRAIN_HAVE_CUDA) && !defined(MOETRAIN_EMULATED_CUDA)
+#if defined(MOETRAIN_HAVE_CUDA)
 #define MOE_REAL_CUDA 1
 #include <cuda_runtime_api.h>
-#endif
-#ifdef MOETRAIN_EMULATED_CUDA
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <map>
 #endif
 
 namespace moe {
@@ -43,49 +39,6 @@ std::unordered_map<void*, void*>& smpi_raw_pointers() {
 #endif
 }  // namespace
 
-#ifdef MOETRAIN_EMULATED_CUDA
-// The emulated GPU's memory: one mmap per buffer, PROT_NONE except while access is open.
-namespace {
-std::map<void*, size_t>& emulated_regions() {
-  static std::map<void*, size_t> regions;
-  return regions;
-}
-int g_access_depth = 0, g_kernel_depth = 0;
-void protect_all(int prot) {
-  for (const auto& [p, n] : emulated_regions())
-    MOE_CHECK(mprotect(p, n, prot) == 0, "emulated device: mprotect failed");
-}
-void* emulated_alloc(size_t bytes) {
-  void* p = mmap(nullptr, bytes, g_access_depth > 0 ? PROT_READ | PROT_WRITE : PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  MOE_CHECK(p != MAP_FAILED, "out of emulated GPU memory: could not map ", bytes, " bytes");
-  emulated_regions()[p] = bytes;
-  return p;
-}
-void emulated_free(void* p) {
-  auto it = emulated_regions().find(p);
-  if (it == emulated_regions().end()) return;
-  munmap(p, it->second);
-  emulated_regions().erase(it);
-}
-// Open for the duration of a copy or memset that touches device memory.
-struct Open {
-  Open() { emulated_device_access(true); }
-  ~Open() { emulated_device_access(false); }
-};
-}  // namespace
-
-void emulated_device_access(bool open) {
-  if (open) {
-    if (g_access_depth++ == 0) protect_all(PROT_READ | PROT_WRITE);
-  } else if (--g_access_depth == 0) {
-    protect_all(PROT_NONE);
-  }
-}
-void emulated_kernel_enter() { ++g_kernel_depth; }
-void emulated_kernel_exit() { --g_kernel_depth; }
-bool in_emulated_kernel() { return g_kernel_depth > 0; }
-#endif
 
 const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
 
@@ -104,10 +57,7 @@ bool cuda_built() {
 }
 
 int cuda_device_count(std::string* why) {
-#ifdef MOETRAIN_EMULATED_CUDA
-  (void)why;
-  return 1;  // the emulated device
-#elif defined(MOE_REAL_CUDA)
+#if defined(MOE_REAL_CUDA)
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
@@ -153,18 +103,6 @@ void cuda_mem_info(size_t* free_bytes, size_t* total_bytes) {
   if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) {
     (void)cudaGetLastError();
     *free_bytes = *total_bytes = 0;
-  }
-#elif defined(MOETRAIN_EMULATED_CUDA)
-  // The emulated GPU is host memory: report the host's.
-  const long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES),
-             page = sysconf(_SC_PAGESIZE);
-  *total_bytes = pages > 0 && page > 0 ? static_cast<size_t>(pages) * page : 0;
-  *free_bytes = avail > 0 && page > 0 ? static_cast<size_t>(avail) * page : 0;
-  // Test hook: an emulated GPU of this many bytes (the "does not fit on the GPU" error path).
-  if (const char* v = std::getenv("MOETRAIN_EMULATED_GPU_BYTES")) {
-    char* end = nullptr;
-    const unsigned long long b = std::strtoull(v, &end, 10);
-    if (end && *end == '\0') *free_bytes = *total_bytes = static_cast<size_t>(b);
   }
 #endif
 }
@@ -220,9 +158,6 @@ void* device_alloc(Device d, size_t bytes, bool zeroed) {
   MOE_CHECK(e == cudaSuccess, "cudaMemset of ", padded, " bytes: ", cudaGetErrorString(e));
   g_device_allocated.store(true, std::memory_order_relaxed);
   return p;
-#elif defined(MOETRAIN_EMULATED_CUDA)
-  g_device_allocated.store(true, std::memory_order_relaxed);
-  return emulated_alloc(padded);
 #else
   require_device(d, "allocation on");
   return nullptr;
@@ -262,8 +197,6 @@ void device_free(Device d, void* p) {
   }
 #ifdef MOE_REAL_CUDA
   (void)cudaFree(p);
-#elif defined(MOETRAIN_EMULATED_CUDA)
-  emulated_free(p);
 #endif
 }
 
@@ -276,9 +209,6 @@ void device_memset_zero(Device d, void* p, size_t bytes) {
 #ifdef MOE_REAL_CUDA
   cudaError_t e = cudaMemset(p, 0, bytes);
   MOE_CHECK(e == cudaSuccess, "cudaMemset of ", bytes, " bytes: ", cudaGetErrorString(e));
-#elif defined(MOETRAIN_EMULATED_CUDA)
-  Open open;
-  std::memset(p, 0, bytes);
 #endif
 }
 
@@ -292,9 +222,6 @@ void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, siz
   cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);  // unified addressing
   MOE_CHECK(e == cudaSuccess, "cudaMemcpy of ", bytes, " bytes (", device_name(src_dev), " -> ",
             device_name(dst_dev), "): ", cudaGetErrorString(e));
-#elif defined(MOETRAIN_EMULATED_CUDA)
-  Open open;
-  std::memcpy(dst, src, bytes);
 #else
   require_device(Device::kCuda, "copy to/from");
 #endif
@@ -310,13 +237,6 @@ Device device_of(const void* p) {
   }
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? Device::kCuda
                                                                            : Device::kCpu;
-#elif defined(MOETRAIN_EMULATED_CUDA)
-  const auto& regions = emulated_regions();
-  auto it = regions.upper_bound(const_cast<void*>(p));
-  if (it == regions.begin()) return Device::kCpu;
-  --it;
-  const char* base = static_cast<const char*>(it->first);
-  return static_cast<const char*>(p) < base + it->second ? Device::kCuda : Device::kCpu;
 #else
   return Device::kCpu;
 #endif

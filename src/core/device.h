@@ -54,15 +54,5 @@ void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, siz
 // The communication layer uses it to stage device buffers through the host.
 Device device_of(const void* p);
 
-#ifdef MOETRAIN_EMULATED_CUDA
-// The emulated GPU of a CI build without one (kernels/emulated/): device buffers are host pages
-// that are accessible only between emulated_device_access(true) and (false) (nested), which the
-// emulated kernels and device_copy open; host code touching them elsewhere faults at once.
-void emulated_device_access(bool open);
-// Inside an emulated kernel the active kernel device reads as the CPU (the CPU kernel runs).
-void emulated_kernel_enter();
-void emulated_kernel_exit();
-bool in_emulated_kernel();
-#endif
 
 }  // namespace moe

@@ -19,12 +19,7 @@ void set_active_device(Device d) {
   g_device = d;
 }
 
-Device active_device() {
-#ifdef MOETRAIN_EMULATED_CUDA
-  if (in_emulated_kernel()) return Device::kCpu;
-#endif
-  return g_device;
-}
+Device active_device() { return g_device; }
 
 void device_synchronize() {
 #ifdef MOETRAIN_HAVE_CUDA

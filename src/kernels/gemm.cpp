@@ -20,14 +20,8 @@
 
 namespace moe::kernels {
 namespace {
-// bf16 GEMM inputs on the CPU backend. An emulated GPU's kernels run here too and keep the GEMMs
-// of the real ones (fp32 inside attention; cuda::gemm rounds its own inputs).
-bool cpu_gemm_bf16() {
-#ifdef MOETRAIN_EMULATED_CUDA
-  if (in_emulated_kernel()) return false;
-#endif
-  return gemm_bf16();
-}
+// bf16 GEMM inputs on the CPU backend.
+bool cpu_gemm_bf16() { return gemm_bf16(); }
 }  // namespace
 
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,

@@ -7,6 +7,14 @@
 // with the bound stated per case; index outputs (layouts, top-k ids, counts) must match exactly.
 // One line per case; exit 1 on any failure, 77 (ctest: skipped) without a visible GPU.
 #include <algorithm>
+#ifdef MOETRAIN_EMULATED_CUDA
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include "kernels/simt/simt_cpu.h"
+#endif
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -833,14 +841,69 @@ std::vector<OpCase> all_ops() {
 
 }  // namespace
 
-int main() {
+#ifdef MOETRAIN_EMULATED_CUDA
+// The __global__ functions of the backend's source (src/kernels/cuda/*.cu), by name.
+std::vector<std::string> global_functions() {
+  std::vector<std::string> names;
+  const std::filesystem::path dir = std::filesystem::path(MOETRAIN_SOURCE_DIR) / "src/kernels/cuda";
+  const std::regex re(R"(__global__\s+void\s+(\w+)\s*\()");
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    if (f.path().extension() != ".cu") continue;
+    std::ifstream in(f.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (std::sregex_iterator it(text.begin(), text.end(), re), end; it != end; ++it)
+      names.push_back((*it)[1]);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// "N of M __global__ functions executed", naming the ones that never ran; false unless all ran.
+bool kernel_count_line() {
+  std::set<std::string> ran;
+  for (const auto& [name, n] : moe::simt::kernels_run()) ran.insert(name);
+  const std::vector<std::string> all = global_functions();
+  std::string missing;
+  int hit = 0;
+  for (const std::string& k : all) {
+    if (ran.count(k)) ++hit;
+    else missing += " " + k;
+  }
+  std::printf("kernels executed: %d of %zu __global__ functions in src/kernels/cuda%s%s\n", hit,
+              all.size(), missing.empty() ? "" : "; never ran:", missing.c_str());
+  return hit == static_cast<int>(all.size()) && !all.empty();
+}
+#endif
+
+int main(int argc, char** argv) {
   std::string why;
   if (moe::cuda_device_count(&why) == 0) {
     std::printf("cuda_ops: SKIPPED, no usable CUDA device (%s)\n", why.c_str());
     return 77;
   }
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+#ifdef MOETRAIN_EMULATED_CUDA
+    if (a == "--seed" && i + 1 < argc) {
+      moe::simt::set_schedule_seed(std::strtoull(argv[++i], nullptr, 10));
+      continue;
+    }
+#endif
+    std::fprintf(stderr, "usage: moetrain_cuda_tests%s\n",
+#ifdef MOETRAIN_EMULATED_CUDA
+                 " [--seed N]  (the SIMT shim's schedule seed)"
+#else
+                 ""
+#endif
+    );
+    return 2;
+  }
   moe::kernels::set_active_device(moe::Device::kCpu);
   int failed = 0, total = 0;
+#ifdef MOETRAIN_EMULATED_CUDA
+  std::printf("SIMT shim, schedule seed %llu\n",
+              static_cast<unsigned long long>(moe::simt::schedule_seed()));
+#endif
   std::printf("%-40s %-36s %-10s %-8s %s\n", "op", "shape", "nmse", "bound", "result");
   for (const OpCase& op : all_ops()) {
     ++total;
@@ -858,15 +921,25 @@ int main() {
                 op.bound, ok ? "PASS" : "FAIL", c.note.c_str(),
                 error.empty() ? "" : (" error: " + error).c_str());
   }
+#ifdef MOETRAIN_EMULATED_CUDA
+  // The emulated GPU is this CPU: the roofline is measured once at a small size (it only shows
+  // the measurement runs).
+  const int roofline_n = 256;
+#else
+  const int roofline_n = 4096;
+#endif
   for (bool bf16 : {false, true}) {
     try {
-      std::printf("gemm roofline %s n=4096: %.1f GFLOP/s\n", bf16 ? "bf16" : "fp32",
-                  moe::kernels::cuda::measure_gemm_gflops(4096, 5, bf16));
+      std::printf("gemm roofline %s n=%d: %.1f GFLOP/s\n", bf16 ? "bf16" : "fp32", roofline_n,
+                  moe::kernels::cuda::measure_gemm_gflops(roofline_n, 2, bf16));
     } catch (const std::exception& e) {
       ++failed;
       std::printf("measure_gemm_gflops %s: FAIL %s\n", bf16 ? "bf16" : "fp32", e.what());
     }
   }
+#ifdef MOETRAIN_EMULATED_CUDA
+  if (!kernel_count_line()) ++failed;
+#endif
   std::printf("cuda_ops: %d of %d cases passed\n", total - failed, total);
   return failed ? 1 : 0;
 }

@@ -40,7 +40,7 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const 
                   int step, float grad_scale) {
   const math::AdamWScalars s = adamw_scalars(hp, step);  // checks step
   if (n == 0) return;
-  adamw_kernel<<<elem_blocks(n), kThreads, 0, stream()>>>(p, g, m, v, n, s, grad_scale);
+  MOE_LAUNCH(adamw_kernel, elem_blocks(n), kThreads, 0, stream())(p, g, m, v, n, s, grad_scale);
   MOE_CUDA_LAUNCHED("adamw_update");
 }
 
@@ -49,7 +49,7 @@ double sum_squares(const float* x, size_t n) {
   unsigned blocks = blocks_for(n);
   if (blocks > kMaxSumBlocks) blocks = kMaxSumBlocks;
   double* partial = g_partial.as<double>(blocks);
-  sum_squares_kernel<<<blocks, kThreads, 0, stream()>>>(partial, x, n);
+  MOE_LAUNCH(sum_squares_kernel, blocks, kThreads, 0, stream())(partial, x, n);
   MOE_CUDA_LAUNCHED("sum_squares");
   std::vector<double> host(blocks);
   MOE_CUDA_CHECK(cudaMemcpyAsync(host.data(), partial, sizeof(double) * blocks,

@@ -69,7 +69,7 @@ __device__ __forceinline__ void accumulate(float (&acc)[kCols], float coef, cons
 
 __global__ void attention_forward_kernel(float* out, float* lse, float* out_copy, const float* q,
                                          const float* k, const float* v, Geom g) {
-  extern __shared__ float sm[];
+  MOE_DYNAMIC_SHARED(float, sm);
   const int hd = g.hd, ldk = hd + 1;  // odd stride: lane l reading row l hits distinct banks
   float* Ks = sm;
   float* Vs = Ks + kTile * ldk;
@@ -131,7 +131,7 @@ __global__ void attention_rowdot_kernel(float* D, const float* dout, const float
 // dq, one warp per query row t, key tiles s <= t.
 __global__ void attention_dq_kernel(float* dq, const float* dout, const float* q, const float* k,
                                     const float* v, const float* lse, const float* D, Geom g) {
-  extern __shared__ float sm[];
+  MOE_DYNAMIC_SHARED(float, sm);
   const int hd = g.hd, ldk = hd + 1;
   float* Ks = sm;
   float* Vs = Ks + kTile * ldk;
@@ -181,7 +181,7 @@ __global__ void attention_dq_kernel(float* dq, const float* dout, const float* q
 __global__ void attention_dkv_kernel(float* dk, float* dv, const float* dout, const float* q,
                                      const float* k, const float* v, const float* lse,
                                      const float* D, Geom g) {
-  extern __shared__ float sm[];
+  MOE_DYNAMIC_SHARED(float, sm);
   const int hd = g.hd, ldq = hd + 1;
   float* Qs = sm;
   float* Os = Qs + kTile * ldq;
@@ -260,7 +260,7 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
   const Geom g{T, n_head, head_dim, 1.0f / std::sqrt(static_cast<float>(head_dim))};
   const size_t smem =
       sizeof(float) * (kTile * (head_dim + 1) + kTile * head_dim + kRows * head_dim);
-  attention_forward_kernel<<<grid_of(B, T, n_head), kRows * 32, smem, stream()>>>(
+  MOE_LAUNCH(attention_forward_kernel, grid_of(B, T, n_head), kRows * 32, smem, stream())(
       out, att, att + rows, q, k, v, g);
   MOE_CUDA_LAUNCHED("attention_forward");
 }
@@ -276,16 +276,16 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   const float* out = att + rows;
   float* D = g_rowdot.as<float>(rows);
   const unsigned rowdot_blocks = static_cast<unsigned>(std::min<size_t>((rows + 7) / 8, 65536));
-  attention_rowdot_kernel<<<rowdot_blocks, 256, 0, stream()>>>(D, dout, out, rows, T, n_head,
+  MOE_LAUNCH(attention_rowdot_kernel, rowdot_blocks, 256, 0, stream())(D, dout, out, rows, T, n_head,
                                                                head_dim);
   MOE_CUDA_LAUNCHED("attention_backward D");
   const size_t smem_dq = sizeof(float) * (2 * kTile * (head_dim + 1) + 2 * kRows * head_dim);
-  attention_dq_kernel<<<grid_of(B, T, n_head), kRows * 32, smem_dq, stream()>>>(dq, dout, q, k, v,
+  MOE_LAUNCH(attention_dq_kernel, grid_of(B, T, n_head), kRows * 32, smem_dq, stream())(dq, dout, q, k, v,
                                                                                 lse, D, g);
   MOE_CUDA_LAUNCHED("attention_backward dq");
   const size_t smem_dkv =
       sizeof(float) * (2 * kTile * (head_dim + 1) + 2 * kTile + 2 * kRows * head_dim);
-  attention_dkv_kernel<<<grid_of(B, T, n_head), kRows * 32, smem_dkv, stream()>>>(dk, dv, dout, q,
+  MOE_LAUNCH(attention_dkv_kernel, grid_of(B, T, n_head), kRows * 32, smem_dkv, stream())(dk, dv, dout, q,
                                                                                   k, v, lse, D, g);
   MOE_CUDA_LAUNCHED("attention_backward dk dv");
 }

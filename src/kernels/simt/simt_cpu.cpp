@@ -1,0 +1,568 @@
+// The SIMT shim's scheduler: each CUDA thread of a block is a fiber, blocks run one after another,
+// barriers and warp operations park fibers until they can be released. See simt_cpu.h.
+#include "kernels/simt/simt_cpu.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/simt/simt_device.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define MOE_SIMT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MOE_SIMT_ASAN 1
+#endif
+#endif
+#ifdef MOE_SIMT_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+namespace moe::simt {
+
+uint3 g_thread_idx{};
+uint3 g_block_idx{};
+dim3 g_block_dim{};
+dim3 g_grid_dim{};
+unsigned char* g_dynamic_shared = nullptr;
+
+namespace {
+
+// ---- fibers: a stack and a saved context ----
+#if defined(__x86_64__)
+// moe_simt_switch(save, load): pushes the callee-saved registers and the SSE/x87 control words,
+// stores the stack pointer in *save, loads `load` and pops the same from there. A new fiber's
+// stack is laid out as if it had switched away just before moe_simt_trampoline, which calls
+// r13(r12).
+extern "C" void moe_simt_switch(void** save_sp, void* load_sp);
+extern "C" void moe_simt_trampoline();
+asm(R"(
+  .text
+  .globl moe_simt_switch
+  .type moe_simt_switch, @function
+moe_simt_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size moe_simt_switch, .-moe_simt_switch
+  .globl moe_simt_trampoline
+  .type moe_simt_trampoline, @function
+moe_simt_trampoline:
+  movq %r12, %rdi
+  callq *%r13
+  ud2
+  .size moe_simt_trampoline, .-moe_simt_trampoline
+  .section .note.GNU-stack,"",@progbits
+  .text
+)");
+
+struct Context {
+  void* sp = nullptr;
+};
+void make_context(Context& c, char* stack_lo, size_t size, void (*fn)(void*), void* arg) {
+  uintptr_t top = (reinterpret_cast<uintptr_t>(stack_lo) + size) & ~uintptr_t{15};
+  auto* frame = reinterpret_cast<uint64_t*>(top - 80);  // 8 control words + 6 registers + return
+  uint32_t mxcsr;
+  uint16_t fpucw;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(fpucw));
+  frame[0] = mxcsr | (static_cast<uint64_t>(fpucw) << 32);
+  frame[1] = 0;                                      // r15
+  frame[2] = 0;                                      // r14
+  frame[3] = reinterpret_cast<uint64_t>(fn);         // r13
+  frame[4] = reinterpret_cast<uint64_t>(arg);        // r12
+  frame[5] = 0;                                      // rbx
+  frame[6] = 0;                                      // rbp
+  frame[7] = reinterpret_cast<uint64_t>(&moe_simt_trampoline);
+  c.sp = frame;
+}
+inline void switch_context(Context& from, Context& to) { moe_simt_switch(&from.sp, to.sp); }
+#else
+struct Context {
+  ucontext_t uc;
+};
+void (*g_entry_fn)(void*) = nullptr;
+void* g_entry_arg = nullptr;
+void ucontext_entry() { g_entry_fn(g_entry_arg); }
+void make_context(Context& c, char* stack_lo, size_t size, void (*fn)(void*), void* arg) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack_lo;
+  c.uc.uc_stack.ss_size = size;
+  c.uc.uc_link = nullptr;
+  g_entry_fn = fn;  // read by the fiber before its first switch away
+  g_entry_arg = arg;
+  makecontext(&c.uc, ucontext_entry, 0);
+}
+inline void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+#endif
+
+#ifdef MOE_SIMT_ASAN
+constexpr size_t kStackBytes = 256 << 10;  // ASan's redzones make frames larger
+#else
+constexpr size_t kStackBytes = 64 << 10;
+#endif
+
+struct Stack {
+  char* lo = nullptr;  // usable [lo, lo + kStackBytes); one PROT_NONE page below it
+};
+std::vector<Stack> g_free_stacks;
+
+Stack take_stack() {
+  if (!g_free_stacks.empty()) {
+    Stack s = g_free_stacks.back();
+    g_free_stacks.pop_back();
+    return s;
+  }
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* p = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                 -1, 0);
+  if (p == MAP_FAILED) throw std::runtime_error("SIMT shim: could not map a fiber stack");
+  mprotect(p, page, PROT_NONE);  // overflow faults instead of corrupting the next stack
+  return Stack{static_cast<char*>(p) + page};
+}
+void give_stack(Stack s) {
+#ifdef MOE_SIMT_ASAN
+  // Frames left on it (the entry function never returns; an abandoned fiber) keep their redzones.
+  __asan_unpoison_memory_region(s.lo, kStackBytes);
+#endif
+  g_free_stacks.push_back(s);
+}
+
+// ---- one block ----
+enum class State : uint8_t { kRunnable, kBarrier, kWarp, kDone, kFailed };
+
+struct Fiber {
+  Context ctx;
+  Stack stack;
+  bool started = false;
+  uint3 tid{};
+  int linear = 0;
+  State state = State::kRunnable;
+  int line = 0;  // where it parked
+  // the warp operation it waits at
+  WarpOp op = WarpOp::kSync;
+  unsigned mask = 0;
+  uint64_t bits = 0, result = 0;
+  int src = 0;
+  void* fake_stack = nullptr;  // ASan's fake stack while switched away
+};
+
+struct WarpGroup {
+  unsigned mask = 0, arrived = 0;
+  WarpOp op = WarpOp::kSync;
+  int line = 0;
+};
+
+struct Block {
+  const char* kernel = "";
+  const std::function<void()>* body = nullptr;
+  int n = 0;
+  std::vector<Fiber> fibers;
+  int at_barrier = 0, done = 0;
+  std::vector<std::vector<WarpGroup>> warps;  // pending groups per warp
+  std::string error;
+};
+
+Block* g_block = nullptr;
+Fiber* g_cur = nullptr;
+Context g_sched;
+#ifdef MOE_SIMT_ASAN
+const void* g_sched_bottom = nullptr;
+size_t g_sched_size = 0;
+#endif
+uint64_t g_seed = [] {
+  const char* v = std::getenv("MOETRAIN_SIMT_SEED");
+  return v ? std::strtoull(v, nullptr, 10) : 0;
+}();
+std::map<std::string, long>& run_counts() {
+  static auto* m = new std::map<std::string, long>;  // never destroyed: static destructors still free device memory
+  return *m;
+}
+
+const char* op_name(WarpOp op) {
+  switch (op) {
+    case WarpOp::kSync: return "__syncwarp";
+    case WarpOp::kShfl: return "__shfl_sync";
+    case WarpOp::kShflUp: return "__shfl_up_sync";
+    case WarpOp::kShflDown: return "__shfl_down_sync";
+    case WarpOp::kShflXor: return "__shfl_xor_sync";
+  }
+  return "?";
+}
+
+std::string hex(unsigned m) {
+  char b[16];
+  std::snprintf(b, sizeof b, "0x%08x", m);
+  return b;
+}
+
+// Fiber side: back to the scheduler (resumed by it later, or never when it failed).
+void park() {
+  Fiber* f = g_cur;
+#ifdef MOE_SIMT_ASAN
+  __sanitizer_start_switch_fiber(&f->fake_stack, g_sched_bottom, g_sched_size);
+#endif
+  switch_context(f->ctx, g_sched);
+#ifdef MOE_SIMT_ASAN
+  __sanitizer_finish_switch_fiber(f->fake_stack, nullptr, nullptr);
+#endif
+}
+
+// Fiber side: records why the kernel cannot go on and parks for good.
+[[noreturn]] void fail(std::string why) {
+  g_block->error = std::move(why);
+  g_cur->state = State::kFailed;
+  park();
+  std::abort();  // never resumed
+}
+
+void fiber_entry(void*) {
+#ifdef MOE_SIMT_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &g_sched_bottom, &g_sched_size);
+#endif
+  (*g_block->body)();
+  g_cur->state = State::kDone;
+  ++g_block->done;
+#ifdef MOE_SIMT_ASAN
+  __sanitizer_start_switch_fiber(nullptr, g_sched_bottom, g_sched_size);
+#endif
+  switch_context(g_cur->ctx, g_sched);
+  std::abort();  // a finished fiber is never resumed
+}
+
+void resume(Fiber& f) {
+  g_cur = &f;
+  g_thread_idx = f.tid;
+  if (!f.started) {
+    f.stack = take_stack();
+    make_context(f.ctx, f.stack.lo, kStackBytes, fiber_entry, nullptr);
+    f.started = true;
+  }
+#ifdef MOE_SIMT_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, f.stack.lo, kStackBytes);
+#endif
+  switch_context(g_sched, f.ctx);
+#ifdef MOE_SIMT_ASAN
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+  if (f.state == State::kDone) {
+    give_stack(f.stack);
+    f.stack = Stack{};
+  }
+}
+
+std::string where(const Block& b) {
+  return "kernel " + std::string(b.kernel) + " block (" + std::to_string(g_block_idx.x) + "," +
+         std::to_string(g_block_idx.y) + "," + std::to_string(g_block_idx.z) + ") of " +
+         std::to_string(b.n) + " threads: ";
+}
+
+// Nothing can run and not every thread finished: say which barrier can never complete.
+std::string deadlock(const Block& b) {
+  for (size_t w = 0; w < b.warps.size(); ++w)
+    for (const WarpGroup& g : b.warps[w]) {
+      unsigned exited = 0, elsewhere = 0;
+      int barrier_line = 0;
+      for (int l = 0; l < 32; ++l) {
+        if (!(g.mask >> l & 1u) || (g.arrived >> l & 1u)) continue;
+        const Fiber& f = b.fibers[w * 32 + l];
+        if (f.state == State::kDone) exited |= 1u << l;
+        else {
+          elsewhere |= 1u << l;
+          if (f.state == State::kBarrier) barrier_line = f.line;
+        }
+      }
+      std::string s = where(b) + op_name(g.op) + " (line " + std::to_string(g.line) +
+                      ") of warp " + std::to_string(w) + " with mask " + hex(g.mask) +
+                      " can never complete: lanes " + hex(g.arrived) + " arrived";
+      if (exited) s += ", lanes " + hex(exited) + " exited";
+      if (elsewhere)
+        s += ", lanes " + hex(elsewhere) + " wait elsewhere" +
+             (barrier_line ? " (__syncthreads, line " + std::to_string(barrier_line) + ")" : "");
+      return s;
+    }
+  int line = 0;
+  for (const Fiber& f : b.fibers)
+    if (f.state == State::kBarrier) line = f.line;
+  return where(b) + "divergent __syncthreads (line " + std::to_string(line) +
+         ") can never complete: " + std::to_string(b.at_barrier) + " of " + std::to_string(b.n) +
+         " threads arrived, " + std::to_string(b.done) + " exited";
+}
+
+// Runs every thread of one block to completion (throws std::runtime_error naming the kernel).
+void run_block(Block& b, std::mt19937_64* rng) {
+  b.at_barrier = b.done = 0;
+  b.error.clear();
+  for (auto& w : b.warps) w.clear();
+  for (int i = 0; i < b.n; ++i) {
+    Fiber& f = b.fibers[i];
+    f.started = false;
+    f.state = State::kRunnable;
+    f.stack = Stack{};
+  }
+  std::vector<Fiber*> order;
+  order.reserve(b.n);
+  for (;;) {
+    order.clear();
+    for (Fiber& f : b.fibers)
+      if (f.state == State::kRunnable) order.push_back(&f);
+    if (order.empty()) {
+      if (b.done == b.n) return;
+      b.error = deadlock(b);
+    } else {
+      if (rng) std::shuffle(order.begin(), order.end(), *rng);
+      for (Fiber* f : order) {
+        if (f->state == State::kRunnable) resume(*f);
+        if (!b.error.empty()) break;
+      }
+    }
+    if (!b.error.empty()) {
+      for (Fiber& f : b.fibers)  // abandoned mid-kernel: their stacks go back to the pool
+        if (f.started && f.stack.lo) {
+          give_stack(f.stack);
+          f.stack = Stack{};
+        }
+      throw std::runtime_error(b.error);
+    }
+  }
+}
+
+// Dynamic shared memory of the launch running now: `bytes` (rounded to 16) ending at a PROT_NONE
+// page, so an access past the launch's size faults.
+struct SharedArena {
+  unsigned char* base = nullptr;
+  size_t usable = 0;  // bytes before the guard page
+  unsigned char* get(size_t bytes) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t need = (bytes + page - 1) / page * page;
+    if (!base || need > usable) {
+      if (base) munmap(base, usable + page);
+      void* p = mmap(nullptr, need + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                     -1, 0);
+      if (p == MAP_FAILED) throw std::runtime_error("SIMT shim: could not map shared memory");
+      base = static_cast<unsigned char*>(p);
+      usable = need;
+      mprotect(base + usable, page, PROT_NONE);
+    }
+    const size_t padded = (bytes + 15) / 16 * 16;
+    return base + usable - padded;
+  }
+} g_shared;
+
+struct FuncAttr {
+  int max_dynamic_smem = 48 << 10;  // the default limit without cudaFuncSetAttribute
+};
+std::map<const void*, FuncAttr>& func_attrs() {
+  static auto* m = new std::map<const void*, FuncAttr>;  // never destroyed: static destructors still free device memory
+  return *m;
+}
+
+constexpr int kMaxSharedOptIn = 232448;  // 227 KiB: sm_90's opt-in limit per block
+
+void run_grid(const char* name, dim3 grid, dim3 block, size_t smem,
+              const std::function<void()>& body) {
+  Block b;
+  b.kernel = name;
+  b.body = &body;
+  b.n = static_cast<int>(block.x * block.y * block.z);
+  b.fibers.resize(b.n);
+  b.warps.resize((b.n + 31) / 32);
+  for (int i = 0; i < b.n; ++i) {
+    Fiber& f = b.fibers[i];
+    f.linear = i;
+    f.tid = uint3{static_cast<unsigned>(i) % block.x, static_cast<unsigned>(i) / block.x % block.y,
+                  static_cast<unsigned>(i) / (block.x * block.y)};
+  }
+  g_block_dim = block;
+  g_grid_dim = grid;
+  unsigned char* shared = g_shared.get(smem);
+  g_dynamic_shared = shared;
+  const uint64_t n_blocks = static_cast<uint64_t>(grid.x) * grid.y * grid.z;
+  std::mt19937_64 rng(g_seed * 0x9E3779B97F4A7C15ull + n_blocks);
+  std::vector<uint32_t> block_order;
+  const bool shuffled = g_seed != 0;
+  if (shuffled && n_blocks <= (1u << 22)) {
+    block_order.resize(n_blocks);
+    for (uint64_t i = 0; i < n_blocks; ++i) block_order[i] = static_cast<uint32_t>(i);
+    std::shuffle(block_order.begin(), block_order.end(), rng);
+  }
+  g_block = &b;
+  struct Reset {
+    ~Reset() {
+      g_block = nullptr;
+      g_cur = nullptr;
+    }
+  } reset;
+  for (uint64_t i = 0; i < n_blocks; ++i) {
+    const uint64_t id = block_order.empty() ? i : block_order[i];
+    g_block_idx = uint3{static_cast<unsigned>(id % grid.x), static_cast<unsigned>(id / grid.x % grid.y),
+                        static_cast<unsigned>(id / (static_cast<uint64_t>(grid.x) * grid.y))};
+    if (smem) std::memset(shared, 0xFF, smem);  // NaN in every float until written
+    run_block(b, shuffled ? &rng : nullptr);
+  }
+  ++run_counts()[name];
+}
+
+}  // namespace
+
+void set_schedule_seed(uint64_t seed) { g_seed = seed; }
+uint64_t schedule_seed() { return g_seed; }
+
+std::vector<std::pair<std::string, long>> kernels_run() {
+  return {run_counts().begin(), run_counts().end()};
+}
+
+void set_max_dynamic_shared(const void* func, int bytes) { func_attrs()[func].max_dynamic_smem = bytes; }
+
+void enqueue_kernel(const char* name, const void* func, dim3 grid, dim3 block, size_t smem,
+                    cudaStream_t stream, std::function<void()> body) {
+  (void)stream;  // every stream runs in issue order (one queue)
+  if (sticky_error() != cudaSuccess) {
+    set_last_error(sticky_error(), "");
+    return;
+  }
+  auto refuse = [&](cudaError_t e, const std::string& why) {
+    set_last_error(e, "kernel " + std::string(name) + ": " + why);
+  };
+  auto dims = [](dim3 d) {
+    return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
+  };
+  const uint64_t threads = static_cast<uint64_t>(block.x) * block.y * block.z;
+  if (block.x == 0 || block.y == 0 || block.z == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0)
+    return refuse(cudaErrorInvalidConfiguration,
+                  "empty launch: grid " + dims(grid) + ", block " + dims(block));
+  if (block.x > 1024 || block.y > 1024 || block.z > 64 || threads > 1024)
+    return refuse(cudaErrorInvalidConfiguration,
+                  "block " + dims(block) + " has " + std::to_string(threads) +
+                      " threads (at most 1024, z at most 64)");
+  if (grid.x > 2147483647u || grid.y > 65535u || grid.z > 65535u)
+    return refuse(cudaErrorInvalidConfiguration, "grid " + dims(grid) + " is beyond (2^31-1,65535,65535)");
+  auto it = func_attrs().find(func);
+  const int limit = it == func_attrs().end() ? FuncAttr{}.max_dynamic_smem : it->second.max_dynamic_smem;
+  if (smem > static_cast<size_t>(limit))
+    return refuse(cudaErrorInvalidValue,
+                  std::to_string(smem) + " bytes of dynamic shared memory; the limit is " +
+                      std::to_string(limit) +
+                      (limit < kMaxSharedOptIn
+                           ? " (more needs cudaFuncSetAttribute(MaxDynamicSharedMemorySize), up to 227 KiB)"
+                           : ""));
+  enqueue((std::string("kernel ") + name).c_str(), [name, grid, block, smem, body = std::move(body)] {
+    run_grid(name, grid, block, smem, body);
+  });
+}
+
+int max_shared_opt_in() { return kMaxSharedOptIn; }
+
+void syncthreads(int line) {
+  Block& b = *g_block;
+  Fiber& f = *g_cur;
+  if (++b.at_barrier == b.n) {  // the last to arrive releases the block and goes on
+    for (Fiber& o : b.fibers)
+      if (o.state == State::kBarrier) o.state = State::kRunnable;
+    b.at_barrier = 0;
+    return;
+  }
+  f.state = State::kBarrier;
+  f.line = line;
+  park();
+}
+
+uint64_t warp_op(WarpOp op, unsigned mask, uint64_t bits, int arg, int width, int line) {
+  Block& b = *g_block;
+  Fiber& f = *g_cur;
+  const int lane = f.linear % 32, warp = f.linear / 32;
+  const int lanes = std::min(32, b.n - warp * 32);
+  const unsigned exists = lanes == 32 ? ~0u : (1u << lanes) - 1u;
+  const std::string at = where(b) + op_name(op) + " (line " + std::to_string(line) + ") in lane " +
+                         std::to_string(lane) + " of warp " + std::to_string(warp) + ": ";
+  if (!(mask >> lane & 1u)) fail(at + "mask " + hex(mask) + " leaves out the calling lane");
+  if (mask & ~exists)
+    fail(at + "mask " + hex(mask) + " names lanes that do not exist (this warp has " +
+         std::to_string(lanes) + " lanes: the block size is not a multiple of 32)");
+  if (width < 1 || width > 32 || (width & (width - 1)))
+    fail(at + "width " + std::to_string(width) + " is not a power of two in [1, 32]");
+  const int seg = lane & ~(width - 1);
+  int src = lane;
+  switch (op) {
+    case WarpOp::kSync: break;
+    case WarpOp::kShfl: src = seg + (arg & (width - 1)); break;
+    case WarpOp::kShflUp: src = lane - arg >= seg ? lane - arg : lane; break;
+    case WarpOp::kShflDown: src = lane + arg < seg + width ? lane + arg : lane; break;
+    case WarpOp::kShflXor: {
+      const int s = lane ^ arg;
+      src = (s > 31 || (s & ~(width - 1)) > seg) ? lane : s;
+      break;
+    }
+  }
+  if (!(mask >> src & 1u))
+    fail(at + "reads lane " + std::to_string(src) + ", which is not in the mask " + hex(mask));
+  std::vector<WarpGroup>& groups = b.warps[warp];
+  WarpGroup* g = nullptr;
+  for (WarpGroup& x : groups)
+    if (x.mask & mask) {
+      if (x.mask != mask)
+        fail(at + "mask " + hex(mask) + " overlaps mask " + hex(x.mask) + " of lanes " +
+             hex(x.arrived) + " waiting at line " + std::to_string(x.line));
+      if (x.op != op)
+        fail(at + "lanes " + hex(x.arrived) + " wait at " + op_name(x.op) + " (line " +
+             std::to_string(x.line) + ") with the same mask");
+      g = &x;
+    }
+  if (!g) {
+    groups.push_back(WarpGroup{mask, 0u, op, line});
+    g = &groups.back();
+  }
+  f.op = op;
+  f.mask = mask;
+  f.bits = bits;
+  f.src = src;
+  f.line = line;
+  g->arrived |= 1u << lane;
+  if (g->arrived == mask) {  // the last lane releases the group, every lane reads its source
+    for (int l = 0; l < 32; ++l) {
+      if (!(mask >> l & 1u)) continue;
+      Fiber& o = b.fibers[warp * 32 + l];
+      o.result = b.fibers[warp * 32 + o.src].bits;
+      if (&o != &f) o.state = State::kRunnable;
+    }
+    groups.erase(groups.begin() + (g - groups.data()));
+    return f.result;
+  }
+  f.state = State::kWarp;
+  park();
+  return f.result;
+}
+
+}  // namespace moe::simt
