@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU path of the trainer on the emulated CUDA device (a -DMOETRAIN_EMULATE_CUDA=ON build:
-# device memory faults if host code touches it outside a kernel or a device copy). In fp32 the
-# emulated device runs the CPU kernels, so --device cuda must equal --device cpu bit for bit:
+# device memory faults if host code touches it outside a kernel or a device copy). The emulated
+# device runs the real .cu kernels through the SIMT shim, so --device cuda must agree with
+# --device cpu within the bounds of their different reduction orders (tests/device_close.py):
 # every logged quantity (loss, CE, aux, gradient norm, validation loss) and the written weights;
-# a checkpoint written from the device and resumed there continues exactly; bf16 trains within
-# a few percent of fp32.
+# a checkpoint written from the device and resumed there continues exactly (bit for bit), and on
+# the CPU within the same bounds; bf16 trains within a few percent of fp32.
 # Usage: emulated_device.sh MOETRAIN CORPUS WORKDIR
 set -euo pipefail
 bin="$1"
@@ -50,8 +51,11 @@ PY
 
 "$bin" "${common[@]}" --device cpu --out "$work/cpu"
 "$bin" "${common[@]}" --device cuda --out "$work/cuda"
-check "cuda == cpu, every logged quantity bit for bit" same_metrics "$work/cpu" "$work/cuda"
-check "cuda == cpu, final weights bit for bit" cmp -s "$work/cpu/model.safetensors" "$work/cuda/model.safetensors"
+close() {  # close A B: the device run against the CPU run (metrics 1e-4 relative, weights 1e-3 of
+  # their tensor's largest: AdamW's first steps turn round-off in near-zero gradients into lr-sized moves)
+  /usr/bin/python3 "$(dirname "$0")/device_close.py" "$work" "$1" "$2" 1e-4 1e-3
+}
+check "cuda ~ cpu: every logged quantity and the final weights within bounds" close cuda cpu
 
 # Checkpoint from the device at step 4, resume on the device to step 8.
 "$bin" "${common[@]}" --device cuda --steps 8 --checkpoint.every 4 --out "$work/ckpt" >/dev/null
@@ -68,8 +72,7 @@ mkdir -p "$work/ckpt_cpu"
 cp -r "$work/ckpt_resumed/checkpoints" "$work/ckpt_cpu/checkpoints"
 rm -rf "$work/ckpt_cpu/checkpoints/step-8"
 "$bin" "${common[@]}" --device cpu --resume latest --out "$work/ckpt_cpu"
-check "device checkpoint resumed on the CPU: final weights bit for bit" \
-  cmp -s "$work/ckpt/model.safetensors" "$work/ckpt_cpu/model.safetensors"
+check "device checkpoint resumed on the CPU: within the device-vs-CPU bounds" close ckpt_cpu ckpt
 
 # bf16 GEMM inputs (emulated rounding): the losses within 1% of fp32 (the gradient norm is not
 # compared: a token whose top-k flips under bf16 rounding moves it by up to ~20% in one step).

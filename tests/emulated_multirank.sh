@@ -3,10 +3,11 @@
 # faults if host code touches it outside a kernel or a device copy). Every rank's model lives on
 # its device; the token exchange, the gradient sync, the pipeline's activations and the
 # validation p2p move device buffers, staged through the host by comm/ (MPI here is not
-# CUDA-aware). In fp32 the emulated device runs the CPU kernels, so each layout with --device cuda
-# must equal the same layout with --device cpu bit for bit: every logged quantity and the final
-# weights, with tensor parallelism and expert migration too. Then a multi-rank device checkpoint
-# resumes exactly.
+# CUDA-aware). The emulated device runs the real .cu kernels (SIMT shim), so each layout with
+# --device cuda must agree with the same layout with --device cpu within the bounds of their
+# reduction orders (tests/device_close.py): every logged quantity and the final weights, with
+# tensor parallelism and expert migration too. Then a multi-rank device checkpoint resumes
+# exactly (bit for bit).
 # Usage: emulated_multirank.sh MOETRAIN CORPUS WORKDIR MPIRUN
 set -euo pipefail
 bin="$1"
@@ -24,22 +25,6 @@ check() {  # check NAME CONDITION-COMMAND...
   shift
   if "$@"; then echo "PASS $name"; else echo "FAIL $name"; fail=1; fi
 }
-same_metrics() {  # same_metrics DIR_A DIR_B: every logged number of every step, bit for bit
-  /usr/bin/python3 - "$1" "$2" <<'PY'
-import json, sys
-def rows(d):
-    out = {}
-    for line in open(f"{d}/metrics.jsonl"):
-        r = json.loads(line)
-        if "step" in r and "loss" in r:
-            out[r["step"]] = {k: r[k] for k in ("loss", "ce_loss", "aux_loss", "grad_norm", "val_loss") if k in r}
-    return out
-a, b = rows(sys.argv[1]), rows(sys.argv[2])
-ok = a == b and len(a) > 0
-print(f"  {sys.argv[1]} vs {sys.argv[2]}: {len(a)} steps, {'identical' if ok else 'DIFFERENT'}")
-sys.exit(0 if ok else 1)
-PY
-}
 run() {  # run NAME NP ARGS...
   local name="$1" np="$2"
   shift 2
@@ -51,8 +36,8 @@ pair() {  # pair NAME NP ARGS...: the layout on the device against the same layo
   shift 2
   run "$name.cpu" "$np" "$@" --device cpu
   run "$name.cuda" "$np" "$@" --device cuda
-  check "$name: cuda == cpu, logged quantities" same_metrics "$work/$name.cpu" "$work/$name.cuda"
-  check "$name: cuda == cpu, final weights" cmp -s "$work/$name.cpu/model.safetensors" "$work/$name.cuda/model.safetensors"
+  check "$name: cuda ~ cpu, logged quantities and final weights" \
+    /usr/bin/python3 "$(dirname "$0")/device_close.py" "$work" "$name.cuda" "$name.cpu" 1e-4 1e-3
 }
 
 pair ep2 2 --ep 2

@@ -7,7 +7,10 @@
 #include "comm/group.h"
 #include "core/error.h"
 
-#if defined(MOETRAIN_HAVE_CUDA) && !defined(MOETRAIN_EMULATED_CUDA)
+// The emulated CUDA build (MOETRAIN_EMULATED_CUDA) takes this path too, with the fake
+// libnccl.so.2 of tests/fake_nccl (NCCL's API over MPI, staging through the SIMT shim's
+// cudaMemcpy); a real NCCL cannot reach the emulated device's memory and is refused there.
+#if defined(MOETRAIN_HAVE_CUDA)
 #define MOE_NCCL 1
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -81,6 +84,24 @@ const NcclApi& api() {
       x.failure = str_cat("libnccl.so.2 could not be opened (", e ? e : "unknown", ")");
       return x;
     }
+    // The real NCCL and the fake one (tests/fake_nccl, marked by moetrain_fake_nccl) each work
+    // only in their own build: the fake moves emulated device memory through the SIMT shim, the
+    // real one needs a GPU.
+    const bool fake = dlsym(h, "moetrain_fake_nccl") != nullptr;
+#ifdef MOETRAIN_EMULATED_CUDA
+    if (!fake) {
+      x.failure = "libnccl.so.2 is a real NCCL, which cannot reach the emulated device's memory "
+                  "(put the fake one, <build>/fake_nccl, first on LD_LIBRARY_PATH)";
+      dlclose(h);
+      return x;
+    }
+#else
+    if (fake) {
+      x.failure = "libnccl.so.2 is moetrain's fake NCCL for the emulated device (tests/fake_nccl)";
+      dlclose(h);
+      return x;
+    }
+#endif
     auto sym = [&](const char* name) {
       void* p = dlsym(h, name);
       if (!p && x.failure.empty()) x.failure = str_cat("libnccl.so.2 lacks ", name);
@@ -179,7 +200,7 @@ void NcclComm::alltoallv(const void* send, const std::vector<int>& sc, const std
   sync("ncclAlltoallv");
 }
 
-#else  // no real CUDA backend: NCCL is never loadable
+#else  // no CUDA backend: NCCL is never loadable
 
 bool nccl_loadable(std::string* why) {
   if (why) *why = "this moetrain was built without the CUDA backend";

@@ -34,8 +34,9 @@ CommBackend choose_comm_backend(CommBackendRequest req,
                                 const std::vector<std::pair<double, int>>& gpu_of_rank,
                                 bool nccl_loadable, std::string* why);
 
-// True when this binary has the CUDA backend (not emulated) and libnccl.so.2 can be opened;
-// `why` receives the reason when not.
+// True when this binary has the CUDA backend and libnccl.so.2 can be opened: the real NCCL, or
+// on the emulated device (MOETRAIN_EMULATED_CUDA) only the fake one of tests/fake_nccl (NCCL's
+// API over MPI). `why` receives the reason when not.
 bool nccl_loadable(std::string* why = nullptr);
 
 // One NCCL communicator over the ranks of a Group (same ranks, same order).

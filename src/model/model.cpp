@@ -421,7 +421,7 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
   k::rmsnorm_backward(dx, G.post_norm, dln.data() + (moe ? 0 : mine), a.h.data(), W.post_norm,
                       a.rstd2.data(), n, H);
   // Attention branch: h = x + o_proj(attn); dx now holds d(h).
-  Buffer<float> dattn(NA, work, dev_), dq(NA, work), dk(NA, work), dv(NA, work);
+  Buffer<float> dattn(NA, work, dev_), dq(NA, work, dev_), dk(NA, work, dev_), dv(NA, work, dev_);
   Buffer<float> att_scratch(k::attention_scratch_floats(T), work, dev_);
   k::linear_backward(dattn.data(), G.o, gathered(dx), a.attn_out.data(), W.o, N, Ha, H);
   k::attention_backward(dq.data(), dk.data(), dv.data(), dattn.data(), a.q.data(), a.k.data(),

@@ -86,8 +86,14 @@ std::vector<float> load(const char* who, const char* name, const void* p, cudaDa
                         int cols, int ld) {
   const size_t extent = cols == 0 || rows == 0 ? 0 : static_cast<size_t>(ld) * (cols - 1) + rows;
   if (extent && !device_range(p, extent * type_bytes(t)))
-    throw std::runtime_error(std::string(who) + ": " + name + " is not device memory of " +
+  {
+    char at[32];
+    std::snprintf(at, sizeof at, "%p", p);
+    throw std::runtime_error(std::string(who) + ": " + name + " (" + at + ", " +
+                             std::to_string(rows) + " x " + std::to_string(cols) + ", ld " +
+                             std::to_string(ld) + ") is not device memory of " +
                              std::to_string(extent) + " " + type_name(t) + " elements");
+  }
   std::vector<float> out(extent);
   if (t == CUDA_R_32F) {
     const float* f = static_cast<const float*>(p);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -27,6 +28,9 @@
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
+#ifdef MOE_SIMT_ASAN
+#include <pthread.h>
+#endif
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
@@ -43,10 +47,11 @@ namespace {
 
 // ---- fibers: a stack and a saved context ----
 #if defined(__x86_64__)
-// moe_simt_switch(save, load): pushes the callee-saved registers and the SSE/x87 control words,
-// stores the stack pointer in *save, loads `load` and pops the same from there. A new fiber's
-// stack is laid out as if it had switched away just before moe_simt_trampoline, which calls
-// r13(r12).
+// moe_simt_switch(save, load): pushes the callee-saved registers, stores the stack pointer in
+// *save, loads `load` and pops the same from there. The SSE / x87 control words are not switched
+// (ldmxcsr and fldcw cost more than the rest of a switch): kernels never change the rounding mode.
+// A new fiber's stack is laid out as if it had switched away just before moe_simt_trampoline,
+// which calls r13(r12).
 extern "C" void moe_simt_switch(void** save_sp, void* load_sp);
 extern "C" void moe_simt_trampoline();
 asm(R"(
@@ -60,14 +65,8 @@ moe_simt_switch:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -92,19 +91,16 @@ struct Context {
 };
 void make_context(Context& c, char* stack_lo, size_t size, void (*fn)(void*), void* arg) {
   uintptr_t top = (reinterpret_cast<uintptr_t>(stack_lo) + size) & ~uintptr_t{15};
-  auto* frame = reinterpret_cast<uint64_t*>(top - 80);  // 8 control words + 6 registers + return
-  uint32_t mxcsr;
-  uint16_t fpucw;
-  asm volatile("stmxcsr %0" : "=m"(mxcsr));
-  asm volatile("fnstcw %0" : "=m"(fpucw));
-  frame[0] = mxcsr | (static_cast<uint64_t>(fpucw) << 32);
-  frame[1] = 0;                                      // r15
-  frame[2] = 0;                                      // r14
-  frame[3] = reinterpret_cast<uint64_t>(fn);         // r13
-  frame[4] = reinterpret_cast<uint64_t>(arg);        // r12
-  frame[5] = 0;                                      // rbx
-  frame[6] = 0;                                      // rbp
-  frame[7] = reinterpret_cast<uint64_t>(&moe_simt_trampoline);
+  // 6 registers and the return address; after the `ret` the stack pointer is 16-byte aligned,
+  // so the trampoline's call enters fn with the alignment the ABI requires.
+  auto* frame = reinterpret_cast<uint64_t*>(top - 64) + 1;
+  frame[0] = 0;                                      // r15
+  frame[1] = 0;                                      // r14
+  frame[2] = reinterpret_cast<uint64_t>(fn);         // r13
+  frame[3] = reinterpret_cast<uint64_t>(arg);        // r12
+  frame[4] = 0;                                      // rbx
+  frame[5] = 0;                                      // rbp
+  frame[6] = reinterpret_cast<uint64_t>(&moe_simt_trampoline);
   c.sp = frame;
 }
 inline void switch_context(Context& from, Context& to) { moe_simt_switch(&from.sp, to.sp); }
@@ -135,6 +131,7 @@ constexpr size_t kStackBytes = 64 << 10;
 
 struct Stack {
   char* lo = nullptr;  // usable [lo, lo + kStackBytes); one PROT_NONE page below it
+  size_t color = 0;    // bytes left unused at the top (see take_stack)
 };
 std::vector<Stack> g_free_stacks;
 
@@ -149,7 +146,10 @@ Stack take_stack() {
                  -1, 0);
   if (p == MAP_FAILED) throw std::runtime_error("SIMT shim: could not map a fiber stack");
   mprotect(p, page, PROT_NONE);  // overflow faults instead of corrupting the next stack
-  return Stack{static_cast<char*>(p) + page};
+  // Stacks 64 KiB apart would put every fiber's top frame in the same cache set; a different
+  // offset per stack (steps of 208 bytes within a page) spreads them.
+  static size_t n_made = 0;
+  return Stack{static_cast<char*>(p) + page, (n_made++ * 208) % 4096};
 }
 void give_stack(Stack s) {
 #ifdef MOE_SIMT_ASAN
@@ -209,6 +209,21 @@ std::map<std::string, long>& run_counts() {
   static auto* m = new std::map<std::string, long>;  // never destroyed: static destructors still free device memory
   return *m;
 }
+// MOETRAIN_SIMT_STATS=1: launches, blocks, threads and seconds per kernel, printed at exit.
+struct KernelStats {
+  long launches = 0;
+  double blocks = 0, threads = 0, seconds = 0;
+};
+std::map<std::string, KernelStats>* g_stats = [] {
+  if (!std::getenv("MOETRAIN_SIMT_STATS")) return static_cast<std::map<std::string, KernelStats>*>(nullptr);
+  auto* m = new std::map<std::string, KernelStats>;
+  std::atexit([] {
+    std::fprintf(stderr, "%-36s %9s %12s %14s %9s\n", "SIMT kernel", "launches", "blocks", "threads", "seconds");
+    for (const auto& [k, v] : *g_stats)
+      std::fprintf(stderr, "%-36s %9ld %12.0f %14.0f %9.3f\n", k.c_str(), v.launches, v.blocks, v.threads, v.seconds);
+  });
+  return m;
+}();
 
 const char* op_name(WarpOp op) {
   switch (op) {
@@ -227,16 +242,70 @@ std::string hex(unsigned m) {
   return b;
 }
 
-// Fiber side: back to the scheduler (resumed by it later, or never when it failed).
+void fiber_entry(void*);
+
+// ---- switching ----
+// A round is the list of fibers runnable when it began (shuffled under a seed). A fiber that
+// parks or finishes hands the CPU straight to the next runnable fiber of the round (one switch,
+// not two through the scheduler); the scheduler gets control back only when the round is used up
+// or the kernel failed.
+std::vector<Fiber*> g_round;
+size_t g_next = 0;
+Stack g_pending_release;  // the stack of a fiber that finished, given back once we are off it
+Context* g_pending_ctx = nullptr;
+
+// The context to run next: the next runnable fiber of the round (started if new), or the scheduler.
+Context& next_context(const void** bottom, size_t* size) {
+  if (g_block->error.empty()) {
+    while (g_next < g_round.size()) {
+      Fiber* f = g_round[g_next++];
+      if (f->state != State::kRunnable) continue;
+      g_cur = f;
+      g_thread_idx = f->tid;
+      if (!f->started) {
+        f->stack = take_stack();
+        make_context(f->ctx, f->stack.lo, kStackBytes - f->stack.color, fiber_entry, nullptr);
+        f->started = true;
+      }
+      *bottom = f->stack.lo;
+      *size = kStackBytes;
+      return f->ctx;
+    }
+  }
+  g_cur = nullptr;
+#ifdef MOE_SIMT_ASAN
+  *bottom = g_sched_bottom;
+  *size = g_sched_size;
+#else
+  *bottom = nullptr;
+  *size = 0;
+#endif
+  return g_sched;
+}
+
+// Whoever runs after a switch: a finished fiber's stack goes back to the pool.
+void after_switch() {
+  if (g_pending_release.lo) {
+    give_stack(g_pending_release);
+    g_pending_release = Stack{};
+  }
+}
+
+// Fiber side: hands over to the next fiber or the scheduler; returns when resumed (never, after
+// a failure).
 void park() {
   Fiber* f = g_cur;
+  const void* bottom;
+  size_t size;
+  Context& to = next_context(&bottom, &size);
 #ifdef MOE_SIMT_ASAN
-  __sanitizer_start_switch_fiber(&f->fake_stack, g_sched_bottom, g_sched_size);
+  __sanitizer_start_switch_fiber(&f->fake_stack, bottom, size);
 #endif
-  switch_context(f->ctx, g_sched);
+  switch_context(f->ctx, to);
 #ifdef MOE_SIMT_ASAN
   __sanitizer_finish_switch_fiber(f->fake_stack, nullptr, nullptr);
 #endif
+  after_switch();
 }
 
 // Fiber side: records why the kernel cannot go on and parks for good.
@@ -249,38 +318,49 @@ void park() {
 
 void fiber_entry(void*) {
 #ifdef MOE_SIMT_ASAN
-  __sanitizer_finish_switch_fiber(nullptr, &g_sched_bottom, &g_sched_size);
+  __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
 #endif
+  after_switch();
   (*g_block->body)();
-  g_cur->state = State::kDone;
+  Fiber* f = g_cur;
+  f->state = State::kDone;
   ++g_block->done;
+  g_pending_release = f->stack;  // still running on it: released by whoever runs next
+  f->stack = Stack{};
+  const void* bottom;
+  size_t size;
+  Context& to = next_context(&bottom, &size);
 #ifdef MOE_SIMT_ASAN
-  __sanitizer_start_switch_fiber(nullptr, g_sched_bottom, g_sched_size);
+  __sanitizer_start_switch_fiber(nullptr, bottom, size);
 #endif
-  switch_context(g_cur->ctx, g_sched);
+  Context dead;
+  switch_context(dead, to);
   std::abort();  // a finished fiber is never resumed
 }
 
-void resume(Fiber& f) {
-  g_cur = &f;
-  g_thread_idx = f.tid;
-  if (!f.started) {
-    f.stack = take_stack();
-    make_context(f.ctx, f.stack.lo, kStackBytes, fiber_entry, nullptr);
-    f.started = true;
-  }
+// Scheduler side: runs the current round until every fiber in it has parked or finished.
+void run_round() {
+  const void* bottom;
+  size_t size;
+  Context& to = next_context(&bottom, &size);
+  if (&to == &g_sched) return;
 #ifdef MOE_SIMT_ASAN
+  if (!g_sched_bottom) {  // the launching thread's own stack, where fibers switch back to
+    pthread_attr_t attr;
+    pthread_getattr_np(pthread_self(), &attr);
+    void* lo = nullptr;
+    pthread_attr_getstack(&attr, &lo, &g_sched_size);
+    pthread_attr_destroy(&attr);
+    g_sched_bottom = lo;
+  }
   void* fake = nullptr;
-  __sanitizer_start_switch_fiber(&fake, f.stack.lo, kStackBytes);
+  __sanitizer_start_switch_fiber(&fake, bottom, size);
 #endif
-  switch_context(g_sched, f.ctx);
+  switch_context(g_sched, to);
 #ifdef MOE_SIMT_ASAN
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
-  if (f.state == State::kDone) {
-    give_stack(f.stack);
-    f.stack = Stack{};
-  }
+  after_switch();
 }
 
 std::string where(const Block& b) {
@@ -332,21 +412,17 @@ void run_block(Block& b, std::mt19937_64* rng) {
     f.state = State::kRunnable;
     f.stack = Stack{};
   }
-  std::vector<Fiber*> order;
-  order.reserve(b.n);
   for (;;) {
-    order.clear();
+    g_round.clear();
+    g_next = 0;
     for (Fiber& f : b.fibers)
-      if (f.state == State::kRunnable) order.push_back(&f);
-    if (order.empty()) {
+      if (f.state == State::kRunnable) g_round.push_back(&f);
+    if (g_round.empty()) {
       if (b.done == b.n) return;
       b.error = deadlock(b);
     } else {
-      if (rng) std::shuffle(order.begin(), order.end(), *rng);
-      for (Fiber* f : order) {
-        if (f->state == State::kRunnable) resume(*f);
-        if (!b.error.empty()) break;
-      }
+      if (rng) std::shuffle(g_round.begin(), g_round.end(), *rng);
+      run_round();
     }
     if (!b.error.empty()) {
       for (Fiber& f : b.fibers)  // abandoned mid-kernel: their stacks go back to the pool
@@ -425,6 +501,7 @@ void run_grid(const char* name, dim3 grid, dim3 block, size_t smem,
       g_cur = nullptr;
     }
   } reset;
+  const auto t0 = std::chrono::steady_clock::now();
   for (uint64_t i = 0; i < n_blocks; ++i) {
     const uint64_t id = block_order.empty() ? i : block_order[i];
     g_block_idx = uint3{static_cast<unsigned>(id % grid.x), static_cast<unsigned>(id / grid.x % grid.y),
@@ -433,6 +510,13 @@ void run_grid(const char* name, dim3 grid, dim3 block, size_t smem,
     run_block(b, shuffled ? &rng : nullptr);
   }
   ++run_counts()[name];
+  if (g_stats) {
+    KernelStats& st = (*g_stats)[name];
+    ++st.launches;
+    st.blocks += static_cast<double>(n_blocks);
+    st.threads += static_cast<double>(n_blocks) * b.n;
+    st.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
 }
 
 }  // namespace
@@ -505,14 +589,16 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t bits, int arg, int width, in
   const int lane = f.linear % 32, warp = f.linear / 32;
   const int lanes = std::min(32, b.n - warp * 32);
   const unsigned exists = lanes == 32 ? ~0u : (1u << lanes) - 1u;
-  const std::string at = where(b) + op_name(op) + " (line " + std::to_string(line) + ") in lane " +
-                         std::to_string(lane) + " of warp " + std::to_string(warp) + ": ";
-  if (!(mask >> lane & 1u)) fail(at + "mask " + hex(mask) + " leaves out the calling lane");
+  auto at = [&] {  // built only for an error
+    return where(b) + op_name(op) + " (line " + std::to_string(line) + ") in lane " +
+           std::to_string(lane) + " of warp " + std::to_string(warp) + ": ";
+  };
+  if (!(mask >> lane & 1u)) fail(at() + "mask " + hex(mask) + " leaves out the calling lane");
   if (mask & ~exists)
-    fail(at + "mask " + hex(mask) + " names lanes that do not exist (this warp has " +
+    fail(at() + "mask " + hex(mask) + " names lanes that do not exist (this warp has " +
          std::to_string(lanes) + " lanes: the block size is not a multiple of 32)");
   if (width < 1 || width > 32 || (width & (width - 1)))
-    fail(at + "width " + std::to_string(width) + " is not a power of two in [1, 32]");
+    fail(at() + "width " + std::to_string(width) + " is not a power of two in [1, 32]");
   const int seg = lane & ~(width - 1);
   int src = lane;
   switch (op) {
@@ -527,16 +613,16 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t bits, int arg, int width, in
     }
   }
   if (!(mask >> src & 1u))
-    fail(at + "reads lane " + std::to_string(src) + ", which is not in the mask " + hex(mask));
+    fail(at() + "reads lane " + std::to_string(src) + ", which is not in the mask " + hex(mask));
   std::vector<WarpGroup>& groups = b.warps[warp];
   WarpGroup* g = nullptr;
   for (WarpGroup& x : groups)
     if (x.mask & mask) {
       if (x.mask != mask)
-        fail(at + "mask " + hex(mask) + " overlaps mask " + hex(x.mask) + " of lanes " +
+        fail(at() + "mask " + hex(mask) + " overlaps mask " + hex(x.mask) + " of lanes " +
              hex(x.arrived) + " waiting at line " + std::to_string(x.line));
       if (x.op != op)
-        fail(at + "lanes " + hex(x.arrived) + " wait at " + op_name(x.op) + " (line " +
+        fail(at() + "lanes " + hex(x.arrived) + " wait at " + op_name(x.op) + " (line " +
              std::to_string(x.line) + ") with the same mask");
       g = &x;
     }

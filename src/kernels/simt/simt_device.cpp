@@ -113,6 +113,13 @@ Access::~Access() {
 
 void enqueue(const char* what, std::function<void()> op) {
   queue().push_back(Op{what, std::move(op)});
+  // CUDA_LAUNCH_BLOCKING=1, as on a GPU: every operation runs before its call returns, so a
+  // failure surfaces at the call that queued it (a debugger's backtrace then names the caller).
+  static const bool blocking = [] {
+    const char* v = std::getenv("CUDA_LAUNCH_BLOCKING");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  if (blocking) (void)flush();
 }
 
 cudaError_t flush() {
