@@ -331,7 +331,10 @@ ncclResult_t group_fail(ncclResult_t r) {
 }
 
 // ---- running operations ----
-constexpr int kTagJoin = 31001, kTagReply = 31002, kTagCreate = 31003, kTagP2p = 7;
+// On MPI_COMM_WORLD: joins and replies; MPI_Comm_create_group's tag is 1000 + nonce % 30000 (one
+// per communicator; all below 32767, the least MPI_TAG_UB allowed). On the fake's communicators:
+// kTagP2p.
+constexpr int kTagJoin = 31001, kTagReply = 31002, kTagP2p = 7;
 constexpr uint32_t kMsgMagic = 0x4e43434cu;  // "NCCL": the header of every send
 
 struct MsgHeader {
@@ -668,7 +671,12 @@ ncclResult_t root_collect(const Join& mine, std::vector<int>* members) {
       rc = MPI_Recv(&j, sizeof j, MPI_BYTE, st.MPI_SOURCE, kTagJoin, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS)
         return fail(ncclSystemError, "ncclCommInitRank: MPI_Recv of a join: %s", mpi_error(rc).c_str());
-      (j.nonce == nonce ? joined : g_stash).push_back(j);
+      if (j.nonce == nonce) {
+        joined.push_back(j);
+      } else {
+        g_stash.push_back(j);
+        info("ncclCommInitRank: kept world rank %d's join for another unique id", j.world_rank);
+      }
       pace.progressed();
       continue;
     }
@@ -909,7 +917,8 @@ FAKE_API ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId
   MPI_Comm_group(MPI_COMM_WORLD, &world_group);
   MPI_Group_incl(world_group, nranks, members.data(), &group);
   MPI_Comm mpi = MPI_COMM_NULL;
-  int rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, kTagCreate, &mpi);
+  int rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, 1000 + static_cast<int>(f.nonce % 30000),
+                                 &mpi);
   MPI_Group_free(&group);
   MPI_Group_free(&world_group);
   if (rc != MPI_SUCCESS)

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 #include <nccl.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
@@ -330,6 +331,38 @@ int main(int argc, char** argv) {
     }
     cudaFree(s);
     cudaFree(r);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // Two communicators rooted on world rank 0, {0, 1} then {0, 2}; rank 1 comes late, so rank 2's
+  // join for the second arrives while rank 0 collects the first (kept for later, not lost).
+  if (n >= 3) {
+    ncclUniqueId a{}, b{};
+    if (me == 0) {
+      ncclGetUniqueId(&a);
+      ncclGetUniqueId(&b);
+    }
+    MPI_Bcast(&a, sizeof a, MPI_BYTE, 0, MPI_COMM_WORLD);
+    MPI_Bcast(&b, sizeof b, MPI_BYTE, 0, MPI_COMM_WORLD);
+    ncclComm_t ca = nullptr, cb = nullptr;
+    if (me == 0) {
+      expect_code(ncclCommInitRank(&ca, 2, a, 0), ncclSuccess, nullptr, "ncclCommInitRank {0, 1}");
+      expect_code(ncclCommInitRank(&cb, 2, b, 0), ncclSuccess, nullptr, "ncclCommInitRank {0, 2}");
+    } else if (me == 1) {
+      usleep(300000);
+      expect_code(ncclCommInitRank(&ca, 2, a, 1), ncclSuccess, nullptr, "ncclCommInitRank {0, 1}");
+    } else if (me == 2) {
+      expect_code(ncclCommInitRank(&cb, 2, b, 1), ncclSuccess, nullptr, "ncclCommInitRank {0, 2}");
+    }
+    for (ncclComm_t x : {ca, cb}) {
+      if (!x) continue;
+      int32_t* d = dev_alloc<int32_t>(1);
+      to_dev(d, std::vector<int32_t>{me + 1});
+      expect_code(ncclAllReduce(d, d, 1, ncclInt32, ncclSum, x, nullptr), ncclSuccess, nullptr,
+                  "ncclAllReduce on a two-rank communicator");
+      expect(from_dev(d, 1)[0] == (x == ca ? 1 + 2 : 1 + 3), "the two-rank communicators have the right members");
+      cudaFree(d);
+      expect_code(ncclCommDestroy(x), ncclSuccess, nullptr, "ncclCommDestroy");
+    }
   }
   MPI_Barrier(MPI_COMM_WORLD);
   expect_code(ncclCommDestroy(c), ncclSuccess, nullptr, "ncclCommDestroy");
