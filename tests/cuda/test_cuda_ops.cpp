@@ -842,6 +842,8 @@ std::vector<OpCase> all_ops() {
 }  // namespace
 
 #ifdef MOETRAIN_EMULATED_CUDA
+int run_simt_refusals();  // simt_refusals.cpp
+
 // The __global__ functions of the backend's source (src/kernels/cuda/*.cu), by name.
 std::vector<std::string> global_functions() {
   std::vector<std::string> names;
@@ -939,6 +941,10 @@ int main(int argc, char** argv) {
   }
 #ifdef MOETRAIN_EMULATED_CUDA
   if (!kernel_count_line()) ++failed;
+  std::printf("SIMT shim refusals:\n");
+  const int refused_wrong = run_simt_refusals();
+  failed += refused_wrong;
+  total += 9;
 #endif
   std::printf("cuda_ops: %d of %d cases passed\n", total - failed, total);
   return failed ? 1 : 0;

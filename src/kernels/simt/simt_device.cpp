@@ -8,7 +8,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,8 +33,49 @@ std::map<const void*, size_t>& regions() {
 size_t g_in_use = 0;
 int g_access = 0;
 
-void protect_all(int prot) {
-  for (const auto& [p, n] : regions()) mprotect(const_cast<void*>(p), n, prot);
+// Device pages open only where device work touches them: while an Access is alive, a fault on a
+// PROT_NONE device page opens that allocation (the handler below), and the last Access closes
+// what was opened. Opening every allocation at every synchronisation walked the page tables of
+// the whole model state each time (half of an emulated training step in the kernel's mprotect).
+std::vector<std::pair<void*, size_t>>& opened() {
+  static auto* v = new std::vector<std::pair<void*, size_t>>;  // never destroyed (see regions)
+  return *v;
+}
+struct sigaction g_old_segv;
+
+void on_segv(int sig, siginfo_t* info, void* uctx) {
+  if (g_access > 0) {
+    const void* base = nullptr;
+    if (device_range(info->si_addr, 0, &base)) {
+      auto it = regions().find(base);
+      if (opened().size() < opened().capacity() &&
+          mprotect(const_cast<void*>(it->first), it->second, PROT_READ | PROT_WRITE) == 0) {
+        opened().emplace_back(const_cast<void*>(it->first), it->second);
+        return;  // the access runs again, now allowed
+      }
+    }
+  }
+  // Not device work touching device memory: whatever handled SIGSEGV before (the default action:
+  // a crash, or a sanitizer's report) handles it.
+  if (g_old_segv.sa_flags & SA_SIGINFO) {
+    g_old_segv.sa_sigaction(sig, info, uctx);
+  } else if (g_old_segv.sa_handler == SIG_DFL || g_old_segv.sa_handler == SIG_IGN) {
+    sigaction(SIGSEGV, &g_old_segv, nullptr);  // the faulting access repeats and kills
+  } else {
+    g_old_segv.sa_handler(sig);
+  }
+}
+
+void install_handler() {
+  static const bool installed = [] {
+    struct sigaction sa{};
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_old_segv);
+    return true;
+  }();
+  (void)installed;
 }
 
 // ---- queue and errors ----
@@ -74,8 +117,7 @@ void* device_alloc(size_t bytes) {
   if (bytes == 0) bytes = 1;
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t mapped = (bytes + page - 1) / page * page;
-  void* p = mmap(nullptr, mapped, g_access > 0 ? PROT_READ | PROT_WRITE : PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* p = mmap(nullptr, mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return nullptr;
   regions()[p] = mapped;
   g_in_use += mapped;
@@ -85,6 +127,8 @@ void* device_alloc(size_t bytes) {
 bool device_release(void* p) {
   auto it = regions().find(p);
   if (it == regions().end()) return false;
+  auto& o = opened();
+  o.erase(std::remove_if(o.begin(), o.end(), [p](const auto& r) { return r.first == p; }), o.end());
   munmap(p, it->second);
   g_in_use -= it->second;
   regions().erase(it);
@@ -105,10 +149,18 @@ bool device_range(const void* p, size_t bytes, const void** base) {
 size_t device_bytes_in_use() { return g_in_use; }
 
 Access::Access() {
-  if (g_access++ == 0) protect_all(PROT_READ | PROT_WRITE);
+  if (g_access++ == 0) {
+    install_handler();
+    opened().clear();
+    opened().reserve(regions().size() + 64);  // the handler must not allocate
+  }
 }
 Access::~Access() {
-  if (--g_access == 0) protect_all(PROT_NONE);
+  if (--g_access == 0) {
+    for (const auto& [p, n] : opened())
+      if (regions().count(p)) mprotect(p, n, PROT_NONE);
+    opened().clear();
+  }
 }
 
 void enqueue(const char* what, std::function<void()> op) {
