@@ -7,9 +7,12 @@
 #                                               code the others drive); any memory error, leak in
 #                                               our code or UB fails
 #   scripts/test.sh --emulated-cuda [CTEST ARGS...] the GPU path (--device cuda) on an emulated
-#                                               device whose memory faults outside kernels
-#                                               (-DMOETRAIN_EMULATE_CUDA=ON, build-emu/): the model
-#                                               CUDA == CPU bit for bit, device checkpoints, bf16
+#                                               device whose memory faults outside device work
+#                                               (-DMOETRAIN_EMULATE_CUDA=ON, build-emu/): the .cu
+#                                               kernels run through the SIMT shim (three schedule
+#                                               seeds, and under ASan + UBSan in build-emu-asan/),
+#                                               the model on them against the CPU, device
+#                                               checkpoints, bf16, NCCL through a fake over MPI
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 if [ "${1:-}" = "--sanitize" ]; then
@@ -41,12 +44,34 @@ elif [ "${1:-}" = "--emulated-cuda" ]; then
   log="$build/build.log"
   if ! { cmake -S "$root" -B "$build" -DMOETRAIN_CUDA=OFF -DMOETRAIN_EMULATE_CUDA=ON \
            -DCMAKE_BUILD_TYPE=Release &&
-         cmake --build "$build" -j"$(nproc)" --target moetrain tool_device_parity; } >"$log" 2>&1; then
+         cmake --build "$build" -j"$(nproc)" --target moetrain tool_device_parity \
+           moetrain_cuda_tests; } >"$log" 2>&1; then
     grep -E -A3 "error|Error" "$log" | head -60 >&2
     echo "emulated-device build failed; full log: $log" >&2
     exit 1
   fi
   echo "build: ok (build-emu, emulated CUDA device)"
+  # The CUDA kernels' tests once more under AddressSanitizer + UBSan (build-emu-asan: only the
+  # kernels and the SIMT shim are compiled; schedule seed 1).
+  asan="$root/build-emu-asan"
+  mkdir -p "$asan"
+  if ! { cmake -S "$root" -B "$asan" -DMOETRAIN_CUDA=OFF -DMOETRAIN_EMULATE_CUDA=ON \
+           -DMOETRAIN_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+           "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
+           "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" &&
+         cmake --build "$asan" -j"$(nproc)" --target moetrain_cuda_tests; } >"$asan/build.log" 2>&1; then
+    grep -E -A3 "error|Error" "$asan/build.log" | head -60 >&2
+    echo "ASan build of the CUDA kernel tests failed; full log: $asan/build.log" >&2
+    exit 1
+  fi
+  # (the two expected faults print AddressSanitizer's SEGV report to stderr: kept in the log)
+  if ! "$asan/moetrain_cuda_tests" --seed 1 >"$asan/kernels.log" 2>"$asan/kernels.err"; then
+    grep -v "PASS" "$asan/kernels.log" >&2
+    grep -E -m5 "ERROR: AddressSanitizer|runtime error" "$asan/kernels.err" >&2 || true
+    echo "CUDA kernel tests under ASan + UBSan failed; logs: $asan/kernels.log, kernels.err" >&2
+    exit 1
+  fi
+  echo "CUDA kernel tests under ASan + UBSan (SIMT shim, seed 1): $(tail -1 "$asan/kernels.log")"
   set -- -L emulated-cuda "$@"
 else
   "$root/scripts/build.sh"

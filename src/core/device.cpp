@@ -143,19 +143,26 @@ void* device_alloc(Device d, size_t bytes, bool zeroed) {
   }
 #ifdef MOE_REAL_CUDA
   void* p = nullptr;
-  cudaError_t e = cudaMalloc(&p, padded);  // 256-byte aligned
+#ifdef MOETRAIN_EMULATED_CUDA
+  // The emulated device ends each allocation at a guard page: ask for the bytes themselves, so
+  // a kernel that runs past them faults instead of landing in padding.
+  const size_t padded_dev = bytes;
+#else
+  const size_t padded_dev = padded;
+#endif
+  cudaError_t e = cudaMalloc(&p, padded_dev);  // 256-byte aligned (4 on the emulated device)
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     size_t free_b = 0, total_b = 0;
     cuda_mem_info(&free_b, &total_b);
-    throw Error(str_cat("out of GPU memory: could not allocate ", padded, " bytes (", free_b,
+    throw Error(str_cat("out of GPU memory: could not allocate ", padded_dev, " bytes (", free_b,
                         " of ", total_b, " bytes free): ", cudaGetErrorString(e)));
   }
   // Zeroed even when asked not to be: a memset at GPU bandwidth costs little, and the CUDA
   // kernels' writes are not checked by a poisoning build here (no GPU in CI).
   (void)zeroed;
-  e = cudaMemset(p, 0, padded);
-  MOE_CHECK(e == cudaSuccess, "cudaMemset of ", padded, " bytes: ", cudaGetErrorString(e));
+  e = cudaMemset(p, 0, padded_dev);
+  MOE_CHECK(e == cudaSuccess, "cudaMemset of ", padded_dev, " bytes: ", cudaGetErrorString(e));
   g_device_allocated.store(true, std::memory_order_relaxed);
   return p;
 #else

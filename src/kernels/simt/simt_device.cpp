@@ -26,9 +26,27 @@ namespace moe::simt {
 namespace {
 
 // ---- memory ----
-std::map<const void*, size_t>& regions() {
-  static auto* r = new std::map<const void*, size_t>;  // never destroyed: static destructors still free device memory
+// One mapping per allocation, keyed by the mapping's start: the allocation ends at the mapping's
+// end, and a PROT_NONE guard page follows, so a kernel reading or writing one element past a
+// buffer faults. Allocations are 8-byte aligned where cudaMalloc gives 256 (no kernel here loads
+// vectors wider than a double); the up to 7 bytes between the end of an odd-sized buffer and the
+// guard page hold 0xFF (NaN), so a read there shows in a sum.
+struct Region {
+  size_t mapped;     // bytes of the mapping before the guard page
+  const char* user;  // what cudaMalloc returned
+  size_t bytes;      // what it was asked for
+};
+std::map<const void*, Region>& regions() {
+  static auto* r = new std::map<const void*, Region>;  // never destroyed: static destructors still free device memory
   return *r;
+}
+// The region whose mapping holds `p`, or nullptr.
+const std::pair<const void* const, Region>* mapping_of(const void* p) {
+  auto it = regions().upper_bound(p);
+  if (it == regions().begin()) return nullptr;
+  --it;
+  const char* b = static_cast<const char*>(it->first);
+  return static_cast<const char*>(p) < b + it->second.mapped ? &*it : nullptr;
 }
 size_t g_in_use = 0;
 int g_access = 0;
@@ -45,12 +63,11 @@ struct sigaction g_old_segv;
 
 void on_segv(int sig, siginfo_t* info, void* uctx) {
   if (g_access > 0) {
-    const void* base = nullptr;
-    if (device_range(info->si_addr, 0, &base)) {
-      auto it = regions().find(base);
+    if (const auto* r = mapping_of(info->si_addr)) {
+      void* base = const_cast<void*>(r->first);
       if (opened().size() < opened().capacity() &&
-          mprotect(const_cast<void*>(it->first), it->second, PROT_READ | PROT_WRITE) == 0) {
-        opened().emplace_back(const_cast<void*>(it->first), it->second);
+          mprotect(base, r->second.mapped, PROT_READ | PROT_WRITE) == 0) {
+        opened().emplace_back(base, r->second.mapped);
         return;  // the access runs again, now allowed
       }
     }
@@ -116,33 +133,44 @@ const char* base_string(cudaError_t e) {
 void* device_alloc(size_t bytes) {
   if (bytes == 0) bytes = 1;
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t mapped = (bytes + page - 1) / page * page;
-  void* p = mmap(nullptr, mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const size_t used = (bytes + 7) / 8 * 8;
+  const size_t mapped = (used + page - 1) / page * page;
+  void* p = mmap(nullptr, mapped + page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return nullptr;
-  regions()[p] = mapped;
+  const char* user = static_cast<const char*>(p) + mapped - used;
+  if (used > bytes) {
+    char* end = static_cast<char*>(p) + mapped;
+    mprotect(end - page, page, PROT_READ | PROT_WRITE);
+    std::memset(end - (used - bytes), 0xFF, used - bytes);
+    mprotect(end - page, page, PROT_NONE);
+  }
+  regions()[p] = Region{mapped, user, bytes};
   g_in_use += mapped;
-  return p;
+  return const_cast<char*>(user);
 }
 
-bool device_release(void* p) {
-  auto it = regions().find(p);
-  if (it == regions().end()) return false;
+bool device_release(void* user) {
+  const auto* r = mapping_of(user);
+  if (!r || r->second.user != user) return false;
+  void* base = const_cast<void*>(r->first);
+  const size_t mapped = r->second.mapped;
   auto& o = opened();
-  o.erase(std::remove_if(o.begin(), o.end(), [p](const auto& r) { return r.first == p; }), o.end());
-  munmap(p, it->second);
-  g_in_use -= it->second;
-  regions().erase(it);
+  o.erase(std::remove_if(o.begin(), o.end(), [base](const auto& x) { return x.first == base; }), o.end());
+  regions().erase(base);
+  munmap(base, mapped + static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+  g_in_use -= mapped;
   return true;
 }
 
 bool device_range(const void* p, size_t bytes, const void** base) {
-  auto it = regions().upper_bound(p);
-  if (it == regions().begin()) return false;
-  --it;
-  const char* b = static_cast<const char*>(it->first);
+  const auto* r = mapping_of(p);
+  if (!r) return false;
+  const char* u = r->second.user;
   const char* q = static_cast<const char*>(p);
-  if (q >= b + it->second || bytes > static_cast<size_t>(b + it->second - q)) return false;
-  if (base) *base = b;
+  if (q < u || q > u + r->second.bytes || bytes > static_cast<size_t>(u + r->second.bytes - q))
+    return false;
+  if (bytes == 0 && q == u + r->second.bytes && r->second.bytes > 0) return false;  // one past the end
+  if (base) *base = u;
   return true;
 }
 
@@ -158,7 +186,7 @@ Access::Access() {
 Access::~Access() {
   if (--g_access == 0) {
     for (const auto& [p, n] : opened())
-      if (regions().count(p)) mprotect(p, n, PROT_NONE);
+      if (regions().count(p)) mprotect(p, n, PROT_NONE);  // (a freed one is gone from both)
     opened().clear();
   }
 }
