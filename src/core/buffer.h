@@ -20,6 +20,13 @@ class MemTracker {
  public:
   explicit MemTracker(MemTracker* parent = nullptr) : parent_(parent) {}
   void set_parent(MemTracker* parent) { parent_ = parent; }
+  // Moves this tracker, with the bytes it holds now, under another parent (nullptr: none).
+  void reparent(MemTracker* parent) {
+    if (parent_) parent_->sub(current_);
+    parent_ = parent;
+    if (parent_) parent_->add(current_);
+  }
+  MemTracker* parent() const { return parent_; }
   void add(size_t bytes) {
     current_ += bytes;
     if (current_ > peak_) peak_ = current_;

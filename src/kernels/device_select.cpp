@@ -27,6 +27,11 @@ void device_synchronize() {
 #endif
 }
 
+MemTracker& cuda_scratch_memory() {
+  static auto* t = new MemTracker;  // never destroyed: the Scratch buffers release at exit
+  return *t;
+}
+
 void set_gemm_bf16(bool on) { g_gemm_bf16 = on; }
 bool gemm_bf16() { return g_gemm_bf16; }
 

@@ -24,6 +24,11 @@ void device_synchronize();
 void set_gemm_bf16(bool on);
 bool gemm_bf16();
 
+// The CUDA backend's cached workspaces (bf16 operand copies, sort buffers, per-row statistics,
+// reduction partials: kernels/cuda/reduce.cuh's Scratch) are charged here; a model on the GPU
+// hangs this tracker under its work memory while it lives, so the bytes show in its totals.
+MemTracker& cuda_scratch_memory();
+
 // Reuses `buf` when it already holds n elements on the active device (a caller that rewrites
 // every element, like the MoE layer's activations across steps, then pays no allocation or page
 // faults after the first step; a reused buffer stays charged to the tracker it was allocated

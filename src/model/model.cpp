@@ -160,6 +160,7 @@ Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::Expert
                        &total_mem_, dev_);
     score_bias_.zero();
   }
+  if (dev_ == Device::kCuda) k::cuda_scratch_memory().reparent(&work_mem_);
 }
 
 void Model::set_placement(const balance::Placement& placement) {
@@ -198,7 +199,9 @@ std::vector<float> Model::score_bias(int layer) const {
   return out;
 }
 
-Model::~Model() = default;
+Model::~Model() {
+  if (k::cuda_scratch_memory().parent() == &work_mem_) k::cuda_scratch_memory().reparent(nullptr);
+}
 
 Model::MicroBatchPtr Model::new_micro_batch() { return MicroBatchPtr(new MicroBatch()); }
 

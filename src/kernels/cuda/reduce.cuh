@@ -8,6 +8,7 @@
 
 #include "core/buffer.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/device_select.h"
 
 // for (size_t i = global thread index; i < n; i += grid size)
 #define MOE_GRID_STRIDE(i, n)                                                          \
@@ -76,11 +77,12 @@ inline unsigned elem_blocks(size_t n) {
 }
 
 // A device workspace kept for the process and grown on demand (one per call site; the stream is
-// the legacy default stream, so consecutive users are ordered). Contents are not kept on growth.
+// the legacy default stream, so consecutive users are ordered), charged to cuda_scratch_memory().
+// Contents are not kept on growth.
 class Scratch {
  public:
   void* get(size_t bytes) {
-    if (bytes > buf_.size()) buf_.resize(bytes, nullptr, Device::kCuda);
+    if (bytes > buf_.size()) buf_.resize(bytes, &cuda_scratch_memory(), Device::kCuda);
     return buf_.data();
   }
   template <class T>
