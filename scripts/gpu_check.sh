@@ -11,7 +11,11 @@
 #   bench_*.json       bench moe-layer --device cuda --precision bf16 at T4096 H1024 for three expert
 #                      shapes, each beside the same run's cuBLAS bf16 GEMM and the PyTorch layer
 #   train600.txt       the default tiny model, 600 steps on the GPU: tokens/s and held-out loss
+#   sanitizer_*.txt    compute-sanitizer memcheck, racecheck and synccheck over the kernel tests
+#                      (where the image has compute-sanitizer; last, as they are the slowest)
 #   summary.md         the figures above in one page
+# The same kernel tests run on every CI build through the SIMT shim (scripts/test.sh
+# --emulated-cuda): this script is where they meet the hardware.
 # Binaries: from build-gpu/bundle.tar.xz when present (made by scripts/gpu_bundle.sh on a machine
 # with the Debian packages), else built here with CUDA (needs OpenMPI, OpenBLAS, nlohmann-json,
 # CLI11, GTest and Google Benchmark).
@@ -183,5 +187,17 @@ timeout 300 "$bin/moetrain" train --device cuda --steps "${GPU_CHECK_TRAIN_STEPS
 rc=$?
 note "- ${GPU_CHECK_TRAIN_STEPS:-600} steps on GPU: rc=$rc; $(grep -E 'tok/s|tokens/s' "$out/train600.txt" | tail -1)"
 note "  $(grep -iE 'held-out|val' "$out/train600.txt" | tail -1)"
+step "compute-sanitizer over the kernel tests"
+sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)"
+if [ -n "$sanitizer" ]; then
+  for tool in memcheck racecheck synccheck; do
+    timeout "${GPU_CHECK_SANITIZER_S:-120}" "$sanitizer" --tool "$tool" "$bin/moetrain_cuda_tests" \
+      >"$out/sanitizer_$tool.txt" 2>&1
+    rc=$?
+    note "- compute-sanitizer $tool: rc=$rc; $(grep -m1 'ERROR SUMMARY' "$out/sanitizer_$tool.txt" || echo 'no summary (timed out?)')"
+  done
+else
+  note "- compute-sanitizer: not in this image (skipped)"
+fi
 note "- wall: $(( $(date +%s) - t_start )) s"
 rm -rf "$work"
