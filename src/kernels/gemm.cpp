@@ -50,6 +50,15 @@ void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const f
               trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+void gemm_grouped(const GemmProblem* problems, int count) {
+  MOE_CHECK(count >= 0 && (count == 0 || problems), "gemm_grouped: ", count, " problems");
+  MOE_CUDA_DISPATCH(gemm_grouped, problems, count);
+  for (int i = 0; i < count; ++i) {
+    const GemmProblem& p = problems[i];
+    gemm(p.trans_a, p.trans_b, p.M, p.N, p.K, 1.0f, p.A, p.lda, p.B, p.ldb, p.beta, p.C, p.ldc);
+  }
+}
+
 void linear_forward(float* y, const float* x, const float* w, int T, int in, int out,
                     bool accumulate) {
   // y[T,out] = x[T,in] · w[out,in]^T

@@ -17,6 +17,25 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
            const float* B, int ldb, float beta, float* C, int ldc);
 
+// One product of a grouped GEMM: C = op(A) · op(B) + beta · C with gemm()'s conventions
+// (row-major, row strides, 0 for dense) and alpha 1.
+struct GemmProblem {
+  bool trans_a = false, trans_b = false;
+  int M = 0, N = 0, K = 0;
+  const float* A = nullptr;
+  int lda = 0;
+  const float* B = nullptr;
+  int ldb = 0;
+  float beta = 0.0f;
+  float* C = nullptr;
+  int ldc = 0;
+};
+// Every product of `problems` (independent: no C overlaps another's A, B or C), as gemm() would
+// run them one by one: on the CPU exactly that; on CUDA one cublasGemmGroupedBatchedEx call for
+// fp32 (the experts of an MoE layer in one launch), per-problem calls for bf16 inputs (the grouped
+// call gives bf16 inputs only bf16 outputs, and moetrain keeps fp32 outputs).
+void gemm_grouped(const GemmProblem* problems, int count);
+
 // y[T,out] = x[T,in] · w[out,in]^T   (beta = 0: overwrite; accumulate = true: y +=)
 void linear_forward(float* y, const float* x, const float* w, int T, int in, int out,
                     bool accumulate = false);
@@ -53,6 +72,7 @@ namespace cuda {
 // bf16 inputs (converted on the fly when set_gemm_bf16) with fp32 accumulation and output.
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc);
+void gemm_grouped(const GemmProblem* problems, int count);
 // GFLOP/s of one n×n×n cuBLAS GEMM on the current GPU (fp32, or bf16 inputs with fp32 output;
 // inputs already on the device and converted, so this is the GEMM roofline), best of `repeats`
 // cudaEvent-timed runs after one warm-up.

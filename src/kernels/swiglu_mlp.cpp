@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <vector>
 
 #include "core/error.h"
 #include "core/timer.h"
@@ -128,9 +129,96 @@ MlpGrads expert_grads(const MlpGrads& dw, int e, int H, int F) {
 
 }  // namespace
 
+// On the GPU the experts go product by product: each of the three (six backward) products is one
+// grouped GEMM over every expert's segment (cuBLAS's grouped call in fp32: many small expert GEMMs
+// in one launch instead of E launches that each leave most of the GPU idle), and the SwiGLU runs
+// once over all rows. The same products as expert by expert, so the same results. On the CPU the
+// experts go one after another (each expert's rows and weights stay in cache across its products).
+namespace {
+
+void grouped_forward_by_product(float* y, float* g, float* u, float* h, const float* x,
+                                const int32_t* offsets_E1, int E, const MlpWeights& w, int H, int F) {
+  std::vector<GemmProblem> gate, up, down;
+  for (int e = 0; e < E; ++e) {
+    const int n = offsets_E1[e + 1] - offsets_E1[e];
+    if (n == 0) continue;
+    const size_t r = static_cast<size_t>(offsets_E1[e]);
+    const MlpWeights we = expert_weights(w, e, H, F);
+    gate.push_back({false, true, n, F, H, x + r * H, 0, we.gate, 0, 0.0f, g + r * F, 0});
+    up.push_back({false, true, n, F, H, x + r * H, 0, we.up, 0, 0.0f, u + r * F, 0});
+    down.push_back({false, true, n, H, F, h + r * F, 0, we.down, 0, 0.0f, y + r * H, 0});
+  }
+  if (gate.empty()) return;
+  const size_t rows = static_cast<size_t>(offsets_E1[E]);
+  {
+    PartTimer t(&MlpStepTimes::gate_up);
+    gemm_grouped(gate.data(), static_cast<int>(gate.size()));
+    gemm_grouped(up.data(), static_cast<int>(up.size()));
+  }
+  {
+    PartTimer t(&MlpStepTimes::swiglu);
+    swiglu_forward(h, g, u, rows * F);
+  }
+  PartTimer t(&MlpStepTimes::down);
+  gemm_grouped(down.data(), static_cast<int>(down.size()));
+}
+
+// scratch: dg for every row [rows,F], then du [rows,F].
+void grouped_backward_by_product(float* dx, const MlpGrads& dw, const float* dy, const float* x,
+                                 const float* g, const float* u, const float* h,
+                                 const int32_t* offsets_E1, int E, const MlpWeights& w, int H,
+                                 int F, float* scratch) {
+  const size_t rows = static_cast<size_t>(offsets_E1[E]);
+  float* dg = scratch;
+  float* du = scratch + rows * F;
+  std::vector<GemmProblem> dh, d_down, d_gate, d_up, dx_gate, dx_up;
+  for (int e = 0; e < E; ++e) {
+    const int n = offsets_E1[e + 1] - offsets_E1[e];
+    if (n == 0) continue;
+    const size_t r = static_cast<size_t>(offsets_E1[e]);
+    const MlpWeights we = expert_weights(w, e, H, F);
+    const MlpGrads ge = expert_grads(dw, e, H, F);
+    // dh[n,F] = dy · down, written where dg goes; dW_down[H,F] += dy^T · h
+    dh.push_back({false, false, n, F, H, dy + r * H, 0, we.down, 0, 0.0f, dg + r * F, 0});
+    if (ge.down) d_down.push_back({true, false, H, F, n, dy + r * H, 0, h + r * F, 0, 1.0f, ge.down, 0});
+    // dW_gate[F,H] += dg^T · x ; dW_up[F,H] += du^T · x
+    if (ge.gate) d_gate.push_back({true, false, F, H, n, dg + r * F, 0, x + r * H, 0, 1.0f, ge.gate, 0});
+    if (ge.up) d_up.push_back({true, false, F, H, n, du + r * F, 0, x + r * H, 0, 1.0f, ge.up, 0});
+    // dx[n,H] = dg · gate + du · up (its rows belong to this expert alone: written, not added)
+    if (dx) {
+      dx_gate.push_back({false, false, n, H, F, dg + r * F, 0, we.gate, 0, 0.0f, dx + r * H, 0});
+      dx_up.push_back({false, false, n, H, F, du + r * F, 0, we.up, 0, 1.0f, dx + r * H, 0});
+    }
+  }
+  if (dh.empty()) return;
+  auto run = [](const std::vector<GemmProblem>& p) {
+    if (!p.empty()) gemm_grouped(p.data(), static_cast<int>(p.size()));
+  };
+  {
+    PartTimer t(&MlpStepTimes::down_bwd);
+    run(dh);
+    run(d_down);
+  }
+  {
+    PartTimer t(&MlpStepTimes::swiglu_bwd);
+    swiglu_backward_inplace(dg, du, g, u, rows * F);
+  }
+  PartTimer t(&MlpStepTimes::gate_up_bwd);
+  run(d_gate);
+  run(d_up);
+  run(dx_gate);
+  run(dx_up);  // after dx_gate: both write dx
+}
+
+}  // namespace
+
 void grouped_swiglu_forward(float* y, float* g, float* u, float* h, const float* x,
                             const int32_t* offsets_E1, int E, const MlpWeights& w, int H, int F) {
   check_offsets("grouped_swiglu_forward", offsets_E1, E);
+  if (cuda_active()) {
+    check_sizes("grouped_swiglu_forward", offsets_E1[E], H, F);
+    return grouped_forward_by_product(y, g, u, h, x, offsets_E1, E, w, H, F);
+  }
   for (int e = 0; e < E; ++e) {
     int n = offsets_E1[e + 1] - offsets_E1[e];
     if (n == 0) continue;
@@ -145,6 +233,10 @@ void grouped_swiglu_backward(float* dx, const MlpGrads& dw, const float* dy, con
                              const int32_t* offsets_E1, int E, const MlpWeights& w, int H, int F,
                              float* scratch) {
   check_offsets("grouped_swiglu_backward", offsets_E1, E);
+  if (cuda_active()) {
+    check_sizes("grouped_swiglu_backward", offsets_E1[E], H, F);
+    return grouped_backward_by_product(dx, dw, dy, x, g, u, h, offsets_E1, E, w, H, F, scratch);
+  }
   for (int e = 0; e < E; ++e) {
     int n = offsets_E1[e + 1] - offsets_E1[e];
     if (n == 0) continue;

@@ -37,6 +37,7 @@
 #include "kernels/permute.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include "kernels/swiglu_mlp.h"
 #include "kernels/router_ops.h"
 
 namespace {
@@ -265,7 +266,9 @@ void add_rmsnorm(std::vector<OpCase>& ops) {
   struct S {
     int rows, dim;
   };
-  for (S s : {S{37, 1000}, S{5, 4097}, S{300, 64}, S{0, 16}}) {
+  // dim 96: a width below kThreads that is not a power of two, so a launch sized to the row
+  // (row_threads(dim) = 96) instead of kThreads breaks block_sum's tree (scripts/planted_bugs.sh).
+  for (S s : {S{37, 1000}, S{5, 4097}, S{300, 64}, S{9, 96}, S{0, 16}}) {
     const std::string shape = str_cat("rows=", s.rows, " dim=", s.dim);
     // Row sums in double on both sides (only the summation tree differs).
     ops.push_back(
@@ -813,6 +816,57 @@ void add_dispatch(std::vector<OpCase>& ops) {
                  }});
 }
 
+// The experts' SwiGLU blocks over uneven row segments (one expert empty): on CUDA one grouped GEMM
+// per product (cublasGemmGroupedBatchedEx in fp32, per-expert calls in bf16), against the CPU's
+// expert-by-expert loop; forward outputs and every gradient (dw accumulated into, dx written).
+void add_grouped_swiglu(std::vector<OpCase>& ops, bool bf16) {
+  const int E = 5, H = 24, F = 40;
+  const IVec offsets = {0, 7, 20, 20, 33, 37};  // expert 2 has no rows
+  const int N = offsets[E];
+  ops.push_back({str_cat("grouped_swiglu_forward + backward", bf16 ? " bf16" : ""),
+                 str_cat("E=", E, " rows=", N, " H=", H, " F=", F, " (expert 2 empty)"),
+                 bf16 ? 1e-4 : 1e-10, [=](Checker& c) {
+                   Rng rng(140);
+                   const size_t fh = static_cast<size_t>(F) * H, nh = static_cast<size_t>(N) * H,
+                                nf = static_cast<size_t>(N) * F;
+                   Vec x = randn(rng, nh), dy = randn(rng, nh), wg = randn(rng, E * fh, 0.2),
+                       wu = randn(rng, E * fh, 0.2), wd = randn(rng, E * fh, 0.2);
+                   Vec y(nh), g(nf), u(nf), h(nf), dx(nh), scratch(2 * nf);
+                   Vec dwg = randn(rng, E * fh), dwu = randn(rng, E * fh), dwd = randn(rng, E * fh);
+                   auto d_x = dev(x), d_dy = dev(dy), d_wg = dev(wg), d_wu = dev(wu), d_wd = dev(wd),
+                        d_y = dev(y), d_g = dev(g), d_u = dev(u), d_h = dev(h), d_dx = dev(dx),
+                        d_scratch = dev(scratch), d_dwg = dev(dwg), d_dwu = dev(dwu), d_dwd = dev(dwd);
+                   set_gemm_bf16(bf16);
+                   grouped_swiglu_forward(y.data(), g.data(), u.data(), h.data(), x.data(),
+                                          offsets.data(), E, {wg.data(), wu.data(), wd.data()}, H, F);
+                   grouped_swiglu_backward(dx.data(), {dwg.data(), dwu.data(), dwd.data()}, dy.data(),
+                                           x.data(), g.data(), u.data(), h.data(), offsets.data(), E,
+                                           {wg.data(), wu.data(), wd.data()}, H, F, scratch.data());
+                   set_active_device(Device::kCuda);
+                   try {
+                     const MlpWeights w{d_wg.data(), d_wu.data(), d_wd.data()};
+                     grouped_swiglu_forward(d_y.data(), d_g.data(), d_u.data(), d_h.data(),
+                                            d_x.data(), offsets.data(), E, w, H, F);
+                     grouped_swiglu_backward(d_dx.data(), {d_dwg.data(), d_dwu.data(), d_dwd.data()},
+                                             d_dy.data(), d_x.data(), d_g.data(), d_u.data(),
+                                             d_h.data(), offsets.data(), E, w, H, F,
+                                             d_scratch.data());
+                   } catch (...) {
+                     set_active_device(Device::kCpu);
+                     set_gemm_bf16(false);
+                     throw;
+                   }
+                   set_active_device(Device::kCpu);
+                   set_gemm_bf16(false);
+                   c.close("y", host(d_y), y);
+                   c.close("h", host(d_h), h);
+                   c.close("dx", host(d_dx), dx);
+                   c.close("dW_gate", host(d_dwg), dwg);
+                   c.close("dW_up", host(d_dwu), dwu);
+                   c.close("dW_down", host(d_dwd), dwd);
+                 }});
+}
+
 std::vector<OpCase> all_ops() {
   std::vector<OpCase> ops;
   add_gemm(ops, false, false, 37, 53, 29, 0.7f, 0.3f, 0, false);
@@ -836,6 +890,8 @@ std::vector<OpCase> all_ops() {
   add_permute(ops);
   add_router(ops);
   add_dispatch(ops);
+  add_grouped_swiglu(ops, false);
+  add_grouped_swiglu(ops, true);
   return ops;
 }
 

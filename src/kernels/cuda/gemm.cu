@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/device_select.h"
@@ -38,7 +39,8 @@ __global__ void fill_pattern_kernel(float* x, size_t n, unsigned mul) {
   x[i] = static_cast<float>((i * mul) % 1000) * 1e-3f - 0.5f;
 }
 
-Scratch g_bf16;  // bf16 copies of A and B
+Scratch g_bf16;          // bf16 copies of A and B
+Scratch g_grouped_ptrs;  // gemm_grouped's A, B and C pointer arrays
 
 // Rounds the stored [rows, cols] (row stride ld) operand to dense bf16 at dst.
 void convert(__nv_bfloat16* dst, const float* src, int rows, int cols, int ld) {
@@ -90,6 +92,68 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
   convert(a16, A, a_rows, a_cols, lda);
   convert(b16, B, b_rows, b_cols, ldb);
   gemm_ex(trans_a, trans_b, M, N, K, alpha, a16, a_cols, b16, b_cols, CUDA_R_16BF, beta, C, ldc);
+}
+
+void gemm_grouped(const GemmProblem* problems, int count) {
+  // Per-problem calls where the grouped call does not fit (bf16 inputs: see gemm.h), for K == 0
+  // (cuBLAS is not asked) and for the empty ones.
+  std::vector<const GemmProblem*> grouped;
+  for (int i = 0; i < count; ++i) {
+    const GemmProblem& p = problems[i];
+    MOE_CHECK(p.M >= 0 && p.N >= 0 && p.K >= 0, "gemm_grouped: problem ", i, " has M=", p.M,
+              " N=", p.N, " K=", p.K);
+    if (p.M == 0 || p.N == 0) continue;
+    if (gemm_bf16() || p.K == 0) {
+      gemm(p.trans_a, p.trans_b, p.M, p.N, p.K, 1.0f, p.A, p.lda, p.B, p.ldb, p.beta, p.C, p.ldc);
+      continue;
+    }
+    grouped.push_back(&p);
+  }
+  if (grouped.empty()) return;
+  // Column-major view of each row-major product (as gemm_ex): C^T = op(B)^T · op(A)^T, one group
+  // of one problem per product. The arrays are read on the host by this cuBLAS.
+  const size_t n = grouped.size();
+  std::vector<cublasOperation_t> ta(n), tb(n);
+  std::vector<int> m(n), nn(n), k(n), lda(n), ldb(n), ldc(n), size(n, 1);
+  std::vector<float> alpha(n, 1.0f), beta(n);
+  std::vector<const void*> a(n), b(n);
+  std::vector<void*> c(n);
+  for (size_t i = 0; i < n; ++i) {
+    const GemmProblem& p = *grouped[i];
+    const int a_cols = p.trans_a ? p.M : p.K, b_cols = p.trans_b ? p.K : p.N;
+    const int la = p.lda ? p.lda : a_cols, lb = p.ldb ? p.ldb : b_cols, lc = p.ldc ? p.ldc : p.N;
+    MOE_CHECK(la >= a_cols && lb >= b_cols && lc >= p.N, "gemm_grouped: row strides lda=", la,
+              " ldb=", lb, " ldc=", lc, " are below the row lengths ", a_cols, ", ", b_cols, ", ", p.N);
+    ta[i] = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    tb[i] = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    m[i] = p.N;
+    nn[i] = p.M;
+    k[i] = p.K;
+    a[i] = p.B;
+    lda[i] = lb;
+    b[i] = p.A;
+    ldb[i] = la;
+    c[i] = p.C;
+    ldc[i] = lc;
+    beta[i] = p.beta;
+  }
+  // The operand pointers go to the device (cuBLAS reads them there); the copy takes the host
+  // array at the call, and the product after it on the stream reads it.
+  const size_t ptr_bytes = align256(n * sizeof(void*));
+  char* ptrs = static_cast<char*>(g_grouped_ptrs.get(3 * ptr_bytes));
+  std::vector<const void*> all(3 * ptr_bytes / sizeof(void*), nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    all[i] = a[i];
+    all[ptr_bytes / sizeof(void*) + i] = b[i];
+    all[2 * ptr_bytes / sizeof(void*) + i] = c[i];
+  }
+  MOE_CUDA_CHECK(cudaMemcpyAsync(ptrs, all.data(), 3 * ptr_bytes, cudaMemcpyHostToDevice, stream()));
+  MOE_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
+      blas(), ta.data(), tb.data(), m.data(), nn.data(), k.data(), alpha.data(),
+      reinterpret_cast<const void* const*>(ptrs), CUDA_R_32F, lda.data(),
+      reinterpret_cast<const void* const*>(ptrs + ptr_bytes), CUDA_R_32F, ldb.data(), beta.data(),
+      reinterpret_cast<void* const*>(ptrs + 2 * ptr_bytes), CUDA_R_32F, ldc.data(),
+      static_cast<int>(n), size.data(), CUBLAS_COMPUTE_32F));
 }
 
 double measure_gemm_gflops(int n, int repeats, bool bf16) {

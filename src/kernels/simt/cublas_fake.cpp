@@ -227,28 +227,32 @@ cublasStatus_t cublasGemmGroupedBatchedEx(
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, std::string(call) + ": A " + type_name(Atype) +
                                                    ", B " + type_name(Btype) + ", C " +
                                                    type_name(Ctype) + " is not supported");
-  // The pointer arrays live in host memory (this cuBLAS reads them on the host), one entry per
-  // problem: sum(group_size) of them.
+  // The shapes, scalars and group sizes are host arrays; Aarray, Barray and Carray are device
+  // arrays of device pointers, one per problem (sum of group_size), read when the product runs.
   std::vector<Gemm> all;
   for (int g = 0; g < group_count; ++g) {
     if (group_size[g] < 0)
       return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string(call) + ": group_size[" +
                                                      std::to_string(g) + "] = " + std::to_string(group_size[g]));
-    Gemm p{transa_array[g], transb_array[g], m_array[g], n_array[g], k_array[g],
-           static_cast<const float*>(alpha_array)[g], static_cast<const float*>(beta_array)[g],
-           nullptr, nullptr, nullptr, Atype, Btype, Ctype, lda_array[g], ldb_array[g], ldc_array[g]};
+    const Gemm p{transa_array[g], transb_array[g], m_array[g], n_array[g], k_array[g],
+                 static_cast<const float*>(alpha_array)[g], static_cast<const float*>(beta_array)[g],
+                 nullptr, nullptr, nullptr, Atype, Btype, Ctype, lda_array[g], ldb_array[g], ldc_array[g]};
     if (auto s = check(p, call, g); s != CUBLAS_STATUS_SUCCESS) return s;
-    for (int i = 0; i < group_size[g]; ++i) {
-      const size_t at = all.size();
-      p.A = Aarray[at];
-      p.B = Barray[at];
-      p.C = Carray[at];
-      all.push_back(p);
-    }
+    for (int i = 0; i < group_size[g]; ++i) all.push_back(p);
   }
+  const size_t bytes = all.size() * sizeof(void*);
+  if (!device_range(Aarray, bytes) || !device_range(Barray, bytes) || !device_range(Carray, bytes))
+    return refuse(CUBLAS_STATUS_INVALID_VALUE,
+                  std::string(call) + ": Aarray, Barray and Carray must be device arrays of " +
+                      std::to_string(all.size()) + " pointers");
   if (sticky_error() != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
-  enqueue(call, [all, call] {
-    for (const Gemm& p : all) run(p, call);
+  enqueue(call, [all, call, Aarray, Barray, Carray]() mutable {
+    for (size_t i = 0; i < all.size(); ++i) {
+      all[i].A = Aarray[i];
+      all[i].B = Barray[i];
+      all[i].C = Carray[i];
+      run(all[i], call);
+    }
   });
   return CUBLAS_STATUS_SUCCESS;
 }
