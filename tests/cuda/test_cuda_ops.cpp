@@ -474,7 +474,10 @@ void add_permute(std::vector<OpCase>& ops) {
   struct S {
     int T, k, E, skip;
   };
-  for (S s : {S{50, 3, 7, 5}, S{1000, 1, 16, 3}, S{257, 4, 64, -1}}) {
+  // E = 12288 is the most experts count_kernel histograms in shared memory (48 KiB, the default
+  // limit); E = 12289 takes its global-memory path.
+  for (S s : {S{50, 3, 7, 5}, S{1000, 1, 16, 3}, S{257, 4, 64, -1}, S{300, 2, 12288, -1},
+              S{300, 2, 12289, -1}}) {
     const std::string shape = str_cat("T=", s.T, " k=", s.k, " E=", s.E,
                                       s.skip >= 0 ? str_cat(" (expert ", s.skip, " empty)") : "");
     ops.push_back({"count_pairs_per_expert", shape, 0.0, [=](Checker& c) {
