@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -80,8 +81,8 @@ float* device_floats(size_t n) {
 
 }  // namespace
 
-// One line per case; returns the number that failed.
-int run_simt_refusals() {
+// One line per case; returns (cases, failed).
+std::pair<int, int> run_simt_refusals() {
   struct Case {
     const char* name;
     std::function<std::string()> body;
@@ -187,6 +188,6 @@ int run_simt_refusals() {
                                                  : o.message;
     std::printf("%-62s %s: %s\n", c.name, ok ? "PASS" : "FAIL", what.c_str());
   }
-  return failed;
+  return {static_cast<int>(cases.size()), failed};
 }
 #endif

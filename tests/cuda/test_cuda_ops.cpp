@@ -901,7 +901,7 @@ std::vector<OpCase> all_ops() {
 }  // namespace
 
 #ifdef MOETRAIN_EMULATED_CUDA
-int run_simt_refusals();  // simt_refusals.cpp
+std::pair<int, int> run_simt_refusals();  // simt_refusals.cpp: (cases, failed)
 
 // The __global__ functions of the backend's source (src/kernels/cuda/*.cu), by name.
 std::vector<std::string> global_functions() {
@@ -985,25 +985,27 @@ int main(int argc, char** argv) {
 #ifdef MOETRAIN_EMULATED_CUDA
   // The emulated GPU is this CPU: the roofline is measured once at a small size (it only shows
   // the measurement runs).
-  const int roofline_n = 256;
+  const int roofline_n = 256, roofline_repeats = 2;
 #else
-  const int roofline_n = 4096;
+  const int roofline_n = 4096, roofline_repeats = 5;
 #endif
   for (bool bf16 : {false, true}) {
+    ++total;
     try {
       std::printf("gemm roofline %s n=%d: %.1f GFLOP/s\n", bf16 ? "bf16" : "fp32", roofline_n,
-                  moe::kernels::cuda::measure_gemm_gflops(roofline_n, 2, bf16));
+                  moe::kernels::cuda::measure_gemm_gflops(roofline_n, roofline_repeats, bf16));
     } catch (const std::exception& e) {
       ++failed;
       std::printf("measure_gemm_gflops %s: FAIL %s\n", bf16 ? "bf16" : "fp32", e.what());
     }
   }
 #ifdef MOETRAIN_EMULATED_CUDA
+  ++total;
   if (!kernel_count_line()) ++failed;
   std::printf("SIMT shim refusals:\n");
-  const int refused_wrong = run_simt_refusals();
+  const auto [refusals, refused_wrong] = run_simt_refusals();
   failed += refused_wrong;
-  total += 9;
+  total += refusals;
 #endif
   std::printf("cuda_ops: %d of %d cases passed\n", total - failed, total);
   return failed ? 1 : 0;
