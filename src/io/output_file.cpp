@@ -1,0 +1,159 @@
+// Outputs that never clobber what they must not (see output_file.h).
+#include "io/output_file.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "core/error.h"
+#include "io/data_file.h"
+
+namespace moe::io {
+namespace {
+
+// "--dump PATH" or "PATH" when no flag names it.
+std::string named(const std::string& flag, const std::string& path) {
+  return flag.empty() ? path : str_cat(flag, " ", path);
+}
+
+std::string parent_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// The target's type: absent or a regular file, else an error naming what it is.
+void check_kind(const std::string& path, const std::string& flag) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    MOE_CHECK(err == ENOENT, named(flag, path), ": cannot check the output path (", std::strerror(err), ")");
+    return;
+  }
+  MOE_CHECK(!S_ISLNK(st.st_mode), named(flag, path),
+            ": is a symbolic link; an output is written only as a new or regular file, never through a link");
+  MOE_CHECK(S_ISREG(st.st_mode), named(flag, path), ": is ", file_kind(st.st_mode),
+            "; an output must be a new or regular file");
+}
+
+}  // namespace
+
+void check_output_path(const std::string& path, const std::string& flag, const std::vector<std::string>& inputs) {
+  MOE_CHECK(!path.empty(), flag.empty() ? std::string("output path") : flag, " must not be empty");
+  check_kind(path, flag);
+  struct stat out {};
+  if (::stat(path.c_str(), &out) != 0) return;  // a new file is none of the inputs
+  for (const std::string& in : inputs) {
+    struct stat st {};
+    if (in.empty() || ::stat(in.c_str(), &st) != 0) continue;
+    const bool same = st.st_dev == out.st_dev && st.st_ino == out.st_ino;
+    MOE_CHECK(!same, named(flag, path), ": is the input ", in, "; an output never overwrites one of the run's inputs");
+    if (!S_ISDIR(st.st_mode)) continue;
+    // A folder read as a whole (an export, a checkpoint, a run): any entry directly inside it.
+    DIR* d = ::opendir(in.c_str());
+    if (!d) continue;
+    std::string hit;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name == "." || name == "..") continue;
+      struct stat es {};
+      if (::fstatat(::dirfd(d), e->d_name, &es, AT_SYMLINK_NOFOLLOW) == 0 && es.st_dev == out.st_dev &&
+          es.st_ino == out.st_ino) {
+        hit = in + "/" + name;
+        break;
+      }
+    }
+    ::closedir(d);
+    MOE_CHECK(hit.empty(), named(flag, path), ": is the input ", hit,
+              "; an output never overwrites one of the run's inputs");
+  }
+}
+
+AtomicFile::AtomicFile(const std::string& path, const std::string& flag) : path_(path), flag_(flag) {
+  check_kind(path_, flag_);
+  // Beside the target (the rename stays on one file system), under a name no one else chose:
+  // O_EXCL | O_NOFOLLOW never opens what is already there, a planted symlink included.
+  const std::string base = str_cat(path_, ".tmp.", ::getpid());
+  int err = 0;
+  for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
+    tmp_ = attempt == 0 ? base : str_cat(base, ".", attempt);
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    err = errno;
+    if (fd_ < 0 && err != EEXIST) break;
+  }
+  if (fd_ < 0)
+    throw Error(str_cat(named(flag_, path_), ": cannot write: cannot create ", tmp_, " (", std::strerror(err), ")"));
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+void AtomicFile::fail(const std::string& what, int err) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(tmp_.c_str());
+  tmp_.clear();
+  throw Error(str_cat(named(flag_, path_), ": cannot write: ", what, " (", std::strerror(err), ")"));
+}
+
+void AtomicFile::write(const void* data, size_t n) {
+  MOE_CHECK(fd_ >= 0 && !committed_, named(flag_, path_), ": write after commit or failure");
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      const int err = errno;
+      fail(str_cat("writing ", tmp_, " failed"), err);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void AtomicFile::commit() {
+  MOE_CHECK(fd_ >= 0 && !committed_, named(flag_, path_), ": commit after commit or failure");
+  if (::fsync(fd_) != 0 && errno != EINVAL) {
+    const int err = errno;
+    fail(str_cat("syncing ", tmp_, " failed"), err);
+  }
+  const int rc = ::close(fd_);
+  const int close_err = errno;
+  fd_ = -1;
+  if (rc != 0) fail(str_cat("closing ", tmp_, " failed"), close_err);
+  // The target again, as late as possible: something put there since the constructor (a link,
+  // a FIFO) is refused, not replaced.
+  try {
+    check_kind(path_, flag_);
+  } catch (...) {
+    ::unlink(tmp_.c_str());
+    tmp_.clear();
+    throw;
+  }
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    fail(str_cat("cannot rename ", tmp_, " into place"), err);
+  }
+  committed_ = true;
+  // The rename itself survives a crash once the folder is synced.
+  const int dfd = ::open(parent_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+void write_file_atomic(const std::string& path, std::string_view data, const std::string& flag) {
+  AtomicFile f(path, flag);
+  f.write(data);
+  f.commit();
+}
+
+}  // namespace moe::io
