@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "io/data_file.h"
 
 namespace moe::io {
 namespace {
@@ -46,17 +47,6 @@ IndexHeader parse_header(const uint8_t* p, size_t size, const std::string& file)
   return h;
 }
 
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) throw Error(str_cat(path, ": write failed: ", std::strerror(errno)));
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
 }  // namespace
 
 size_t dtype_item_size(uint8_t code) {
@@ -82,41 +72,32 @@ std::string idx_path(const std::string& prefix) { return prefix + ".idx"; }
 std::string bin_path(const std::string& prefix) { return prefix + ".bin"; }
 
 IndexHeader read_index_header(const std::string& idx_file) {
-  int fd = ::open(idx_file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(str_cat(idx_file, ": cannot open: ", std::strerror(errno)));
+  // Beside its dataset prefix: opened as every such file is (io/data_file.h), no symlink followed.
+  const DataFile f = open_data_file(idx_file, "dataset index", Origin::kInFolder);
   uint8_t buf[kIndexHeaderBytes];
   size_t got = 0;
   while (got < sizeof buf) {
-    ssize_t r = ::read(fd, buf + got, sizeof buf - got);
+    ssize_t r = ::read(f.fd(), buf + got, sizeof buf - got);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) break;
     got += static_cast<size_t>(r);
   }
-  ::close(fd);
   return parse_header(buf, got, idx_file);
 }
 
 MappedFile MappedFile::open(const std::string& path, const std::string& what) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw Error(str_cat(what, " ", path, ": cannot open: ", std::strerror(errno)));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw Error(str_cat(what, " ", path, ": not a regular file"));
-  }
+  // A dataset's files sit beside its prefix: O_NOFOLLOW, O_NONBLOCK, a regular file by fstat and
+  // sized on the descriptor (io::open_data_file), as a checkpoint's shards.
+  const DataFile f = open_data_file(path, what, Origin::kInFolder);
   MappedFile m;
-  m.size_ = static_cast<size_t>(st.st_size);
+  m.size_ = static_cast<size_t>(f.size());
   if (m.size_ > 0) {
-    void* p = ::mmap(nullptr, m.size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      throw Error(str_cat(what, " ", path, ": mmap of ", m.size_, " bytes failed: ", std::strerror(err)));
-    }
+    void* p = ::mmap(nullptr, m.size_, PROT_READ, MAP_PRIVATE, f.fd(), 0);
+    if (p == MAP_FAILED)
+      throw Error(str_cat(what, " ", path, ": mmap of ", m.size_, " bytes failed: ", std::strerror(errno)));
     m.data_ = static_cast<const uint8_t*>(p);
   }
-  ::close(fd);  // the mapping stays valid
-  return m;
+  return m;  // the mapping outlives the descriptor
 }
 
 MappedFile::MappedFile(MappedFile&& o) noexcept : data_(o.data_), size_(o.size_) {
@@ -173,7 +154,7 @@ IndexedDataset IndexedDataset::open(const std::string& prefix) {
   MOE_CHECK(extra == 0 || extra == S, ip, ": ", extra, " unexpected bytes after the document indices at offset ",
             end, " (expected none, or ", S, " sequence modes of a multimodal dataset)");
 
-  d.bin_ = MappedFile::open(bp, "dataset tokens");
+  d.bin_ = MappedFile::open(bp, "dataset token file");
   const uint64_t bin_size = d.bin_.size();
   for (uint64_t i = 0; i < S; ++i) {
     const int32_t len = load_le<int32_t>(p + d.lengths_at_ + 4 * i);
@@ -236,22 +217,15 @@ void IndexedDataset::copy_tokens(uint64_t k, uint64_t count, int32_t* out) const
   }
 }
 
-IndexedDatasetWriter::IndexedDatasetWriter(const std::string& prefix, uint8_t dtype_code)
-    : prefix_(prefix), dtype_(dtype_code) {
+IndexedDatasetWriter::IndexedDatasetWriter(const std::string& prefix, uint8_t dtype_code, const std::string& flag)
+    : prefix_(prefix), flag_(flag), dtype_(dtype_code) {
   MOE_CHECK(dtype_code == 1 || dtype_code == 8 || dtype_code == 4, "indexed dataset writer: dtype ",
             dtype_name(dtype_code), " is not one moetrain writes (uint8, uint16, int32)");
-  const std::string tmp = bin_path(prefix) + ".tmp";
-  fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error(str_cat(tmp, ": cannot create: ", std::strerror(errno)));
+  check_output_path(idx_path(prefix), flag_);  // both targets before any byte is written
+  bin_ = std::make_unique<AtomicFile>(bin_path(prefix), flag_);
 }
 
-IndexedDatasetWriter::~IndexedDatasetWriter() {
-  if (fd_ >= 0) ::close(fd_);
-  if (!finished_) {
-    std::remove((bin_path(prefix_) + ".tmp").c_str());
-    std::remove((idx_path(prefix_) + ".tmp").c_str());
-  }
-}
+IndexedDatasetWriter::~IndexedDatasetWriter() = default;  // an unfinished AtomicFile removes its temporary file
 
 void IndexedDatasetWriter::add_document(const int32_t* ids, size_t n) {
   MOE_CHECK(!finished_, prefix_, ": add_document after finish");
@@ -269,21 +243,15 @@ void IndexedDatasetWriter::add_document(const int32_t* ids, size_t n) {
   lengths_.push_back(static_cast<int32_t>(n));
   num_tokens_ += n;
   if (buf_.size() >= (1u << 20)) {
-    write_all(fd_, buf_.data(), buf_.size(), bin_path(prefix_) + ".tmp");
+    bin_->write(buf_.data(), buf_.size());
     buf_.clear();
   }
 }
 
 void IndexedDatasetWriter::finish() {
   MOE_CHECK(!finished_, prefix_, ": finish called twice");
-  const std::string bin_tmp = bin_path(prefix_) + ".tmp", idx_tmp = idx_path(prefix_) + ".tmp";
-  write_all(fd_, buf_.data(), buf_.size(), bin_tmp);
+  bin_->write(buf_.data(), buf_.size());
   buf_.clear();
-  if (::fsync(fd_) != 0 || ::close(fd_) != 0) {
-    fd_ = -1;
-    throw Error(str_cat(bin_tmp, ": write failed: ", std::strerror(errno)));
-  }
-  fd_ = -1;
   // The index: header, lengths, pointers (byte offsets), document indices 0..S.
   const uint64_t S = lengths_.size(), D = S + 1;
   std::vector<uint8_t> idx(kIndexHeaderBytes + 12 * S + 8 * D);
@@ -304,18 +272,10 @@ void IndexedDatasetWriter::finish() {
     const int64_t v = static_cast<int64_t>(j);
     std::memcpy(p + kIndexHeaderBytes + 12 * S + 8 * j, &v, 8);
   }
-  int fd = ::open(idx_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(str_cat(idx_tmp, ": cannot create: ", std::strerror(errno)));
-  try {
-    write_all(fd, idx.data(), idx.size(), idx_tmp);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) throw Error(str_cat(idx_tmp, ": write failed: ", std::strerror(errno)));
-  for (const auto& [from, to] : {std::pair{bin_tmp, bin_path(prefix_)}, std::pair{idx_tmp, idx_path(prefix_)}})
-    if (std::rename(from.c_str(), to.c_str()) != 0)
-      throw Error(str_cat(to, ": cannot rename ", from, " into place: ", std::strerror(errno)));
+  AtomicFile idx_file(idx_path(prefix_), flag_);
+  idx_file.write(idx.data(), idx.size());
+  bin_->commit();
+  idx_file.commit();
   finished_ = true;
 }
 

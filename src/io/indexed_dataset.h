@@ -17,8 +17,11 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "io/output_file.h"
 
 namespace moe::io {
 
@@ -43,7 +46,8 @@ struct IndexHeader {
 };
 IndexHeader read_index_header(const std::string& idx_file);
 
-// A read-only mapping of a whole file (empty files map to nothing).
+// A read-only mapping of a whole file beside a dataset prefix (empty files map to nothing): opened
+// by io::open_data_file as a file inside a folder, so a symbolic link, FIFO or device is refused.
 class MappedFile {
  public:
   MappedFile() = default;
@@ -91,11 +95,14 @@ class IndexedDataset {
 };
 
 // Writes PREFIX.bin and PREFIX.idx: one sequence per document (Megatron's preprocess_data.py
-// without --split-sentences). Both go to .tmp names first and are renamed by finish(); a writer
-// destroyed before finish() removes its temporary files.
+// without --split-sentences). Both are written through io::AtomicFile (io/output_file.h): each
+// target must be new or a regular file, the data goes to a temporary file created with O_EXCL |
+// O_NOFOLLOW beside it (a planted PREFIX.bin.tmp symlink is never written through), and finish()
+// renames both into place; a writer destroyed before finish() removes its temporary files.
+// Errors name `flag` ("--output") and the path.
 class IndexedDatasetWriter {
  public:
-  IndexedDatasetWriter(const std::string& prefix, uint8_t dtype_code);
+  IndexedDatasetWriter(const std::string& prefix, uint8_t dtype_code, const std::string& flag = "dataset");
   ~IndexedDatasetWriter();
   IndexedDatasetWriter(const IndexedDatasetWriter&) = delete;
   IndexedDatasetWriter& operator=(const IndexedDatasetWriter&) = delete;
@@ -105,9 +112,9 @@ class IndexedDatasetWriter {
   uint64_t num_tokens() const { return num_tokens_; }
 
  private:
-  std::string prefix_;
+  std::string prefix_, flag_;
   uint8_t dtype_;
-  int fd_ = -1;
+  std::unique_ptr<AtomicFile> bin_;
   bool finished_ = false;
   uint64_t num_tokens_ = 0;
   std::vector<int32_t> lengths_;

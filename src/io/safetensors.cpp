@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "io/json_file.h"
+#include "io/output_file.h"
 
 namespace moe::io {
 
@@ -136,35 +137,12 @@ std::string SafetensorsWriter::header_bytes() const {
   return out + json;
 }
 
-void SafetensorsWriter::write(const std::string& path) const {
-  const std::string tmp = path + ".tmp";
-  const std::string header = header_bytes();
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f)
-    throw Error(str_cat("cannot write safetensors file ", path, ": cannot create ", tmp, ": ",
-                        errno_str(errno)));
-  auto fail = [&](const char* what, int err) {
-    if (f) std::fclose(f);
-    std::remove(tmp.c_str());
-    throw Error(str_cat("cannot write safetensors file ", path, ": ", what, " ", tmp,
-                        " failed: ", errno_str(err)));
-  };
-  if (std::fwrite(header.data(), 1, header.size(), f) != header.size()) fail("writing", errno);
-  for (const auto& e : entries_) {
-    size_t bytes = e.info.end - e.info.begin;
-    if (bytes && std::fwrite(e.data, 1, bytes, f) != bytes) fail("writing", errno);
-  }
-  if (std::fflush(f) != 0) fail("flushing", errno);
-  if (::fsync(::fileno(f)) != 0 && errno != EINVAL) fail("syncing", errno);
-  int rc = std::fclose(f);
-  f = nullptr;
-  if (rc != 0) fail("closing", errno);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    std::remove(tmp.c_str());
-    throw Error(str_cat("cannot write safetensors file ", path, ": rename from ", tmp,
-                        " failed: ", errno_str(err)));
-  }
+void SafetensorsWriter::write(const std::string& path, const std::string& flag) const {
+  AtomicFile f(path, flag.empty() ? "safetensors file" : flag);
+  f.write(header_bytes());
+  for (const auto& e : entries_)
+    if (e.info.end > e.info.begin) f.write(e.data, e.info.end - e.info.begin);
+  f.commit();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -178,19 +156,11 @@ struct SafetensorsFile::Mapping {
   }
 };
 
-SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  // O_NONBLOCK: a FIFO in the file's place is refused below ("not a regular file") instead of
-  // blocking the open; it has no effect on regular files.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw Error(str_cat("safetensors file ", path, ": cannot open: ", errno_str(errno)));
-  try {
-    SafetensorsFile sf = from_fd(fd, path);
-    ::close(fd);
-    return sf;
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
+SafetensorsFile SafetensorsFile::open(const std::string& path, Origin origin) {
+  // io::open_data_file: O_NONBLOCK (a FIFO in the file's place is refused, not waited on), a
+  // regular file by fstat, O_NOFOLLOW for a file found inside a folder.
+  DataFile f = open_data_file(path, "safetensors file", origin);
+  return from_fd(f.fd(), path);
 }
 
 SafetensorsFile SafetensorsFile::from_fd(int fd, const std::string& path) {
@@ -213,30 +183,42 @@ SafetensorsFile SafetensorsFile::from_fd(int fd, const std::string& path) {
 
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(bytes[i]) << (8 * i);
+  // The length field's value is not printed: for a file that is not a safetensors file it is
+  // the file's first 8 bytes ("root:x:0" of /etc/passwd), and an error never quotes a file's bytes.
   if (n > kMaxHeaderBytes)
-    throw bad("header length ", n, " exceeds the limit of ", kMaxHeaderBytes, " bytes");
+    throw bad("the header length field (the first 8 bytes) exceeds the limit of ", kMaxHeaderBytes,
+              " bytes: not a safetensors file?");
   if (n > file_size - 8)
-    throw bad("header length ", n, " exceeds the ", file_size - 8,
-              " bytes that follow the length field");
+    throw bad("the header length field (the first 8 bytes) exceeds the ", file_size - 8,
+              " bytes that follow it: truncated, or not a safetensors file?");
   const uint64_t data_size = file_size - 8 - n;
   sf.data_section_ = bytes + 8 + n;
 
   // Parse, noting duplicate top-level keys (nlohmann keeps only the last one silently).
   std::set<std::string> seen;
   std::string duplicate;
+  size_t long_name = 0;
   // Depth-bounded (io::parse_json): a header of 100000 nested arrays is an error, not a crash.
   const nlohmann::json h = parse_json(
       std::string_view(reinterpret_cast<const char*>(bytes + 8), n),
       str_cat("safetensors file ", path, ": header"),
       [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
-        if (ev == nlohmann::json::parse_event_t::key && depth == 1 && duplicate.empty()) {
-          std::string k = parsed.get<std::string>();
-          if (!seen.insert(k).second) duplicate = k;
+        if (ev == nlohmann::json::parse_event_t::key && depth == 1) {
+          const std::string& k = parsed.get_ref<const std::string&>();
+          // Names of bounded length, as a checkpoint manifest's (the name itself is not echoed).
+          if (k.size() > kMaxTensorNameBytes) {
+            if (long_name == 0) long_name = k.size();
+          } else if (duplicate.empty() && !seen.insert(k).second) {
+            duplicate = k;
+          }
         }
         return true;
       });
   if (!h.is_object()) throw bad("header is not a JSON object");
-  if (!duplicate.empty()) throw bad("tensor name \"", duplicate, "\" appears twice in the header");
+  if (long_name > 0)
+    throw bad("a tensor name of ", long_name, " bytes in the header is longer than the limit of ",
+              kMaxTensorNameBytes);
+  if (!duplicate.empty()) throw bad("tensor name ", quoted(duplicate), " appears twice in the header");
 
   for (auto it = h.begin(); it != h.end(); ++it) {
     const std::string& name = it.key();
@@ -245,12 +227,12 @@ SafetensorsFile SafetensorsFile::from_fd(int fd, const std::string& path) {
       if (!v.is_object()) throw bad("__metadata__ is not an object");
       for (auto m = v.begin(); m != v.end(); ++m) {
         if (!m.value().is_string())
-          throw bad("__metadata__ value of \"", m.key(), "\" is not a string");
+          throw bad("__metadata__ value of ", quoted(m.key()), " is not a string");
         sf.metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
-    auto tbad = [&](const auto&... what) { return bad("tensor \"", name, "\": ", what...); };
+    auto tbad = [&](const auto&... what) { return bad("tensor ", quoted(name), ": ", what...); };
     if (!v.is_object()) throw tbad("entry is not an object");
     for (const char* key : {"dtype", "shape", "data_offsets"})
       if (!v.contains(key)) throw tbad("missing \"", key, "\"");
@@ -258,10 +240,10 @@ SafetensorsFile SafetensorsFile::from_fd(int fd, const std::string& path) {
     info.name = name;
     if (!v["dtype"].is_string()) throw tbad("\"dtype\" is not a string");
     info.dtype = v["dtype"].get<std::string>();
-    if (!is_known_dtype(info.dtype)) throw tbad("unknown dtype \"", info.dtype, "\"");
+    if (!is_known_dtype(info.dtype)) throw tbad("unknown dtype ", quoted(info.dtype, 32));
     if (!v["shape"].is_array()) throw tbad("\"shape\" is not an array");
     for (const auto& d : v["shape"]) {
-      if (!d.is_number_integer()) throw tbad("\"shape\" holds a non-integer ", d.dump());
+      if (!d.is_number_integer()) throw tbad("\"shape\" holds a non-integer ", excerpt(d));
       if (d.is_number_unsigned()) {
         uint64_t u = d.get<uint64_t>();
         if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
@@ -269,14 +251,14 @@ SafetensorsFile SafetensorsFile::from_fd(int fd, const std::string& path) {
         info.shape.push_back(static_cast<int64_t>(u));
       } else {
         int64_t s = d.get<int64_t>();
-        if (s < 0) throw tbad("negative dimension ", s, " in shape ", v["shape"].dump());
+        if (s < 0) throw tbad("negative dimension ", s, " in shape ", excerpt(v["shape"]));
         info.shape.push_back(s);
       }
     }
     const auto& off = v["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
         !off[1].is_number_unsigned())
-      throw tbad("\"data_offsets\" is not a pair of non-negative integers: ", off.dump());
+      throw tbad("\"data_offsets\" is not a pair of non-negative integers: ", excerpt(off));
     info.begin = off[0].get<uint64_t>();
     info.end = off[1].get<uint64_t>();
     if (info.begin > info.end)
@@ -302,8 +284,8 @@ SafetensorsFile SafetensorsFile::from_fd(int fd, const std::string& path) {
   for (size_t i = 0; i < sf.tensors_.size(); ++i) {
     const TensorInfo& t = sf.tensors_[i];
     if (t.begin < pos)
-      throw bad("tensors \"", sf.tensors_[i - 1].name, "\" and \"", t.name,
-                "\" overlap (", t.name, " begins at ", t.begin, ", before byte ", pos, ")");
+      throw bad("tensors ", quoted(sf.tensors_[i - 1].name), " and ", quoted(t.name), " overlap (",
+                quoted(t.name), " begins at ", t.begin, ", before byte ", pos, ")");
     if (t.begin > pos)
       throw bad("gap in the data section: bytes [", pos, ", ", t.begin, ") belong to no tensor");
     pos = t.end;
@@ -316,7 +298,7 @@ SafetensorsFile SafetensorsFile::from_fd(int fd, const std::string& path) {
 
 const TensorInfo& SafetensorsFile::info(const std::string& name) const {
   auto it = index_.find(name);
-  MOE_CHECK(it != index_.end(), "safetensors file ", path_, ": no tensor named \"", name, "\"");
+  MOE_CHECK(it != index_.end(), "safetensors file ", path_, ": no tensor named ", quoted(name));
   return tensors_[it->second];
 }
 
@@ -327,10 +309,10 @@ const void* SafetensorsFile::data(const std::string& name) const {
 void SafetensorsFile::read(const std::string& name, const std::string& dtype, void* dst,
                            const std::vector<int64_t>& expected_shape) const {
   const TensorInfo& t = info(name);
-  MOE_CHECK(t.dtype == dtype, "safetensors file ", path_, ": tensor \"", name, "\" has dtype ",
+  MOE_CHECK(t.dtype == dtype, "safetensors file ", path_, ": tensor ", quoted(name), " has dtype ",
             t.dtype, ", expected ", dtype);
-  MOE_CHECK(t.shape == expected_shape, "safetensors file ", path_, ": tensor \"", name,
-            "\" has shape ", shape_str(t.shape), ", expected ", shape_str(expected_shape));
+  MOE_CHECK(t.shape == expected_shape, "safetensors file ", path_, ": tensor ", quoted(name),
+            " has shape ", shape_str(t.shape), ", expected ", shape_str(expected_shape));
   if (t.end > t.begin) std::memcpy(dst, data_section_ + t.begin, t.end - t.begin);
   if (dtype == "F32" || dtype == "F64") require_finite(name);
 }
@@ -364,7 +346,7 @@ void scan_finite(const uint8_t* src, const TensorInfo& t, const std::string& whe
     at[d] = static_cast<int64_t>(rest % static_cast<size_t>(t.shape[d]));
     rest /= static_cast<size_t>(t.shape[d]);
   }
-  throw Error(str_cat(where, ": tensor \"", t.name, "\" holds ",
+  throw Error(str_cat(where, ": tensor ", quoted(t.name), " holds ",
                       std::isnan(bad) ? "NaN" : bad > 0 ? "+Inf" : "-Inf", " at ", shape_str(at),
                       " (", count, " non-finite of ", n, " elements): refusing non-finite values"));
 }

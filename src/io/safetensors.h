@@ -12,7 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "io/data_file.h"
+
 namespace moe::io {
+
+// Longest tensor name (and __metadata__ key) a reader accepts, in bytes; Hugging Face names are
+// under 100. A 40,000-character name is refused on open, naming the file, never echoed back.
+constexpr size_t kMaxTensorNameBytes = 1024;
 
 // Size in bytes of one element of a safetensors dtype ("F32" -> 4); throws moe::Error if unknown.
 size_t dtype_size(const std::string& dtype);
@@ -40,9 +46,11 @@ class SafetensorsWriter {
 
   // The complete header bytes (length field + padded JSON) write() would produce.
   std::string header_bytes() const;
-  // Writes "<path>.tmp", flushes it to disk, then renames it onto path. On any failure the .tmp
-  // file is removed and a moe::Error names the path and the OS error (e.g. "No space left").
-  void write(const std::string& path) const;
+  // Writes the file through io::AtomicFile (io/output_file.h): path must be new or a regular file
+  // (never a symlink, device or FIFO); a temporary file created with O_EXCL | O_NOFOLLOW beside it
+  // is flushed to disk and renamed onto path. On any failure the temporary file is removed and a
+  // moe::Error names `flag` (when given), the path and the OS error (e.g. "No space left").
+  void write(const std::string& path, const std::string& flag = "") const;
 
  private:
   struct Entry {
@@ -57,7 +65,9 @@ class SafetensorsWriter {
 // A validated, read-only, memory-mapped safetensors file. Copies share the mapping.
 class SafetensorsFile {
  public:
-  static SafetensorsFile open(const std::string& path);
+  // Origin::kNamed: a path the user typed (a symlink is followed); kInFolder: a file found inside
+  // a folder (a symlink is refused). Either way a regular file, sized on its descriptor.
+  static SafetensorsFile open(const std::string& path, Origin origin = Origin::kNamed);
   // Maps an already open file (e.g. opened with O_NOFOLLOW by the checkpoint loader); the fd is
   // not taken over, the caller closes it (the mapping outlives it). Errors name path.
   static SafetensorsFile from_fd(int fd, const std::string& path);

@@ -8,7 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/data_file.h"
 #include "io/json_file.h"
+#include "io/output_file.h"
 
 namespace moe::io {
 using nlohmann::json;
@@ -16,7 +18,7 @@ using nlohmann::json;
 std::string tokenizer_info_path(const std::string& prefix) { return prefix + ".tokenizer.json"; }
 
 TokenizerInfo read_tokenizer_info(const std::string& path) {
-  const json j = read_json_file(path, "tokenizer sidecar");
+  const json j = read_json_file(path, "tokenizer sidecar", /*no_follow=*/true);  // beside the dataset
   MOE_CHECK(j.is_object(), path, ": expected a JSON object");
   auto field = [&](const json& o, const char* name, const std::string& where) -> const json& {
     MOE_CHECK(o.contains(name), path, ": missing field \"", where, name, "\"");
@@ -25,19 +27,19 @@ TokenizerInfo read_tokenizer_info(const std::string& path) {
   auto count = [&](const json& o, const char* name, const std::string& where) {
     const json& v = field(o, name, where);
     MOE_CHECK(v.is_number_unsigned(), path, ": field \"", where, name, "\" must be a non-negative integer, got ",
-              v.dump());
+              excerpt(v));
     return v.get<uint64_t>();
   };
   TokenizerInfo t;
   const json& kind = field(j, "kind", "");
   MOE_CHECK(kind.is_string() && (kind == "bytes" || kind == "spm"), path,
-            ": field \"kind\" must be \"bytes\" or \"spm\", got ", kind.dump());
+            ": field \"kind\" must be \"bytes\" or \"spm\", got ", excerpt(kind));
   t.kind = kind.get<std::string>();
   if (t.kind == "spm") {
     const json& m = field(j, "model", "");
     MOE_CHECK(m.is_string() && !m.get<std::string>().empty() && m.get<std::string>().find('/') == std::string::npos &&
                   m != "." && m != "..",
-              path, ": field \"model\" must be a file name beside the dataset, got ", m.dump());
+              path, ": field \"model\" must be a file name beside the dataset, got ", excerpt(m));
     t.model = m.get<std::string>();
   }
   const uint64_t v = count(j, "vocab_size", "");
@@ -54,7 +56,7 @@ TokenizerInfo read_tokenizer_info(const std::string& path) {
   return t;
 }
 
-void write_tokenizer_info(const std::string& path, const TokenizerInfo& t) {
+void write_tokenizer_info(const std::string& path, const TokenizerInfo& t, const std::string& flag) {
   json j = {{"format", "moetrain tokenizer sidecar 1"},
             {"kind", t.kind},
             {"vocab_size", t.vocab_size},
@@ -63,14 +65,7 @@ void write_tokenizer_info(const std::string& path, const TokenizerInfo& t) {
             {"train", {{"tokens", t.train_tokens}, {"bytes", t.train_bytes}}},
             {"val", {{"tokens", t.val_tokens}, {"bytes", t.val_bytes}}}};
   if (!t.model.empty()) j["model"] = t.model;
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << j.dump(2) << "\n";
-    f.close();
-    MOE_CHECK(f.good(), tmp, ": write failed");
-  }
-  MOE_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": cannot rename ", tmp, " into place");
+  write_file_atomic(path, j.dump(2) + "\n", flag);
 }
 
 TokenCorpus TokenCorpus::load(const std::string& prefix, int vocab_size) {
@@ -94,7 +89,7 @@ TokenCorpus TokenCorpus::load(const std::string& prefix, int vocab_size) {
     }
   }
   const std::string side = tokenizer_info_path(prefix);
-  if (std::ifstream(side).good()) {
+  if (entry_exists(side)) {  // a symlinked sidecar is refused by its reader, not skipped
     c.info_ = read_tokenizer_info(side);
     c.has_info_ = true;
     const TokenizerInfo& t = c.info_;

@@ -31,8 +31,11 @@ struct TokenizerInfo {
   uint64_t train_tokens = 0, train_bytes = 0, val_tokens = 0, val_bytes = 0;
 };
 std::string tokenizer_info_path(const std::string& prefix);  // PREFIX.tokenizer.json
-TokenizerInfo read_tokenizer_info(const std::string& path);  // every field checked, errors name it
-void write_tokenizer_info(const std::string& path, const TokenizerInfo& info);  // .tmp, then renamed
+// Every field checked, errors name it; read as a plain file beside the dataset (no symlink).
+TokenizerInfo read_tokenizer_info(const std::string& path);
+// Through io::write_file_atomic (io/output_file.h); errors name `flag` and the path.
+void write_tokenizer_info(const std::string& path, const TokenizerInfo& info,
+                          const std::string& flag = "tokenizer sidecar");
 
 class TokenCorpus : public Corpus {
  public:

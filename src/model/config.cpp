@@ -10,6 +10,7 @@
 #include "core/checked_math.h"
 #include "core/error.h"
 #include "io/json_file.h"
+#include "io/output_file.h"
 
 namespace moe::model {
 namespace {
@@ -31,24 +32,24 @@ void read_field(const json& j, const char* name, T& out, bool required, const st
     return;
   }
   if constexpr (std::is_same_v<T, bool>) {
-    MOE_CHECK(it->is_boolean(), src, ": field \"", name, "\" must be true or false, got ", it->dump());
+    MOE_CHECK(it->is_boolean(), src, ": field \"", name, "\" must be true or false, got ", io::excerpt(*it));
   } else if constexpr (std::is_integral_v<T>) {
     // Whole numbers (32 or 32.0) within T's range: casting a double outside it is undefined.
     MOE_CHECK(it->is_number_integer() ||
                   (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>()),
-              src, ": field \"", name, "\" must be an integer, got ", it->dump());
+              src, ": field \"", name, "\" must be an integer, got ", io::excerpt(*it));
     MOE_CHECK(it->get<double>() >= static_cast<double>(std::numeric_limits<T>::min()) &&
                   it->get<double>() <= static_cast<double>(std::numeric_limits<T>::max()),
-              src, ": field \"", name, "\" = ", it->dump(), " is out of range [",
+              src, ": field \"", name, "\" = ", io::excerpt(*it), " is out of range [",
               std::numeric_limits<T>::min(), ", ", std::numeric_limits<T>::max(), "]");
   } else if constexpr (std::is_floating_point_v<T>) {
-    MOE_CHECK(it->is_number(), src, ": field \"", name, "\" must be a number, got ", it->dump());
+    MOE_CHECK(it->is_number(), src, ": field \"", name, "\" must be a number, got ", io::excerpt(*it));
     // Beyond T's range a double would become inf (and config.json would save it as null).
     MOE_CHECK(std::abs(it->get<double>()) <= static_cast<double>(std::numeric_limits<T>::max()),
-              src, ": field \"", name, "\" = ", it->dump(), " is out of range for a ",
+              src, ": field \"", name, "\" = ", io::excerpt(*it), " is out of range for a ",
               8 * sizeof(T), "-bit float");
   } else {
-    MOE_CHECK(it->is_string(), src, ": field \"", name, "\" must be a string, got ", it->dump());
+    MOE_CHECK(it->is_string(), src, ": field \"", name, "\" must be a string, got ", io::excerpt(*it));
   }
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     out = static_cast<T>(it->get<double>());
@@ -134,8 +135,8 @@ void ModelConfig::validate(const std::string& src) const {
   auto positive = [&](const char* name, long long v) {
     MOE_CHECK(v > 0, src, ": \"", name, "\" must be positive, got ", v);
   };
-  MOE_CHECK(model_type == "deepseek", src, ": model_type \"", model_type,
-            "\" is not supported for training (supported: deepseek)");
+  MOE_CHECK(model_type == "deepseek", src, ": model_type ", io::quoted(model_type, 64),
+            " is not supported for training (supported: deepseek)");
   positive("vocab_size", vocab_size);
   positive("hidden_size", hidden_size);
   positive("num_hidden_layers", num_hidden_layers);
@@ -163,12 +164,12 @@ void ModelConfig::validate(const std::string& src) const {
               num_experts_per_tok, ") exceeds n_routed_experts (", n_routed_experts, ")");
     MOE_CHECK(n_shared_experts >= 0, src, ": \"n_shared_experts\" must be >= 0, got ",
               n_shared_experts);
-    MOE_CHECK(scoring_func == "softmax" || scoring_func == "sigmoid", src, ": scoring_func \"",
-              scoring_func, "\" is not supported (supported: softmax, sigmoid)");
+    MOE_CHECK(scoring_func == "softmax" || scoring_func == "sigmoid", src, ": scoring_func ",
+              io::quoted(scoring_func, 64), " is not supported (supported: softmax, sigmoid)");
     MOE_CHECK(topk_method == "greedy" || topk_method == "group_limited_greedy" ||
                   topk_method == "noaux_tc",
-              src, ": topk_method \"", topk_method,
-              "\" is not supported (supported: greedy, group_limited_greedy, noaux_tc)");
+              src, ": topk_method ", io::quoted(topk_method, 64),
+              " is not supported (supported: greedy, group_limited_greedy, noaux_tc)");
     MOE_CHECK((scoring_func == "sigmoid") == (topk_method == "noaux_tc"), src,
               ": scoring_func \"", scoring_func, "\" is not supported with topk_method \"",
               topk_method, "\" (sigmoid goes with noaux_tc, softmax with greedy or group_limited_greedy)");
@@ -238,8 +239,8 @@ ModelConfig config_from_json(const json& j, const std::string& src) {
   return c;
 }
 
-ModelConfig load_config(const std::string& path) {
-  return config_from_json(io::read_json_file(path, "config file"), path);
+ModelConfig load_config(const std::string& path, bool in_folder) {
+  return config_from_json(io::read_json_file(path, "config file", /*no_follow=*/in_folder), path);
 }
 
 namespace {
@@ -301,15 +302,7 @@ static json config_json_common(const ModelConfig& c) {
 }
 
 void save_config(const ModelConfig& c, const std::string& path) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp);
-    MOE_CHECK(f.good(), tmp, ": cannot open for writing");
-    f << config_to_json(c).dump(2) << "\n";
-    f.flush();
-    MOE_CHECK(f.good(), tmp, ": write failed (disk full?)");
-  }
-  MOE_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": cannot rename ", tmp, " into place");
+  io::write_file_atomic(path, config_to_json(c).dump(2) + "\n", "config.json");
 }
 
 ModelConfig preset(const std::string& name) {

@@ -58,8 +58,11 @@ struct ModelConfig {
 // Parses a Hugging Face config.json object. Unknown fields are ignored; a missing required field
 // or a field of the wrong type is an error naming it and `source`.
 ModelConfig config_from_json(const nlohmann::json& j, const std::string& source);
-ModelConfig load_config(const std::string& path);
+// in_folder: a config.json found inside a folder (an export, a run): a symbolic link, a FIFO or a
+// device there is refused (io/data_file.h); a path the user typed (--config) is followed.
+ModelConfig load_config(const std::string& path, bool in_folder = false);
 nlohmann::json config_to_json(const ModelConfig& c);
+// Written through io::write_file_atomic: path is new or a regular file, never a link or device.
 void save_config(const ModelConfig& c, const std::string& path);
 
 // Named presets: "tiny" (the default training job), "test-moe" (1 dense + 2 MoE layers, E=8, k=2,

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "io/json_file.h"
+#include "io/output_file.h"
 
 namespace moe::plan {
 namespace {
@@ -253,28 +254,28 @@ class Fields {
   }
   double number(const json& o, const char* f, const std::string& path) const {
     const json& v = need(o, f, path);
-    MOE_CHECK(v.is_number(), w_, ": field \"", path, "\" must be a number, got ", v.dump());
+    MOE_CHECK(v.is_number(), w_, ": field \"", path, "\" must be a number, got ", io::excerpt(v));
     // 1e999 parses as inf: a profile number must be finite.
     MOE_CHECK(std::isfinite(v.get<double>()), w_, ": field \"", path, "\" must be finite, got ",
-              v.dump());
+              io::excerpt(v));
     return v.get<double>();
   }
   double number(const char* f) const { return number(j_, f, f); }
   int integer(const char* f) const {
     const json& v = need(j_, f, f);
-    MOE_CHECK(v.is_number_integer(), w_, ": field \"", f, "\" must be an integer, got ", v.dump());
+    MOE_CHECK(v.is_number_integer(), w_, ": field \"", f, "\" must be an integer, got ", io::excerpt(v));
     // get<int64_t>, not get<int>: 4294967297 must not wrap to 1.
     const bool in_range = v.is_number_unsigned()
                               ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int>::max())
                               : v.get<int64_t>() >= std::numeric_limits<int>::min() &&
                                     v.get<int64_t>() <= std::numeric_limits<int>::max();
-    MOE_CHECK(in_range, w_, ": field \"", f, "\" = ", v.dump(), " is out of range [",
+    MOE_CHECK(in_range, w_, ": field \"", f, "\" = ", io::excerpt(v), " is out of range [",
               std::numeric_limits<int>::min(), ", ", std::numeric_limits<int>::max(), "]");
     return static_cast<int>(v.get<int64_t>());
   }
   std::string string(const char* f) const {
     const json& v = need(j_, f, f);
-    MOE_CHECK(v.is_string(), w_, ": field \"", f, "\" must be a string, got ", v.dump());
+    MOE_CHECK(v.is_string(), w_, ": field \"", f, "\" must be a string, got ", io::excerpt(v));
     return v.get<std::string>();
   }
   LinkClass link(const char* f) const {
@@ -367,21 +368,8 @@ ClusterProfile load_profile(const std::string& path) {
   return p;
 }
 
-void save_profile(const ClusterProfile& p, const std::string& path) {
-  const std::string tmp = path + ".tmp";
-  bool ok;
-  {
-    std::ofstream f(tmp);
-    MOE_CHECK(f.good(), tmp, ": cannot open for writing");
-    f << profile_to_json(p).dump(1) << "\n";
-    f.flush();
-    ok = f.good();
-  }
-  if (!ok) std::remove(tmp.c_str());  // nothing half-written stays behind
-  MOE_CHECK(ok, tmp, ": write failed (disk full?)");
-  const bool moved = std::rename(tmp.c_str(), path.c_str()) == 0;
-  if (!moved) std::remove(tmp.c_str());
-  MOE_CHECK(moved, path, ": cannot rename ", tmp, " into place");
+void save_profile(const ClusterProfile& p, const std::string& path, const std::string& flag) {
+  io::write_file_atomic(path, profile_to_json(p).dump(1) + "\n", flag);
 }
 
 ClusterProfile resolve_cluster(const std::string& s) {

@@ -90,7 +90,9 @@ struct ClusterProfile {
 ClusterProfile cluster_preset(const std::string& name);  // frontier | dgx-h100
 std::vector<std::string> cluster_preset_names();
 ClusterProfile load_profile(const std::string& path);
-void save_profile(const ClusterProfile& p, const std::string& path);
+// Written through io::write_file_atomic (io/output_file.h): path is new or a regular file, never
+// a link, device or FIFO; errors name `flag` ("--save-cluster", "calibrate -o") and the path.
+void save_profile(const ClusterProfile& p, const std::string& path, const std::string& flag = "cluster profile");
 nlohmann::json profile_to_json(const ClusterProfile& p);
 ClusterProfile profile_from_json(const nlohmann::json& j, const std::string& where);
 ClusterProfile resolve_cluster(const std::string& name_or_path);

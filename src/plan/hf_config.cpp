@@ -31,10 +31,10 @@ class Reader {
     MOE_CHECK(has(f), src_, ": missing field \"", f, "\"");
     const json& v = j_[f];
     MOE_CHECK(v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()),
-              src_, ": field \"", f, "\" must be an integer, got ", v.dump());
+              src_, ": field \"", f, "\" must be an integer, got ", io::excerpt(v));
     const double d = v.get<double>();
     MOE_CHECK(d >= std::numeric_limits<int>::min() && d <= std::numeric_limits<int>::max(), src_,
-              ": field \"", f, "\" = ", v.dump(), " is out of range [", std::numeric_limits<int>::min(),
+              ": field \"", f, "\" = ", io::excerpt(v), " is out of range [", std::numeric_limits<int>::min(),
               ", ", std::numeric_limits<int>::max(), "]");
     return v.is_number_integer() ? v.get<long long>() : static_cast<long long>(d);
   }
@@ -51,7 +51,7 @@ class Reader {
   }
   bool boolean(const char* f, bool dflt) const {
     if (!has(f)) return dflt;
-    MOE_CHECK(j_[f].is_boolean(), src_, ": field \"", f, "\" must be true or false, got ", j_[f].dump());
+    MOE_CHECK(j_[f].is_boolean(), src_, ": field \"", f, "\" must be true or false, got ", io::excerpt(j_[f]));
     return j_[f].get<bool>();
   }
   const json& raw(const char* f) const { return j_[f]; }
@@ -131,7 +131,7 @@ PlanModel read_qwen2_moe(const Reader& r) {
     for (const json& v : a) {
       // get<int64_t>, not get<int>: 4294967296 must not wrap to layer 0.
       MOE_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < m.layers, r.src(),
-                ": \"mlp_only_layers\" holds ", v.dump(), ", not a layer index in [0, ", m.layers, ")");
+                ": \"mlp_only_layers\" holds ", io::excerpt(v), ", not a layer index in [0, ", m.layers, ")");
       mlp_only[static_cast<size_t>(v.get<int64_t>())] = true;
     }
   }

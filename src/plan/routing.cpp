@@ -58,7 +58,7 @@ RoutingStats read_routing_stats(const std::string& path) {
       for (const auto& x : layer) {
         // 1e999 parses as inf: a load must be a finite count, or every imbalance becomes NaN.
         MOE_CHECK(x.is_number() && x.get<double>() >= 0 && std::isfinite(x.get<double>()), path,
-                  ": line ", n, ": expert load ", x.dump(), " is not a count");
+                  ": line ", n, ": expert load ", io::excerpt(x), " is not a count");
         v.push_back(x.get<double>());
       }
       MOE_CHECK(s.experts == 0 || static_cast<int>(v.size()) == s.experts, path, ": line ", n, ": ",

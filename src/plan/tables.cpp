@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json_file.h"
 
 namespace moe::plan {
 namespace {
@@ -40,7 +41,7 @@ std::vector<double> numbers(const json& j, const char* f, const std::string& whe
   MOE_CHECK(j.is_object() && j.contains(f) && j[f].is_array(), where, ": missing list \"", f, "\"");
   std::vector<double> v;
   for (const json& x : j[f]) {
-    MOE_CHECK(x.is_number(), where, ": \"", f, "\" holds ", x.dump(), ", not a number");
+    MOE_CHECK(x.is_number(), where, ": \"", f, "\" holds ", io::excerpt(x), ", not a number");
     v.push_back(x.get<double>());
   }
   return v;

@@ -17,6 +17,8 @@
 #include "core/error.h"
 #include "io/corpus.h"
 #include "io/indexed_dataset.h"
+#include "io/json_file.h"
+#include "io/output_file.h"
 #include "io/token_corpus.h"
 #include "text/tokenizer.h"
 
@@ -81,17 +83,11 @@ void split_documents(std::string_view text, const std::string& mode, std::vector
   if (begin < text.size()) docs.push_back(text.substr(begin));
 }
 
+// The SentencePiece model the user named (--tokenizer spm:PATH) beside the dataset, written as
+// every output is (io/output_file.h).
 void copy_file(const std::string& from, const std::string& to) {
-  const std::string tmp = to + ".tmp";
-  {
-    std::ifstream in(from, std::ios::binary);
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << in.rdbuf();
-    out.close();
-    MOE_CHECK(in.good() || in.eof(), from, ": read failed");
-    MOE_CHECK(out.good(), tmp, ": write failed");
-  }
-  MOE_CHECK(std::rename(tmp.c_str(), to.c_str()) == 0, to, ": cannot rename ", tmp, " into place");
+  const std::string bytes = io::read_file_bounded(from, "SentencePiece model", size_t{1} << 30);
+  io::write_file_atomic(to, bytes, "--output");
 }
 
 }  // namespace
@@ -119,6 +115,17 @@ TokenizeResult run_tokenize(const TokenizeOptions& opts) {
   MOE_CHECK(dir.empty() || fs::is_directory(dir, ec), "--output ", opts.output, ": folder ", dir.string(),
             " does not exist");
 
+  // Every output: a new or regular file (never a link, FIFO or device), none of the inputs
+  // (io/output_file.h), checked before anything is read or trained. The SentencePiece model named
+  // by spm:PATH may already be PREFIX.model (then it is not copied).
+  {
+    std::vector<std::string> inputs = opts.inputs;
+    if (!bytes) io::check_output_path(res.prefix + ".model", "--output", inputs);
+    if (spm) inputs.push_back(spec.substr(4));
+    for (const std::string& out : {io::bin_path(res.prefix), io::idx_path(res.prefix), io::tokenizer_info_path(res.prefix)})
+      io::check_output_path(out, "--output", inputs);
+  }
+
   std::vector<std::string> texts;
   std::vector<std::string_view> docs;
   for (const std::string& in : opts.inputs) {
@@ -135,7 +142,7 @@ TokenizeResult run_tokenize(const TokenizeOptions& opts) {
     for (size_t d = 0; d < docs.size(); ++d)
       if (!io::TokenCorpus::is_val_document(d)) train_docs.push_back(docs[d]);
     res.model_path = res.prefix + ".model";
-    train_bpe(train_docs, bpe_vocab, res.model_path);
+    train_bpe(train_docs, bpe_vocab, res.model_path, "--output");
     tok = load_spm(res.model_path);
   } else {
     tok = load_spm(spec.substr(4));
@@ -150,7 +157,7 @@ TokenizeResult run_tokenize(const TokenizeOptions& opts) {
   info.model = res.model_path.empty() ? "" : fs::path(res.model_path).filename().string();
   info.vocab_size = res.vocab_size;
   info.documents = docs.size();
-  io::IndexedDatasetWriter writer(res.prefix, io::dtype_for_vocab(res.vocab_size));
+  io::IndexedDatasetWriter writer(res.prefix, io::dtype_for_vocab(res.vocab_size), "--output");
   std::vector<int32_t> ids;
   for (size_t d = 0; d < docs.size(); ++d) {
     tok->encode(docs[d], ids);
@@ -166,7 +173,7 @@ TokenizeResult run_tokenize(const TokenizeOptions& opts) {
     (val ? info.val_bytes : info.train_bytes) += docs[d].size();
   }
   writer.finish();
-  io::write_tokenizer_info(io::tokenizer_info_path(res.prefix), info);
+  io::write_tokenizer_info(io::tokenizer_info_path(res.prefix), info, "--output");
   res.documents = docs.size();
   res.tokens = info.train_tokens + info.val_tokens;
   res.bytes = info.train_bytes + info.val_bytes;

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "io/output_file.h"
 
 namespace moe::text {
 namespace {
@@ -122,7 +123,8 @@ std::unique_ptr<Tokenizer> load_spm(const std::string& model_path) {
   return t;
 }
 
-void train_bpe(const std::vector<std::string_view>& texts, int vocab_size, const std::string& model_path) {
+void train_bpe(const std::vector<std::string_view>& texts, int vocab_size, const std::string& model_path,
+               const std::string& flag) {
   MOE_CHECK(vocab_size >= 260 && vocab_size <= 1000000, "--tokenizer bpe:", vocab_size,
             ": the vocabulary must be in [260, 1000000] (256 byte pieces, <unk> and merges)");
   const std::unordered_map<std::string, std::string> args = {
@@ -149,14 +151,7 @@ void train_bpe(const std::vector<std::string_view>& texts, int vocab_size, const
     st = sentencepiece::SentencePieceTrainer::Train(args, &lines, &proto);
   }
   MOE_CHECK(st.ok(), "--tokenizer bpe:", vocab_size, ": SentencePiece training failed: ", st.ToString());
-  const std::string tmp = model_path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(proto.data(), static_cast<std::streamsize>(proto.size()));
-    f.close();
-    MOE_CHECK(f.good(), tmp, ": write failed");
-  }
-  MOE_CHECK(std::rename(tmp.c_str(), model_path.c_str()) == 0, model_path, ": cannot rename ", tmp, " into place");
+  io::write_file_atomic(model_path, proto, flag);
 }
 
 }  // namespace moe::text

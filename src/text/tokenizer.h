@@ -24,12 +24,13 @@ std::unique_ptr<Tokenizer> make_byte_tokenizer();
 std::unique_ptr<Tokenizer> load_spm(const std::string& model_path);
 
 // Trains a lossless SentencePiece BPE of vocab_size pieces on the lines of `texts` and writes the
-// model to model_path (a .tmp name, then renamed). Lossless: identity normalisation, no dummy
+// model to model_path (through io::write_file_atomic: a new or regular file, errors name `flag`). Lossless: identity normalisation, no dummy
 // prefix, whitespace kept as it is, byte fallback for every character not in the vocabulary
 // (newlines among them: training sees lines), so decode(encode(x)) == x and nats per token
 // convert exactly to nats per byte of the text. No BOS/EOS/PAD pieces; id 0 is <unk> (never
 // produced with byte fallback). vocab_size must leave room for the 256 byte pieces and the
 // characters of the text (SentencePiece's own error names the minimum).
-void train_bpe(const std::vector<std::string_view>& texts, int vocab_size, const std::string& model_path);
+void train_bpe(const std::vector<std::string_view>& texts, int vocab_size, const std::string& model_path,
+               const std::string& flag = "SentencePiece model");
 
 }  // namespace moe::text

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/timer.h"
+#include "io/output_file.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
@@ -361,6 +362,9 @@ void run_calibrate(const CalibrateOptions& o) {
   std::string error;
   if (root) {
     try {
+      // A new or regular file (io/output_file.h), before minutes of measuring; --append reads
+      // and rewrites the same profile on purpose.
+      io::check_output_path(o.out, "calibrate --out");
       if (o.append) {
         MOE_CHECK(std::filesystem::exists(o.out), o.out,
                   ": --append needs an existing profile (run `moetrain calibrate -o ", o.out, "` first)");
@@ -470,7 +474,7 @@ void run_calibrate(const CalibrateOptions& o) {
   }
   if (root) {
     p.validate(o.out);
-    plan::save_profile(p, o.out);
+    plan::save_profile(p, o.out, "calibrate --out");
     say(str_cat("wrote ", o.out, " (", n, " rank(s); sgemm peak ", p.peak_flops * 1e-9,
                 " GFLOP/s per rank, memory-bound ", p.elem_fwd.y.back() * 1e9, " / ", p.elem_bwd.y.back() * 1e9,
                 " ns per element fwd / bwd (+ ", p.recompute_fwd.y.back() * 1e9, " / ",

@@ -10,6 +10,8 @@
 #include <map>
 
 #include "core/error.h"
+#include "io/data_file.h"
+#include "io/output_file.h"
 #include "io/safetensors.h"
 
 namespace moe::train {
@@ -22,26 +24,6 @@ std::string shard_name(int rank) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "shard-%05d.safetensors", rank);
   return buf;
-}
-
-// Writes text to path atomically (tmp + fsync + rename).
-void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  MOE_CHECK(f, tmp, ": cannot open for writing (", std::strerror(errno), ")");
-  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  ok = std::fflush(f) == 0 && ok;
-  ok = ::fsync(fileno(f)) == 0 && ok;
-  const int err = errno;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    throw Error(str_cat(path, ": write failed (", std::strerror(err), ")"));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error(str_cat(path, ": cannot rename into place (", std::strerror(errno), ")"));
-  }
 }
 
 void fsync_dir(const std::string& dir) {
@@ -75,16 +57,8 @@ std::vector<std::pair<int, fs::path>> complete_checkpoints(const std::string& di
 }  // namespace
 
 uint64_t file_checksum(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  MOE_CHECK(fd >= 0, path, ": cannot open (", std::strerror(errno), ")");
-  try {
-    const uint64_t h = fd_checksum(fd, path);
-    ::close(fd);
-    return h;
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
+  const io::DataFile f = io::open_data_file(path, "checkpoint shard", io::Origin::kInFolder);
+  return fd_checksum(f.fd(), path);
 }
 
 std::string save_checkpoint(const comm::Group& world, const std::string& dir, int keep,
@@ -179,7 +153,7 @@ std::string save_checkpoint(const comm::Group& world, const std::string& dir, in
                 {"router_bias", meta.router_bias},
                 {"tensors", index},
                 {"shards", shards}};
-      write_file_atomic(tmp_dir + "/manifest.json", m.dump(1) + "\n");
+      io::write_file_atomic(tmp_dir + "/manifest.json", m.dump(1) + "\n", "checkpoint manifest");
       fsync_dir(tmp_dir);
       std::error_code ec;
       fs::remove_all(final_dir, ec);  // a stale folder of the same step (an earlier run)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/data_file.h"
 #include "io/json_file.h"
 #include "io/parse_number.h"
 #include "io/safetensors.h"
@@ -29,11 +30,7 @@ bool plain_chars(const std::string& s) {
   return true;
 }
 
-// A JSON string for an error message, cut to a readable length.
-std::string quoted(const std::string& s) {
-  std::string d = json(s).dump(-1, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace);
-  return d.size() > 120 ? d.substr(0, 117) + "...\"" : d;
-}
+using io::quoted;  // a name from the manifest in a message: escaped, one line, cut short
 
 // An integer field in [0, INT_MAX]; `dflt` < 0 makes it required.
 int small_int(const json& m, const char* f, int dflt, const std::string& mpath) {
@@ -53,7 +50,7 @@ int small_int(const json& m, const char* f, int dflt, const std::string& mpath) 
     ok = v >= 0 && v <= INT_MAX;
   }
   MOE_CHECK(ok, mpath, ": field \"", f, "\" must be an integer in [0, ", INT_MAX, "], got ",
-            it->dump().substr(0, 64));
+            io::excerpt(*it));
   return static_cast<int>(v);
 }
 
@@ -61,7 +58,7 @@ uint64_t u64_string(const json& m, const char* f, const std::string& mpath) {
   auto it = m.find(f);
   MOE_CHECK(it != m.end(), mpath, ": field \"", f, "\" is missing");
   MOE_CHECK(it->is_string(), mpath, ": field \"", f, "\" must be a decimal string, got ",
-            it->dump().substr(0, 64));
+            io::excerpt(*it));
   return io::parse_int<uint64_t>(it->get<std::string>(), str_cat(mpath, ": field \"", f, "\""));
 }
 
@@ -82,7 +79,7 @@ bool is_plain_shard_name(const std::string& name) {
 }
 
 bool is_plain_tensor_name(const std::string& name) {
-  return !name.empty() && name.size() <= 1024 && plain_chars(name) &&
+  return !name.empty() && name.size() <= io::kMaxTensorNameBytes && plain_chars(name) &&
          name.find("..") == std::string::npos;
 }
 
@@ -148,7 +145,7 @@ Manifest parse_manifest(const std::string& text, const std::string& mpath) {
     MOE_CHECK(is_plain_tensor_name(name), mpath, ": tensor name ", quoted(name),
               " is not a plain tensor name (allowed: letters, digits, '.', '_', '-'; no \"..\")");
     MOE_CHECK(shard.is_string(), mpath, ": tensor ", name, ": its shard must be a file name, got ",
-              shard.dump().substr(0, 64));
+              io::excerpt(shard));
     const std::string s = shard.get<std::string>();
     MOE_CHECK(is_plain_shard_name(s), mpath, ": tensor ", name, ": shard name ", quoted(s),
               " is not a plain file name inside the checkpoint folder");
@@ -177,28 +174,13 @@ Manifest read_manifest(const std::string& dir) {
 int open_shard(const std::string& dir, const std::string& shard, const ShardInfo& info) {
   MOE_CHECK(is_plain_shard_name(shard), dir, ": shard name ", quoted(shard),
             " is not a plain file name inside the checkpoint folder");
-  const std::string path = dir + "/" + shard;
-  // O_NOFOLLOW: a symlink is refused, not followed out of the folder; O_NONBLOCK: a FIFO put
-  // in a shard's place is refused below instead of blocking the open.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) {
-    const int err = errno;
-    MOE_CHECK(err != ENOENT, dir, ": shard ", shard, " is missing");
-    MOE_CHECK(err != ELOOP, dir, ": shard ", shard,
-              " is a symbolic link (refused: a checkpoint reads only plain files inside its folder)");
-    throw Error(str_cat(dir, ": shard ", shard, ": cannot open (", std::strerror(err), ")"));
-  }
-  struct stat st {};
-  const bool stat_ok = ::fstat(fd, &st) == 0;
-  const int err = errno;
-  if (!stat_ok || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != info.bytes) {
-    ::close(fd);
-    MOE_CHECK(stat_ok, dir, ": shard ", shard, ": cannot stat (", std::strerror(err), ")");
-    MOE_CHECK(S_ISREG(st.st_mode), dir, ": shard ", shard, " is not a regular file");
-    throw Error(str_cat(dir, ": shard ", shard, " has ", st.st_size, " bytes, the manifest says ",
-                        info.bytes, " (truncated?)"));
-  }
-  return fd;
+  // As every data file found inside a folder (io/data_file.h): O_NOFOLLOW (a symlink is refused,
+  // not followed out of the folder), O_NONBLOCK (a FIFO in a shard's place is refused instead of
+  // blocking the open), a regular file by fstat, its size taken on the descriptor.
+  io::DataFile f = io::open_in_folder(dir, shard, "shard", "a checkpoint");
+  MOE_CHECK(f.size() == info.bytes, dir, ": shard ", shard, " has ", f.size(), " bytes, the manifest says ",
+            info.bytes, " (truncated?)");
+  return f.release();
 }
 
 uint64_t fd_checksum(int fd, const std::string& path) {

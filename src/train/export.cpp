@@ -2,12 +2,12 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <vector>
 
 #include "core/error.h"
+#include "io/output_file.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/params.h"
@@ -22,10 +22,17 @@ ExportResult export_checkpoint(const std::string& checkpoint, const std::string&
   MOE_CHECK(max_shard_bytes > 0, "export: shard size must be positive");
   CheckpointMeta meta = read_checkpoint_meta(checkpoint, /*verify=*/true);
   model::ModelConfig cfg = model::config_from_json(meta.config, checkpoint + "/manifest.json");
-  // The output folder: writable and ours alone (a second export or a training run into it is
-  // refused) before the weights are read.
+  // The output folder: not the checkpoint it reads, writable and ours alone (a second export or a
+  // training run into it is refused) before the weights are read.
+  std::error_code same_ec;
+  MOE_CHECK(!fs::equivalent(out_dir, checkpoint, same_ec), "export OUT ", out_dir,
+            ": is the checkpoint folder it reads; an output never overwrites one of the run's inputs");
   check_output_dir(out_dir, "export OUT");
   DirLock lock = DirLock::acquire(out_dir, "export OUT", str_cat("moetrain export ", checkpoint, " ", out_dir));
+  // Every file it writes: a new or regular file (never a link, FIFO or device), none of the
+  // checkpoint's files (io/output_file.h), checked before anything is removed or written.
+  for (const char* f : {"config.json", "model.safetensors", "model.safetensors.index.json"})
+    io::check_output_path(out_dir + "/" + f, "export OUT", {checkpoint});
   model::ParamLayout layout(cfg);
   std::vector<float> params(layout.total());
   load_checkpoint_tensors(checkpoint, layout, params.data(), nullptr, nullptr);
@@ -72,16 +79,12 @@ ExportResult export_checkpoint(const std::string& checkpoint, const std::string&
       w.add_f32(s->name, s->shape, params.data() + s->offset);
       weight_map[s->name] = name;
     }
-    w.write(out_dir + "/" + name);
+    io::check_output_path(out_dir + "/" + name, "export OUT", {checkpoint});
+    w.write(out_dir + "/" + name, "export OUT");
   }
   if (n > 1) {
     nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    std::ofstream f(out_dir + "/model.safetensors.index.json.tmp");
-    f << index.dump(2) << "\n";
-    f.close();
-    MOE_CHECK(f.good(), out_dir, "/model.safetensors.index.json: write failed");
-    fs::rename(out_dir + "/model.safetensors.index.json.tmp", out_dir + "/model.safetensors.index.json", ec);
-    MOE_CHECK(!ec, out_dir, "/model.safetensors.index.json: cannot rename into place");
+    io::write_file_atomic(out_dir + "/model.safetensors.index.json", index.dump(2) + "\n", "export OUT");
   }
   model::save_config(cfg, out_dir + "/config.json");  // last: the folder is usable once it exists
   return {n, total};

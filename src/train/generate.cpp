@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/data_file.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
@@ -21,31 +22,34 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool is_file(const fs::path& p) {
-  std::error_code ec;
-  return fs::is_regular_file(p, ec);
-}
+// Whether the folder has an entry of that name, a symbolic link included (lstat): a symlinked
+// manifest.json or config.json is refused by its reader, not skipped or followed.
+bool has_entry(const std::string& p) { return io::entry_exists(p); }
 
 // An exported folder's weights into `params` (host, laid out by `layout`): model.safetensors, or
-// the shards model.safetensors.index.json names. Every parameter exactly once, nothing else.
+// the shards model.safetensors.index.json names. Every parameter exactly once, nothing else. Each
+// file is opened as a checkpoint's shards are: a plain name inside the folder, O_NOFOLLOW, a
+// regular file (io::open_in_folder).
 void load_export_weights(const std::string& dir, const model::ParamLayout& layout, float* params) {
   const std::string index_path = dir + "/model.safetensors.index.json";
   std::map<std::string, std::string> file_of;  // tensor -> weight file (plain name in dir)
-  if (is_file(index_path)) {
-    const nlohmann::json index = io::read_json_file(index_path, "safetensors index");
+  if (has_entry(index_path)) {
+    const nlohmann::json index = io::read_json_file(index_path, "safetensors index", /*no_follow=*/true);
     MOE_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
               index_path, ": no \"weight_map\" object");
     for (const auto& [name, file] : index["weight_map"].items()) {
+      MOE_CHECK(layout.contains(name), index_path, ": unexpected tensor ", io::quoted(name),
+                " (not a parameter of this config)");
       MOE_CHECK(file.is_string(), index_path, ": weight_map[\"", name, "\"] is not a file name");
       const std::string f = file.get<std::string>();
-      MOE_CHECK(!f.empty() && f.find('/') == std::string::npos && f != "." && f != "..", index_path,
-                ": weight_map[\"", name, "\"] = \"", f, "\" is not a plain file name in the folder");
-      MOE_CHECK(layout.contains(name), index_path, ": unexpected tensor \"", name,
-                "\" (not a parameter of this config)");
+      // As a checkpoint's shard names: letters, digits, '.', '_', '-', no "..", ending .safetensors.
+      MOE_CHECK(is_plain_shard_name(f), index_path, ": weight_map[\"", name, "\"] = ", io::quoted(f),
+                " is not a plain file name inside the folder (allowed: letters, digits, '.', '_', '-'; no \"..\", "
+                "no '/', ending .safetensors)");
       file_of[name] = f;
     }
   } else {
-    MOE_CHECK(is_file(dir + "/model.safetensors"), dir,
+    MOE_CHECK(has_entry(dir + "/model.safetensors"), dir,
               ": neither model.safetensors nor model.safetensors.index.json is there");
     for (const model::ParamSpec& s : layout.specs()) file_of[s.name] = "model.safetensors";
   }
@@ -54,15 +58,17 @@ void load_export_weights(const std::string& dir, const model::ParamLayout& layou
     auto it = file_of.find(s.name);
     MOE_CHECK(it != file_of.end(), index_path, ": tensor \"", s.name, "\" is missing");
     auto f = files.find(it->second);
-    if (f == files.end())
-      f = files.emplace(it->second, io::SafetensorsFile::open(dir + "/" + it->second)).first;
+    if (f == files.end()) {
+      const io::DataFile df = io::open_in_folder(dir, it->second, "weight file", "a model folder");
+      f = files.emplace(it->second, io::SafetensorsFile::from_fd(df.fd(), dir + "/" + it->second)).first;
+    }
     MOE_CHECK(f->second.has(s.name), f->second.path(), ": tensor \"", s.name, "\" is missing");
     f->second.read_f32(s.name, params + s.offset, s.shape);  // shape, dtype and finiteness checked
   }
   for (const auto& [name, f] : files)
     for (const io::TensorInfo& t : f.tensors())
-      MOE_CHECK(layout.contains(t.name), f.path(), ": unexpected tensor \"", t.name,
-                "\" (not a parameter of this config)");
+      MOE_CHECK(layout.contains(t.name), f.path(), ": unexpected tensor ", io::quoted(t.name),
+                " (not a parameter of this config)");
 }
 
 // Refuses a config whose weights this host cannot hold before anything is allocated: the
@@ -90,7 +96,7 @@ LoadedModel load_model_for_inference(const std::string& path_in) {
             ": no such folder (expected a checkpoint step-N folder or an exported model folder)");
   std::string path = path_in;
   // A folder of checkpoints (out/checkpoints): its newest complete one.
-  if (!is_file(path + "/manifest.json") && !is_file(path + "/config.json")) {
+  if (!has_entry(path + "/manifest.json") && !has_entry(path + "/config.json")) {
     const std::string latest = find_latest_checkpoint(path);
     MOE_CHECK(!latest.empty(), path, ": neither a checkpoint (manifest.json), a folder of "
               "checkpoints, nor an exported model (config.json)");
@@ -98,7 +104,8 @@ LoadedModel load_model_for_inference(const std::string& path_in) {
   }
   LoadedModel out;
   std::vector<float> host;
-  if (is_file(path + "/manifest.json")) {
+  out.folder = path;
+  if (has_entry(path + "/manifest.json")) {
     const CheckpointMeta meta = read_checkpoint_meta(path, /*verify=*/true);
     out.source = path + "/manifest.json";
     const model::ModelConfig cfg = model::config_from_json(meta.config, out.source);
@@ -108,7 +115,7 @@ LoadedModel load_model_for_inference(const std::string& path_in) {
     load_checkpoint_tensors(path, out.model->layout(), host.data(), nullptr, nullptr);
   } else {
     out.source = path + "/config.json";
-    const model::ModelConfig cfg = model::load_config(out.source);
+    const model::ModelConfig cfg = model::load_config(out.source, /*in_folder=*/true);
     check_fits(cfg, out.source);
     out.model = std::make_unique<model::Model>(cfg);
     host.resize(out.model->num_params());

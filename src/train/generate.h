@@ -32,9 +32,13 @@ struct GenerateOptions {
 // A model read for inference, on the active device. Errors (missing folder, bad manifest,
 // checksum, shapes, non-finite weights, a weight file of another config) name the file and tensor;
 // `source` is the file the config came from.
+// Every file of an exported folder (config.json, model.safetensors, the index and its shards) is
+// read as a checkpoint's shards are (io/data_file.h): a plain file inside the folder, never a
+// symbolic link followed out of it, names from the index plain file names, sizes on the descriptor.
 struct LoadedModel {
   std::unique_ptr<model::Model> model;
   std::string source;
+  std::string folder;  // the checkpoint or export folder the weights came from (the run's input)
 };
 LoadedModel load_model_for_inference(const std::string& path);
 

@@ -15,20 +15,14 @@
 #include <utility>
 
 #include "core/error.h"
+#include "io/data_file.h"
 
 namespace moe::train {
 namespace fs = std::filesystem;
 
 namespace {
 
-const char* file_kind(mode_t m) {
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISFIFO(m)) return "a FIFO (named pipe)";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  if (S_ISSOCK(m)) return "a socket";
-  return "not a regular file";
-}
+using io::file_kind;
 
 // The whole file as text (best effort, for naming a lock's holder).
 std::string read_small(int fd) {
@@ -59,8 +53,10 @@ void check_output_dir(const std::string& dir, const std::string& flag) {
   MOE_CHECK(fs::is_directory(dir, ec), dir, ": cannot create output folder (exists and is not a folder)");
   // A probe file proves writability as this user (access(W_OK) is wrong on read-only mounts and
   // for root).
-  const std::string probe = str_cat(dir, "/.moetrain-write-test.", getpid());
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // mkstemp creates it with O_EXCL: a file or symlink planted at a guessable name is never
+  // opened, let alone truncated.
+  std::string probe = str_cat(dir, "/.moetrain-write-test.XXXXXX");
+  const int fd = ::mkstemp(probe.data());
   if (fd < 0) throw Error(str_cat(dir, ": ", flag, " is not writable: ", std::strerror(errno)));
   ::close(fd);
   ::unlink(probe.c_str());
@@ -72,8 +68,16 @@ DirLock DirLock::acquire(const std::string& dir, const std::string& flag, const 
   MOE_CHECK(!ec, dir, ": cannot create output folder (", ec.message(), ")");
   const std::string path = dir + "/" + kLockFileName;
   DirLock lock;
-  lock.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // The lock file is written (the holder's line, after a truncate): an output like any other
+  // (io/output_file.h), so never a symlink followed out of the folder, a FIFO or a device.
+  lock.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (lock.fd_ < 0 && errno == ELOOP)
+    throw Error(str_cat(flag, " ", path, ": is a symbolic link; the lock file is written only as a new or regular file, "
+                        "never through a link"));
   if (lock.fd_ < 0) throw Error(str_cat(path, ": cannot create the lock file of ", flag, ": ", std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(lock.fd_, &st) != 0 || !S_ISREG(st.st_mode))
+    throw Error(str_cat(flag, " ", path, ": is ", file_kind(st.st_mode), "; the lock file must be a new or regular file"));
   if (::flock(lock.fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     std::string holder = read_small(lock.fd_);

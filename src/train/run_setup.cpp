@@ -10,6 +10,8 @@
 #include "core/rng.h"
 #include "io/dataset.h"
 #include "io/indexed_dataset.h"
+#include "io/output_file.h"
+#include "io/token_corpus.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_bf16_cpu.h"
 #include "kernels/peak_rate.h"
@@ -171,12 +173,17 @@ std::unique_ptr<RunSetup> setup_run(const TrainOptions& opts) {
       const std::string what = str_cat("moetrain train --out ", opts.out_dir, " (", world.size(), " rank(s))");
       check_output_dir(opts.out_dir, "--out");
       r.out_lock = DirLock::acquire(opts.out_dir, "--out", what);
-      for (const char* f : {"model.safetensors", "config.json", "metrics.jsonl"}) {
-        const fs::path p = fs::path(opts.out_dir) / f;
-        std::error_code ec;
-        MOE_CHECK(!fs::exists(p, ec) || fs::is_regular_file(p, ec), p.string(),
-                  ": exists and is not a regular file; the run could not write its results there");
+      // Its files: new or regular (never a link, FIFO, device or folder), none of the run's
+      // inputs (io/output_file.h): --data, --config, the --resume checkpoint.
+      std::vector<std::string> inputs = {opts.model.config_path, opts.checkpoint.resume == "latest" ? "" : opts.checkpoint.resume};
+      if (indexed) {
+        const std::string prefix = io::indexed_prefix(data_path);
+        inputs.insert(inputs.end(), {io::idx_path(prefix), io::bin_path(prefix), io::tokenizer_info_path(prefix)});
+      } else {
+        inputs.push_back(data_path);
       }
+      for (const char* f : {"model.safetensors", "config.json", "metrics.jsonl", "metrics.jsonl.prev"})
+        io::check_output_path(opts.out_dir + "/" + f, "--out", inputs);
       check_output_dir(ckpt_dir, opts.checkpoint.dir.empty() ? "--out (its checkpoints folder)" : "--checkpoint.dir");
       std::error_code ec;
       if (!fs::equivalent(ckpt_dir, opts.out_dir, ec))

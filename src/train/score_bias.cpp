@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "io/json_file.h"
 #include "moe/router.h"
 
 namespace moe::train {
@@ -67,7 +68,7 @@ void ScoreBias::load_json(const nlohmann::json& j, const std::string& where) {
       const nlohmann::json& v = (*it)[e];
       MOE_CHECK(v.is_number() && std::isfinite(v.get<double>()) &&
                     std::abs(v.get<double>()) <= 3.4e38,
-                where, "[\"", key, "\"][", e, "] = ", v.dump(), " is not a finite float");
+                where, "[\"", key, "\"][", e, "] = ", io::excerpt(v), " is not a finite float");
       bias_[i * E_ + e] = static_cast<float>(v.get<double>());
     }
   }
