@@ -6,6 +6,8 @@
 #include "core/error.h"
 #include "io/corpus.h"
 #include "io/indexed_dataset.h"
+#include "io/output_file.h"
+#include "io/token_corpus.h"
 #include "io/safetensors.h"
 #include "kernels/gemm.h"
 #include "train/generate.h"
@@ -42,13 +44,25 @@ int run_eval_command(CLI::App& app, EvalCli& s) {
   MOE_CHECK(ranks == 1, "eval runs in one process, but this is one of ", ranks,
             " ranks started by a launcher (mpirun/srun): run `moetrain eval` without it");
   kernels::set_blas_threads(s.threads);
+  const std::string data_path = s.data_path.empty() ? train::default_corpus_path() : s.data_path;
+  const bool indexed = io::is_indexed_dataset(data_path);
+  // The run's inputs: the model folder (every file directly in it) and the data's files. --dump
+  // is none of them, and a new or regular file (io/output_file.h), checked before any work.
+  std::vector<std::string> inputs = {s.model_path};
+  if (indexed) {
+    const std::string prefix = io::indexed_prefix(data_path);
+    inputs.insert(inputs.end(), {io::idx_path(prefix), io::bin_path(prefix), io::tokenizer_info_path(prefix)});
+  } else {
+    inputs.push_back(data_path);
+  }
+  if (!s.dump_path.empty()) io::check_output_path(s.dump_path, "--dump", inputs);
   train::LoadedModel lm = train::load_model_for_inference(s.model_path);
+  inputs.push_back(lm.folder);  // a folder of checkpoints resolves to its newest step-N
   model::Model& m = *lm.model;
   const model::ModelConfig& cfg = m.config();
   MOE_CHECK(s.seq_len <= cfg.max_position_embeddings, "--seq-len ", s.seq_len,
             " exceeds the model's max_position_embeddings ", cfg.max_position_embeddings, " (", lm.source, ")");
-  const std::string data_path = s.data_path.empty() ? train::default_corpus_path() : s.data_path;
-  const bool indexed = io::is_indexed_dataset(data_path);
+  if (!s.dump_path.empty()) io::check_output_path(s.dump_path, "--dump", inputs);
   MOE_CHECK(indexed || cfg.vocab_size >= 256, "byte-level data needs vocab_size >= 256, the model (",
             lm.source, ") has ", cfg.vocab_size);
   if (indexed) {
@@ -76,7 +90,7 @@ int run_eval_command(CLI::App& app, EvalCli& s) {
     w.add_i32("tokens", {static_cast<int64_t>(n) * B, T + 1}, val.data());
     const float ce32 = static_cast<float>(ce);
     w.add_f32("ce", {1}, &ce32);
-    w.write(s.dump_path);
+    w.write(s.dump_path, "--dump");
   }
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "io/data_file.h"
 #include "io/dataset.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
@@ -93,19 +94,33 @@ bool natural_less(const std::string& a, const std::string& b) {
   return a.size() - i < b.size() - j;
 }
 
+// "<prefix>.experts.<id>.<rest>" -> prefix ".experts.*." rest and the id, by one linear scan
+// (a recursive std::regex overflowed the stack on a 40,000-character name). The last ".experts."
+// followed by digits and a '.' counts, as in the greedy pattern it replaces; more than 8 digits or
+// none: false.
+bool fold_expert(const std::string& name, std::string* key, int* id) {
+  static const std::string tag = ".experts.";
+  for (size_t at = name.rfind(tag); at != std::string::npos; at = at == 0 ? std::string::npos : name.rfind(tag, at - 1)) {
+    const size_t d0 = at + tag.size();
+    size_t d1 = d0;
+    while (d1 < name.size() && std::isdigit(static_cast<unsigned char>(name[d1]))) ++d1;
+    if (d1 == d0 || d1 >= name.size() || name[d1] != '.') continue;
+    if (d1 - d0 >= 9) return false;  // an id this long is not an expert index: listed as it is
+    *key = name.substr(0, d0) + "*" + name.substr(d1);
+    *id = std::stoi(name.substr(d0, d1 - d0));
+    return true;
+  }
+  return false;
+}
+
 std::string list_tensors(const std::vector<io::TensorInfo>& ts, long long* total_numel) {
-  static const std::regex expert(R"(^(.*\.experts\.)([0-9]+)(\..*)$)");
   std::vector<std::string> order;
   std::map<std::string, TensorGroup> groups;
   long long total = 0;
   for (const io::TensorInfo& t : ts) {
-    std::smatch m;
     std::string key = t.name;
     int id = -1;
-    if (std::regex_match(t.name, m, expert) && m[2].length() < 9) {
-      key = m[1].str() + "*" + m[3].str();
-      id = std::stoi(m[2].str());
-    }
+    if (!fold_expert(t.name, &key, &id)) key = t.name;
     // Experts of one layer fold only when dtype and shape agree; otherwise they stay apart.
     const std::string k = str_cat(key, " ", t.dtype, " ", io::shape_str(t.shape));
     auto [it, fresh] = groups.try_emplace(k);
@@ -131,10 +146,12 @@ std::string list_tensors(const std::vector<io::TensorInfo>& ts, long long* total
       suffix = run ? str_cat("  x", e.size(), " (experts ", e.front(), "..", e.back(), ")")
                    : str_cat("  x", e.size(), " experts");
     }
-    char b[512];
-    std::snprintf(b, sizeof b, "  %-58s %-5s %-14s %12s%s\n", name.c_str(), g.dtype.c_str(), io::shape_str(g.shape).c_str(),
-                  commas(g.numel).c_str(), suffix.c_str());
-    out += b;
+    // Name and suffix unbounded (a name may be up to io::kMaxTensorNameBytes long); the columns
+    // between them fixed.
+    char b[128];
+    std::snprintf(b, sizeof b, " %-5s %-14s %12s", g.dtype.c_str(), io::shape_str(g.shape).c_str(),
+                  commas(g.numel).c_str());
+    out += "  " + name + std::string(name.size() < 58 ? 58 - name.size() : 0, ' ') + b + suffix + "\n";
   }
   *total_numel = total;
   return out;
@@ -148,10 +165,10 @@ std::string against_config(long long numel, const model::ModelConfig& c) {
 }
 
 std::string inspect_safetensors_file(const std::string& path) {
-  io::SafetensorsFile f = io::SafetensorsFile::open(path);
+  const io::DataFile df = io::open_data_file(path, "safetensors file", io::Origin::kNamed);
+  io::SafetensorsFile f = io::SafetensorsFile::from_fd(df.fd(), path);
   std::string out;
-  std::error_code ec;
-  line(out, "safetensors", str_cat(path, " (", mb(static_cast<double>(fs::file_size(path, ec))), ")"));
+  line(out, "safetensors", str_cat(path, " (", mb(static_cast<double>(df.size())), ")"));
   for (const auto& [k, v] : f.metadata()) line(out, "metadata", str_cat(k, " = ", v));
   std::map<std::string, long long> by_dtype;
   for (const io::TensorInfo& t : f.tensors()) by_dtype[t.dtype] += t.numel();
@@ -241,7 +258,9 @@ std::string inspect_checkpoint_folder(const std::string& dir, const std::vector<
 }
 
 std::string inspect_model_folder(const std::string& dir, const std::vector<std::string>& files) {
-  const model::ModelConfig c = model::load_config(dir + "/config.json");
+  // Files found inside the folder: plain files there, never a symlink followed out of it
+  // (io/data_file.h), as generate and eval read them.
+  const model::ModelConfig c = model::load_config(dir + "/config.json", /*in_folder=*/true);
   std::string out;
   line(out, "model folder", str_cat(dir, " (config.json + ", files.size(), " safetensors file(s))"));
   describe_config(out, c);
@@ -249,10 +268,9 @@ std::string inspect_model_folder(const std::string& dir, const std::vector<std::
   std::vector<io::SafetensorsFile> open;  // keeps names valid while listing
   double bytes = 0;
   for (const std::string& name : files) {
-    const std::string path = dir + "/" + name;
-    io::SafetensorsFile f = io::SafetensorsFile::open(path);
-    std::error_code ec;
-    const double b = static_cast<double>(fs::file_size(path, ec));
+    const io::DataFile df = io::open_in_folder(dir, name, "weight file", "a model folder");
+    io::SafetensorsFile f = io::SafetensorsFile::from_fd(df.fd(), dir + "/" + name);
+    const double b = static_cast<double>(df.size());
     bytes += b;
     line(out, "file", str_cat(name, "  ", mb(b), "  ", f.tensors().size(), " tensors"));
     all.insert(all.end(), f.tensors().begin(), f.tensors().end());
@@ -329,7 +347,8 @@ std::string inspect(const std::string& path) {
 #endif
   MOE_CHECK(fs::exists(st), path, ": no such file or folder");
   if (fs::is_directory(st)) {
-    if (fs::exists(fs::path(path) / "manifest.json", ec)) return inspect_checkpoint(path);
+    // lstat: a symlinked manifest.json or config.json is refused by its reader, not skipped.
+    if (io::entry_exists(path + "/manifest.json")) return inspect_checkpoint(path);
     std::vector<std::string> weights;
     std::vector<std::pair<int, std::string>> steps;
     static const std::regex weight_file(R"(model(-[0-9]+-of-[0-9]+)?\.safetensors)");
@@ -341,7 +360,7 @@ std::string inspect(const std::string& path) {
     MOE_CHECK(!ec, path, ": cannot list the folder (", ec.message(), ")");
     std::sort(weights.begin(), weights.end());
     std::sort(steps.begin(), steps.end());
-    if (fs::exists(fs::path(path) / "config.json", ec) && !weights.empty()) return inspect_model_folder(path, weights);
+    if (io::entry_exists(path + "/config.json") && !weights.empty()) return inspect_model_folder(path, weights);
     if (!steps.empty()) return inspect_checkpoint_folder(path, steps);
     throw Error(str_cat(path, ": not a recognised folder (no manifest.json of a checkpoint, no config.json + "
                               "model*.safetensors of an export, no step-N checkpoints)"));

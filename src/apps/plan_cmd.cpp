@@ -9,6 +9,7 @@
 
 #include "comm/mpi_runtime.h"
 #include "core/error.h"
+#include "io/output_file.h"
 #include "plan/cluster.h"
 #include "plan/plan_model.h"
 #include "plan/report.h"
@@ -69,10 +70,13 @@ void validate_plan_flags(const PlanCli& s) {
 
 int run_plan(const PlanCli& s) {
   validate_plan_flags(s);
+  // --save-cluster: a new or regular file, none of the files this run reads (io/output_file.h),
+  // checked before anything is read.
+  if (!s.save_cluster.empty()) io::check_output_path(s.save_cluster, "--save-cluster", {s.cluster, s.model, s.loads});
   plan::PlanModel m = plan::resolve_model(s.model);
   plan::ClusterProfile c = plan::resolve_cluster(s.cluster);
   if (!s.save_cluster.empty()) {
-    plan::save_profile(c, s.save_cluster);
+    plan::save_profile(c, s.save_cluster, "--save-cluster");
     std::printf("cluster %s written to %s\n", c.name.c_str(), s.save_cluster.c_str());
     return 0;
   }

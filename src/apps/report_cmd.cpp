@@ -24,6 +24,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <istream>
+#include <streambuf>
+
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -32,7 +36,9 @@
 
 #include "apps/svg_plot.h"
 #include "core/error.h"
+#include "io/data_file.h"
 #include "io/json_file.h"
+#include "io/output_file.h"
 #include "model/config.h"
 
 namespace moe::apps {
@@ -111,7 +117,7 @@ double number(const json& j, const char* key, const std::string& where) {
   if (!j.is_object()) return NAN;
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return NAN;
-  MOE_CHECK(it->is_number(), where, ": \"", key, "\" must be a number, got ", it->dump());
+  MOE_CHECK(it->is_number(), where, ": \"", key, "\" must be a number, got ", io::excerpt(*it));
   return it->get<double>();
 }
 
@@ -119,7 +125,7 @@ int integer(const json& j, const char* key, const std::string& where) {
   auto it = j.find(key);
   MOE_CHECK(it != j.end(), where, ": no \"", key, "\"");
   MOE_CHECK(it->is_number_integer() && it->get<int64_t>() >= 0 && it->get<int64_t>() < (int64_t{1} << 31), where,
-            ": \"", key, "\" must be an integer in [0, 2^31), got ", it->dump());
+            ": \"", key, "\" must be an integer in [0, 2^31), got ", io::excerpt(*it));
   return static_cast<int>(it->get<int64_t>());
 }
 
@@ -145,7 +151,7 @@ void read_loads(Run& run, Rec& r, const json& j, const std::string& where) {
               ": \"expert_loads_layers\" must list one layer per row of \"expert_loads\"");
     for (const json& id : *ids) {
       MOE_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < 1000000, where,
-                ": \"expert_loads_layers\" holds ", id.dump(), ", not a layer index");
+                ": \"expert_loads_layers\" holds ", io::excerpt(id), ", not a layer index");
       run.loads_layer_ids.push_back(static_cast<int>(id.get<int64_t>()));
     }
   }
@@ -154,7 +160,7 @@ void read_loads(Run& run, Rec& r, const json& j, const std::string& where) {
   for (const json& layer : *it)
     for (const json& x : layer) {
       MOE_CHECK(x.is_number() && x.get<double>() >= 0 && std::isfinite(x.get<double>()), where, ": expert load ",
-                x.dump(), " is not a count");
+                io::excerpt(x), " is not a count");
       r.loads.push_back(static_cast<float>(x.get<double>()));
     }
 }
@@ -173,11 +179,37 @@ void thin_loads(Run& run) {
   }
 }
 
-Run read_metrics(const std::string& path) {
+// A read-only stream over a descriptor opened by io::open_data_file (std::ifstream would open the
+// path again, following a link).
+class FdBuf : public std::streambuf {
+ public:
+  explicit FdBuf(int fd) : fd_(fd) {}
+
+ protected:
+  int_type underflow() override {
+    for (;;) {
+      const ssize_t n = ::read(fd_, buf_, sizeof buf_);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return traits_type::eof();
+      setg(buf_, buf_, buf_ + n);
+      return traits_type::to_int_type(buf_[0]);
+    }
+  }
+
+ private:
+  int fd_;
+  char buf_[1 << 16];
+};
+
+// in_folder: RUN/metrics.jsonl found in the run folder (a symlink there is refused, io/data_file.h);
+// a metrics file the user named is followed. Either way a regular file.
+Run read_metrics(const std::string& path, bool in_folder) {
   std::error_code ec;
   MOE_CHECK(!fs::is_directory(path, ec), path, ": is a folder, not a metrics file");
-  std::ifstream f(path, std::ios::binary);
-  MOE_CHECK(f.good(), path, ": cannot open metrics file");
+  const io::DataFile file =
+      io::open_data_file(path, "metrics file", in_folder ? io::Origin::kInFolder : io::Origin::kNamed);
+  FdBuf buf(file.fd());
+  std::istream f(&buf);
   Run run;
   run.metrics_path = path;
   std::string line;
@@ -428,8 +460,8 @@ void section_summary(Page& pg, const Run& run, const std::vector<const Rec*>& rs
   for (const auto& n : notes) pg.p(svg::escape("Note: " + n + "."));
 
   const std::string cfg_path = run_dir + "/config.json";
-  if (fs::is_regular_file(cfg_path, ec)) {
-    const model::ModelConfig c = model::load_config(cfg_path);
+  if (io::entry_exists(cfg_path)) {  // a symlinked config.json is refused by load_config, not skipped
+    const model::ModelConfig c = model::load_config(cfg_path, /*in_folder=*/true);
     const model::ParamCounts pc = model::count_params(c);
     pg.p(svg::escape(str_cat("Model (", cfg_path, "): ", c.num_hidden_layers, " layers (", c.num_moe_layers(),
                              " MoE), hidden ", c.hidden_size, ", ", c.num_attention_heads, " heads, ", c.n_routed_experts,
@@ -583,8 +615,8 @@ void section_expert_load(Page& pg, const Run& run, const std::vector<const Rec*>
   std::vector<int> ids = run.loads_layer_ids;
   if (ids.empty()) {  // older metrics: the MoE layers of config.json, when it is there
     std::error_code ec;
-    if (fs::is_regular_file(run_dir + "/config.json", ec)) {
-      const model::ModelConfig c = model::load_config(run_dir + "/config.json");
+    if (io::entry_exists(run_dir + "/config.json")) {
+      const model::ModelConfig c = model::load_config(run_dir + "/config.json", /*in_folder=*/true);
       for (int l = 0; l < c.num_hidden_layers; ++l)
         if (c.is_moe_layer(l)) ids.push_back(l);
     }
@@ -708,8 +740,8 @@ void section_migrations(Page& pg, const Run& run) {
 
 }  // namespace
 
-std::string render_report(const std::string& run_dir, const std::string& metrics_path) {
-  const Run run = read_metrics(metrics_path);
+std::string render_report(const std::string& run_dir, const std::string& metrics_path, bool metrics_in_folder) {
+  const Run run = read_metrics(metrics_path, metrics_in_folder);
   std::vector<const Rec*> rs;
   for (const auto& [s, r] : run.recs) rs.push_back(&r);
   Page pg;
@@ -748,26 +780,13 @@ int run_report_command(CLI::App& app, const ReportCli& s) {
   if (dir)
     MOE_CHECK(fs::exists(metrics, ec), s.run, ": no metrics.jsonl in this folder (not the --out folder of moetrain train?)");
   const std::string out = s.output.empty() ? (run_dir.empty() ? "." : run_dir) + "/report.html" : s.output;
-  const std::string html = render_report(run_dir.empty() ? "." : run_dir, metrics);
-  // Written to a temporary name and renamed: no half-written page is left behind.
-  const std::string tmp = out + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    MOE_CHECK(f.good(), out, ": cannot write the report (", std::strerror(errno), ")");
-    f << html;
-    f.flush();
-    if (!f.good()) {
-      f.close();
-      fs::remove(tmp, ec);
-      throw Error(str_cat(out, ": cannot write the report (", std::strerror(errno), ")"));
-    }
-  }
-  fs::rename(tmp, out, ec);
-  if (ec) {
-    const std::string why = ec.message();
-    fs::remove(tmp, ec);
-    throw Error(str_cat(out, ": cannot write the report (", why, ")"));
-  }
+  const std::string flag = s.output.empty() ? "report" : "-o";
+  // The page: a new or regular file, none of the files it is made from (io/output_file.h),
+  // written beside its place under a fresh temporary name and renamed (no half-written page).
+  const std::string rd = run_dir.empty() ? "." : run_dir;
+  io::check_output_path(out, flag, {metrics, rd + "/config.json", rd + "/metrics.jsonl", rd + "/metrics.jsonl.prev"});
+  const std::string html = render_report(rd, metrics, dir);
+  io::write_file_atomic(out, html, flag);
   std::printf("wrote %s (%zu KB) from %s\n", out.c_str(), html.size() / 1024, metrics.c_str());
   return 0;
 }

@@ -19,7 +19,9 @@ void add_report_command(CLI::App& app, ReportCli& state);
 int run_report_command(CLI::App& app, const ReportCli& state);
 
 // The page for a metrics file (metrics_path) of a run folder (run_dir: config.json is read from
-// it when present). Throws moe::Error naming the file and line of a bad record.
-std::string render_report(const std::string& run_dir, const std::string& metrics_path);
+// it when present, as a plain file inside the folder). metrics_in_folder: the metrics file was
+// found in the run folder (a symbolic link there is refused). Throws moe::Error naming the file
+// and line of a bad record.
+std::string render_report(const std::string& run_dir, const std::string& metrics_path, bool metrics_in_folder = false);
 
 }  // namespace moe::apps
