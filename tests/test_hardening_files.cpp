@@ -1,9 +1,12 @@
 // Hostile files (issue 15), unit level: checked size arithmetic, number parsing without
 // exceptions, the JSON depth bound, checkpoint folder names, the manifest rules (names, shards,
 // sizes, checksums, symlinks), overflowing configs and layouts, non-finite tensors refused on
-// read. The same classes end to end through the CLI: tests/hostile_files.sh.
+// read; (issue 42) data files opened as plain files inside their folder, error messages that quote
+// no file's bytes, bounded tensor names, outputs that never clobber a link, FIFO or input. The same
+// classes end to end through the CLI: tests/hostile_files.sh.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <climits>
@@ -17,7 +20,9 @@
 #include "test_util.h"
 #include "core/checked_math.h"
 #include "core/error.h"
+#include "io/data_file.h"
 #include "io/json_file.h"
+#include "io/output_file.h"
 #include "io/parse_number.h"
 #include "io/safetensors.h"
 #include "model/config.h"
@@ -325,6 +330,128 @@ TEST(SafetensorsFinite, DeepHeaderIsAnError) {
   std::ofstream(d + "/deep.safetensors", std::ios::binary) << bytes << h;
   EXPECT_ERROR_HAS(moe::io::SafetensorsFile::open(d + "/deep.safetensors"),
                    "deep.safetensors: header: JSON nested deeper than 256 levels");
+}
+
+// --- issue 42: files read as data, outputs -------------------------------------------------------
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+TEST(DataFile, InFolderRefusesLinksFifosAndFolders) {
+  const std::string d = fresh_dir("datafile");
+  std::ofstream(d + "/outside") << "root:x:0:0:secret";
+  fs::create_directories(d + "/m");
+  std::ofstream(d + "/m/plain") << "abc";
+  fs::create_symlink(d + "/outside", d + "/m/link");
+  ASSERT_EQ(::mkfifo((d + "/m/fifo").c_str(), 0600), 0);
+  fs::create_directories(d + "/m/sub");
+  EXPECT_EQ(moe::io::open_in_folder(d + "/m", "plain", "weight file", "a model folder").size(), 3u);
+  EXPECT_ERROR_HAS(moe::io::open_in_folder(d + "/m", "link", "weight file", "a model folder"),
+                   "m: weight file link is a symbolic link (refused: a model folder reads only plain files inside its folder)");
+  EXPECT_ERROR_HAS(moe::io::open_in_folder(d + "/m", "fifo", "weight file", "a model folder"),
+                   "weight file fifo is not a regular file");  // and no blocking open
+  EXPECT_ERROR_HAS(moe::io::open_in_folder(d + "/m", "sub", "weight file", "a model folder"), "is not a regular file");
+  EXPECT_ERROR_HAS(moe::io::open_in_folder(d + "/m", "none", "weight file", "a model folder"), "weight file none is missing");
+  EXPECT_ERROR_HAS(moe::io::open_in_folder(d + "/m", "../outside", "weight file", "a model folder"),
+                   "is not a plain file name inside the folder");
+  EXPECT_ERROR_HAS(moe::io::open_data_file(d + "/m/link", "dataset index", moe::io::Origin::kInFolder),
+                   "m/link: is a symbolic link (refused: a dataset index is read only as a plain file inside its folder");
+  // A path the user named is followed; either way a FIFO is refused, not waited on.
+  EXPECT_EQ(moe::io::open_data_file(d + "/m/link", "x", moe::io::Origin::kNamed).size(), 17u);
+  EXPECT_ERROR_HAS(moe::io::open_data_file(d + "/m/fifo", "x", moe::io::Origin::kNamed),
+                   "x is not a regular file (it is a FIFO (named pipe))");
+  EXPECT_TRUE(moe::io::entry_exists(d + "/m/link"));
+  EXPECT_FALSE(moe::io::entry_exists(d + "/m/none"));
+}
+
+TEST(DataFile, ErrorsQuoteNoFileBytes) {
+  const std::string d = fresh_dir("nobytes");
+  const std::string secret = "root:x:0:0:root:/root:/bin/bash\n";
+  std::ofstream(d + "/config.json") << secret;
+  std::ofstream(d + "/w.safetensors") << secret;
+  std::string e = error_of([&] { moe::model::load_config(d + "/config.json", true); });
+  EXPECT_NE(e.find("config.json: not valid JSON"), std::string::npos) << e;
+  EXPECT_EQ(e.find("root"), std::string::npos) << e;
+  EXPECT_EQ(e.find("'r'"), std::string::npos) << e;
+  e = error_of([&] { moe::io::SafetensorsFile::open(d + "/w.safetensors"); });
+  EXPECT_NE(e.find("header length field (the first 8 bytes) exceeds the limit"), std::string::npos) << e;
+  EXPECT_EQ(e.find("3475222254926655346"), std::string::npos) << e;  // "root:x:0" as a number
+  // A number beyond a double: the message says so without the digits.
+  e = error_of([&] { moe::io::parse_json("[1e999123]", "n.json"); });
+  EXPECT_NE(e.find("number overflow (beyond a 64-bit double)"), std::string::npos) << e;
+  EXPECT_EQ(e.find("999123"), std::string::npos) << e;
+  // Names from a file: escaped to one line and cut.
+  EXPECT_EQ(moe::io::quoted("a\nb"), "\"a\\nb\"");
+  EXPECT_LT(moe::io::quoted(std::string(40000, 'a')).size(), 130u);
+  EXPECT_LT(moe::io::excerpt(json(std::string(100000, 'z'))).size(), 70u);
+}
+
+// One 40,000-character tensor name: refused on open (naming its length, not echoing it), so
+// inspect, --resume and export all refuse it; a name at the limit still reads.
+TEST(SafetensorsNames, BoundedLength) {
+  const std::string d = fresh_dir("longname");
+  const float one = 1.0f;
+  moe::io::SafetensorsWriter w;
+  w.add_f32(std::string(40000, 'a'), {1}, &one);
+  w.write(d + "/long.safetensors");
+  const std::string e = error_of([&] { moe::io::SafetensorsFile::open(d + "/long.safetensors"); });
+  EXPECT_NE(e.find("a tensor name of 40000 bytes in the header is longer than the limit of 1024"), std::string::npos) << e;
+  EXPECT_EQ(e.find("aaaaaaaaaa"), std::string::npos) << e;
+  moe::io::SafetensorsWriter ok;
+  ok.add_f32(std::string(moe::io::kMaxTensorNameBytes, 'b'), {1}, &one);
+  ok.write(d + "/ok.safetensors");
+  EXPECT_EQ(moe::io::SafetensorsFile::open(d + "/ok.safetensors").tensors().size(), 1u);
+}
+
+TEST(OutputFile, NeverALinkFifoFolderOrInput) {
+  const std::string d = fresh_dir("output");
+  std::ofstream(d + "/target") << "keep me";
+  std::ofstream(d + "/input") << "input bytes";
+  fs::create_symlink(d + "/target", d + "/link");
+  ASSERT_EQ(::mkfifo((d + "/fifo").c_str(), 0600), 0);
+  fs::create_directories(d + "/dir");
+  fs::create_hard_link(d + "/input", d + "/hard");
+  EXPECT_ERROR_HAS(moe::io::check_output_path(d + "/link", "--dump"),
+                   "--dump " + d + "/link: is a symbolic link; an output is written only as a new or regular file");
+  EXPECT_ERROR_HAS(moe::io::check_output_path(d + "/fifo", "--dump"), "fifo: is a FIFO (named pipe); an output must be");
+  EXPECT_ERROR_HAS(moe::io::check_output_path(d + "/dir", "--dump"), "dir: is a directory");
+  EXPECT_ERROR_HAS(moe::io::check_output_path(d + "/input", "--dump", {d + "/input"}), "is the input");
+  EXPECT_ERROR_HAS(moe::io::check_output_path(d + "/hard", "--dump", {d + "/input"}), "is the input");  // same inode
+  EXPECT_ERROR_HAS(moe::io::check_output_path(d + "/input", "--dump", {d}), "is the input " + d + "/input");  // a folder
+  EXPECT_NO_THROW(moe::io::check_output_path(d + "/new", "--dump", {d + "/input", d + "/missing"}));
+  EXPECT_NO_THROW(moe::io::check_output_path(d + "/target", "--dump", {d + "/input"}));
+  EXPECT_ERROR_HAS(moe::io::write_file_atomic(d + "/link", "x", "-o"), "-o " + d + "/link: is a symbolic link");
+  EXPECT_ERROR_HAS(moe::io::write_file_atomic(d + "/fifo", "x", "-o"), "is a FIFO");
+  EXPECT_EQ(slurp(d + "/target"), "keep me");
+  EXPECT_TRUE(fs::is_symlink(d + "/link"));
+  struct stat st {};
+  ASSERT_EQ(::lstat((d + "/fifo").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+}
+
+// A symlink planted at the old temporary name (PATH.tmp) is never written through: the temporary
+// file is PATH.tmp.<pid>, created with O_EXCL | O_NOFOLLOW; a file at that name is skipped too.
+TEST(OutputFile, PlantedTemporaryNamesAreNotWrittenThrough) {
+  const std::string d = fresh_dir("planted");
+  std::ofstream(d + "/victim") << "victim";
+  fs::create_symlink(d + "/victim", d + "/out.tmp");
+  fs::create_symlink(d + "/victim", d + "/out.tmp." + std::to_string(::getpid()));
+  moe::io::write_file_atomic(d + "/out", "new contents", "-o");
+  EXPECT_EQ(slurp(d + "/out"), "new contents");
+  EXPECT_EQ(slurp(d + "/victim"), "victim");
+  EXPECT_TRUE(fs::is_symlink(d + "/out.tmp." + std::to_string(::getpid())));
+  // Only the planted links besides the output: no temporary file left.
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(d)) n += e.path().filename().string().rfind("out.tmp", 0) == 0 ? 1 : 0;
+  EXPECT_EQ(n, 2);
+  {  // abandoned before commit: the temporary file goes, the target stays
+    moe::io::AtomicFile f(d + "/out", "-o");
+    f.write("partial");
+    EXPECT_TRUE(fs::exists(f.temp_path()));
+  }
+  EXPECT_EQ(slurp(d + "/out"), "new contents");
 }
 
 }  // namespace
