@@ -304,7 +304,7 @@ expect checkpoint-dir-unwritable 'checkpoint folder cannot be created (`--checkp
   '/proc/x: cannot create output folder' "${common[@]}" --checkpoint.dir /proc/x --out "$dir/o72"
 mkdir -p "$dir/o73/model.safetensors"
 expect out-weights-is-a-folder 'output: `model.safetensors` in --out is a folder' \
-  'model.safetensors: exists and is not a regular file' "${common[@]}" --out "$dir/o73"
+  'model.safetensors: is a directory; an output must be a new or regular file' "${common[@]}" --out "$dir/o73"
 rmdir "$dir/o73/model.safetensors"
 
 # The planner (moetrain plan): models, clusters, layouts.

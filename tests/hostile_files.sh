@@ -11,6 +11,15 @@
 #     the data never reads: refused on load, naming the tensor;
 #  and stray checkpoints/step-99999999999, step-abc, step-007 or a symlinked step-N break neither
 #  saving nor --resume latest.
+# Issue 42 (third pass), two more tables:
+#  class 1: export folders and datasets are untrusted input like checkpoints: a symlinked
+#     model.safetensors, config.json, index shard or dataset file pointing outside its folder is
+#     refused by generate, eval, inspect and train; an error never quotes a file's bytes; a
+#     40,000-character tensor name is refused by inspect, --resume and export;
+#  class 2: outputs never clobber what they must not: eval --dump, plan --save-cluster, report,
+#     tokenize, export and train refuse an output that is a symlink, a FIFO or one of the run's
+#     inputs, and a symlink planted at tokenize's or report's old temporary name is not written
+#     through. Each case checks that the protected file is unchanged.
 # Usage: hostile_files.sh MOETRAIN [--markdown]
 #   --markdown: print one table row per failing-input case for docs/bad_inputs.md.
 set -euo pipefail
@@ -37,6 +46,7 @@ expect() {
   shift 2
   local err rc=0 lines
   err="$("$bin" "$@" 2>&1 >/dev/null)" || rc=$?
+  last_err="$err"
   lines=$(printf '%s\n' "$err" | grep -c . || true)
   if [ "$rc" -ne 0 ] && [ "$rc" -lt 128 ] && [ "$lines" -eq 1 ] && printf '%s' "$err" | grep -qF -- "$pattern"; then
     # As shown: the temporary folder as T, the shared flags as "…".
@@ -177,7 +187,7 @@ fresh deep-header
 ck deep_header "$dir/deep-header"  # checksum and size updated: the header itself must be refused
 both "deep JSON: safetensors header" 'shard-00000.safetensors: header: JSON nested deeper than 256 levels' "$dir/deep-header"
 echo '{"expert_loads": [[1e999, 2]]}' > "$dir/inf.jsonl"
-expect "plan --loads: a load of 1e999 (beyond double)" "inf.jsonl: line 1: not valid JSON ([json.exception.out_of_range.406] number overflow parsing '1e999')" plan --model tiny --gpus 2 --loads "$dir/inf.jsonl"
+expect "plan --loads: a load of 1e999 (beyond double)" "inf.jsonl: line 1: not valid JSON ([json.exception.out_of_range.406] number overflow (beyond a 64-bit double))" plan --model tiny --gpus 2 --loads "$dir/inf.jsonl"
 head -c 100000000 /dev/zero > "$dir/zeros.json" 2>/dev/null || true
 expect "config of 100 MB" 'zeros.json: config file is 100000000 bytes, more than the limit of 67108864' \
   "${common[@]}" --config "$dir/zeros.json" --out "$dir/o-zeros"
@@ -307,5 +317,265 @@ else
   bad "stray checkpoint folders: rc=$rc $(ls "$run/checkpoints" | tr '\n' ' ') stderr: ${err:0:400}"
 fi
 
+# --- issue 42, class 1: export folders and datasets are untrusted input, like checkpoints -----------
+# section TITLE TEXT: in --markdown, a new table for the rows that follow.
+section() {
+  [ "$markdown" -eq 1 ] || return 0
+  printf '\n## %s\n\n%s\n\n| case | command | error printed |\n|---|---|---|\n' "$1" "$2"
+}
+# A file standing in for /etc/passwd: its text and its first 8 bytes read as a little-endian
+# number (what a safetensors reader takes for the header length) must appear in no error.
+printf 'root:x:0:0:root:/root:/bin/bash\nSECRET-LINE-2\n' > "$dir/secret"
+secret_num="$("$py" -c "import struct,sys; print(struct.unpack('<Q', open(sys.argv[1],'rb').read(8))[0])" "$dir/secret")"
+# snap FILE...: kind, size and bytes of each FILE (a symlink by its target path), to compare later.
+snap() {
+  local f
+  for f in "$@"; do
+    if [ -L "$f" ]; then echo "link $(readlink "$f")"; elif [ -p "$f" ]; then echo fifo; elif [ -f "$f" ]; then
+      echo "file $(sha1sum < "$f")"; elif [ -e "$f" ]; then echo other; else echo none; fi
+  done
+}
+# expect_safe NAME PATTERN "PROTECTED FILES" ARGS...: as expect; also no bytes of the secret in the
+# error, and every protected file exactly as it was.
+expect_safe() {
+  local name="$1" pattern="${2//T\//$dir/}" keep="$3" before
+  shift 3
+  # shellcheck disable=SC2086
+  before="$(snap $keep)"
+  expect "$name" "$pattern" "$@"
+  if printf '%s' "$last_err" | grep -qE "root:x|SECRET|$secret_num"; then
+    bad "$name: the error quotes a file's bytes: $last_err"
+  fi
+  # shellcheck disable=SC2086
+  [ "$(snap $keep)" = "$before" ] || bad "$name: a protected file changed ($keep)"
+}
+section "Export folders and datasets: untrusted input, like checkpoints" \
+"Every row is a real run of \`tests/hostile_files.sh\` (issue 42, class 1). Every file moetrain reads as
+data is opened as a checkpoint's shards are: a regular file (by \`fstat\` on the descriptor, opened
+without blocking), sized on that descriptor, and, for a file found inside a folder or beside a
+dataset prefix, with \`O_NOFOLLOW\`: a symbolic link there is refused, never followed out of the
+folder. \`T/secret\` stands in for \`/etc/passwd\`: no error quotes its bytes (neither its text nor its
+first 8 bytes read as the safetensors header length). Tensor names are at most 1024 bytes."
+"$bin" export "$good" "$dir/exp" >/dev/null
+"$bin" export "$good" "$dir/exp-sharded" --shard-mb 0.02 >/dev/null
+[ -f "$dir/exp-sharded/model.safetensors.index.json" ] || bad "setup: the sharded export has no index"
+model_copy() { rm -rf "${dir:?}/$2"; cp -r "$dir/$1" "$dir/$2"; rm -f "$dir/$2/.moetrain.lock"; }
+model_copy exp m-link
+ln -sf "$dir/secret" "$dir/m-link/model.safetensors"
+for c in generate eval inspect; do
+  case $c in
+    generate) args=(generate "$dir/m-link" --prompt In --tokens 2) ;;
+    eval) args=(eval "$dir/m-link" --seq-len 8 --data "$dir/text.txt") ;;
+    inspect) args=(inspect "$dir/m-link") ;;
+  esac
+  expect_safe "$c: model.safetensors is a symlink out of the folder" \
+    'm-link: weight file model.safetensors is a symbolic link (refused: a model folder reads only plain files inside its folder)' \
+    "$dir/secret" "${args[@]}"
+done
+model_copy exp m-cfg-link
+ln -sf "$dir/secret" "$dir/m-cfg-link/config.json"
+for c in generate eval inspect; do
+  case $c in
+    generate) args=(generate "$dir/m-cfg-link" --prompt In --tokens 2) ;;
+    eval) args=(eval "$dir/m-cfg-link" --seq-len 8 --data "$dir/text.txt") ;;
+    inspect) args=(inspect "$dir/m-cfg-link") ;;
+  esac
+  expect_safe "$c: config.json is a symlink out of the folder" \
+    'm-cfg-link/config.json: is a symbolic link (refused: a config file is read only as a plain file inside its folder' \
+    "$dir/secret" "${args[@]}"
+done
+model_copy exp-sharded m-shard-link
+shard1="$(ls "$dir/m-shard-link" | grep -m1 '^model-00001-of-')"
+cp "$dir/m-shard-link/$shard1" "$dir/outside-shard.safetensors"
+ln -sf "$dir/outside-shard.safetensors" "$dir/m-shard-link/$shard1"  # same bytes: only the link is wrong
+expect_safe "generate: an index shard is a symlink out of the folder" \
+  "m-shard-link: weight file $shard1 is a symbolic link (refused: a model folder reads only plain files" \
+  "$dir/outside-shard.safetensors" generate "$dir/m-shard-link" --prompt In --tokens 2
+expect_safe "inspect: an index shard is a symlink out of the folder" \
+  "m-shard-link: weight file $shard1 is a symbolic link (refused" "$dir/outside-shard.safetensors" inspect "$dir/m-shard-link"
+model_copy exp-sharded m-index-dotdot
+"$py" - "$dir/m-index-dotdot/model.safetensors.index.json" <<'PY'
+import json, sys
+p = sys.argv[1]; j = json.load(open(p)); k = next(iter(j["weight_map"]))
+j["weight_map"][k] = "../outside-shard.safetensors"; json.dump(j, open(p, "w"))
+PY
+expect_safe "eval: index names ../outside-shard.safetensors" \
+  '"../outside-shard.safetensors" is not a plain file name inside the folder' "$dir/outside-shard.safetensors" \
+  eval "$dir/m-index-dotdot" --seq-len 8 --data "$dir/text.txt"
+model_copy exp-sharded m-index-link
+mv "$dir/m-index-link/model.safetensors.index.json" "$dir/outside-index.json"
+ln -s "$dir/outside-index.json" "$dir/m-index-link/model.safetensors.index.json"
+expect_safe "generate: model.safetensors.index.json is a symlink" \
+  'model.safetensors.index.json: is a symbolic link (refused: a safetensors index is read only as a plain file inside its folder' \
+  "$dir/outside-index.json" generate "$dir/m-index-link" --prompt In --tokens 2
+# The secret copied in (a regular file, not a link): the error still quotes none of its bytes.
+model_copy exp m-passwd
+cp "$dir/secret" "$dir/m-passwd/model.safetensors"
+expect_safe "generate: model.safetensors holding /etc/passwd's text (its bytes not quoted)" \
+  'model.safetensors: the header length field (the first 8 bytes) exceeds the limit of 104857600 bytes: not a safetensors file?' \
+  "$dir/secret" generate "$dir/m-passwd" --prompt In --tokens 2
+model_copy exp m-passwd-cfg
+cp "$dir/secret" "$dir/m-passwd-cfg/config.json"
+expect_safe "eval: config.json holding /etc/passwd's text (its bytes not quoted)" \
+  'm-passwd-cfg/config.json: not valid JSON ([json.exception.parse_error.101] parse error at line 1, column 1: syntax error while parsing value - invalid literal)' \
+  "$dir/secret" eval "$dir/m-passwd-cfg" --seq-len 8 --data "$dir/text.txt"
+expect_safe "train --config holding /etc/passwd's text (its bytes not quoted)" \
+  'secret: not valid JSON ([json.exception.parse_error.101] parse error at line 1, column 1: syntax error while parsing value - invalid literal)' \
+  "$dir/secret" "${common[@]}" --config "$dir/secret" --out "$dir/o-passwd"
+# One tensor name of 40,000 characters: inspect used to overflow its stack in a recursive
+# std::regex; --resume and export accepted the checkpoint. Names are bounded on read.
+"$py" - "$dir/longname.safetensors" <<'PY'
+import json, struct, sys
+h = json.dumps({"model.layers.0.mlp.experts." + "7" * 40000 + ".w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+h += b" " * ((8 - len(h) % 8) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + struct.pack("<f", 1.0))
+PY
+expect_safe "inspect: one tensor name of 40,000 characters (was a segfault)" \
+  'longname.safetensors: a tensor name of 40029 bytes in the header is longer than the limit of 1024' \
+  "$dir/longname.safetensors" inspect "$dir/longname.safetensors"
+# At the limit the name is listed, its expert index folded by a linear scan (no regex).
+"$py" - "$dir/name1000.safetensors" <<'PY'
+import json, struct, sys
+name = "a" * (1024 - len(".experts.7.up_proj.weight")) + ".experts.7.up_proj.weight"
+h = json.dumps({name: {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+h += b" " * ((8 - len(h) % 8) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + struct.pack("<f", 1.0))
+PY
+if out="$("$bin" inspect "$dir/name1000.safetensors" 2>&1)" && printf '%s' "$out" | grep -qF 'x1 (experts 7..7)'; then
+  ok "inspect: a 1024-byte expert tensor name is listed and folded"
+else
+  bad "inspect: a 1024-byte tensor name: ${out:0:300}"
+fi
+fresh longname
+"$py" - "$dir/longname/shard-00000.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]; raw = open(p, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n]); data = raw[8 + n:]
+h["x" * 40000] = {"dtype": "F32", "shape": [1], "data_offsets": [len(data), len(data) + 4]}
+t = json.dumps(h).encode(); t += b" " * ((8 - len(t) % 8) % 8)
+open(p, "wb").write(struct.pack("<Q", len(t)) + t + data + struct.pack("<f", 1.0))
+PY
+ck rehash "$dir/longname"  # size and checksum consistent: the name itself must be refused
+both "checkpoint shard with a 40,000-character tensor name" 'a tensor name of 40000 bytes in the header is longer than the limit of 1024' "$dir/longname"
+# Datasets: PREFIX.bin, PREFIX.idx and the sidecar sit beside the prefix; a link there is refused.
+"$bin" tokenize --input "$dir/text.txt" --tokenizer bytes --docs line --output "$dir/ds" --quiet
+ds_copy() { rm -f "$dir/$1".*; for e in bin idx tokenizer.json; do cp "$dir/ds.$e" "$dir/$1.$e"; done; }
+ds_copy ds-bin-link
+mv "$dir/ds-bin-link.bin" "$dir/outside.bin"
+ln -s "$dir/outside.bin" "$dir/ds-bin-link.bin"
+expect_safe "train --data: PREFIX.bin is a symlink" \
+  'ds-bin-link.bin: is a symbolic link (refused: a dataset token file is read only as a plain file inside its folder' \
+  "$dir/outside.bin" "${common[@]}" --data "$dir/ds-bin-link" --out "$dir/o-ds-link"
+expect_safe "eval --data: PREFIX.bin is a symlink" \
+  'ds-bin-link.bin: is a symbolic link (refused' "$dir/outside.bin" eval "$dir/exp" --seq-len 8 --data "$dir/ds-bin-link"
+expect_safe "inspect: PREFIX.bin is a symlink" \
+  'ds-bin-link.bin: is a symbolic link (refused' "$dir/outside.bin" inspect "$dir/ds-bin-link"
+ds_copy ds-side-link
+mv "$dir/ds-side-link.tokenizer.json" "$dir/outside.tokenizer.json"
+ln -s "$dir/outside.tokenizer.json" "$dir/ds-side-link.tokenizer.json"
+expect_safe "train --data: the tokenizer sidecar is a symlink" \
+  'ds-side-link.tokenizer.json: is a symbolic link (refused: a tokenizer sidecar is read only as a plain file inside its folder' \
+  "$dir/outside.tokenizer.json" "${common[@]}" --data "$dir/ds-side-link" --out "$dir/o-side-link"
+ds_copy ds-idx-fifo
+rm "$dir/ds-idx-fifo.idx"; mkfifo "$dir/ds-idx-fifo.idx"
+expect_safe "inspect: PREFIX.idx is a FIFO (refused, not waited on)" \
+  'ds-idx-fifo.idx: dataset index is not a regular file (it is a FIFO (named pipe))' "" \
+  inspect "$dir/ds-idx-fifo"
+
+# --- issue 42, class 2: outputs never clobber what they must not ---------------------------------------
+section "Outputs that never clobber" \
+"Every row is a real run of \`tests/hostile_files.sh\` (issue 42, class 2). An output is a new or
+regular file, never a symbolic link, device, FIFO or folder; it is never one of the run's inputs
+(same device and inode; a folder read as a whole stands for every file in it); it is written beside
+its place under a temporary name created with \`O_CREAT | O_EXCL | O_NOFOLLOW\` and renamed. Each
+refusal leaves the protected file as it was (checked). No test writes to a real device: a FIFO and a
+symlink inside the test's folder stand in for \`/dev/full\`."
+echo "victim: must stay as it is" > "$dir/victim"
+mkfifo "$dir/out-fifo"
+ln -s "$dir/victim" "$dir/out-link"
+expect_safe "eval --dump onto a FIFO (stands in for a device)" \
+  'out-fifo: is a FIFO (named pipe); an output must be a new or regular file' "$dir/out-fifo" \
+  eval "$dir/exp" --seq-len 8 --data "$dir/text.txt" --dump "$dir/out-fifo"
+expect_safe "eval --dump onto a symlink" \
+  '--dump T/out-link: is a symbolic link; an output is written only as a new or regular file, never through a link' \
+  "$dir/out-link $dir/victim" eval "$dir/exp" --seq-len 8 --data "$dir/text.txt" --dump "$dir/out-link"
+expect_safe "eval --dump onto its own --data (was exit 0, data destroyed)" \
+  "--dump T/text.txt: is the input T/text.txt; an output never overwrites one of the run's inputs" \
+  "$dir/text.txt" eval "$dir/exp" --seq-len 8 --data "$dir/text.txt" --dump "$dir/text.txt"
+expect_safe "eval --dump onto the model's own weights" \
+  "--dump T/exp/model.safetensors: is the input T/exp/model.safetensors" \
+  "$dir/exp/model.safetensors" eval "$dir/exp" --seq-len 8 --data "$dir/text.txt" --dump "$dir/exp/model.safetensors"
+expect_safe "eval --dump onto its dataset's .bin" \
+  "--dump T/ds.bin: is the input T/ds.bin" "$dir/ds.bin" eval "$dir/exp" --seq-len 8 --data "$dir/ds" --dump "$dir/ds.bin"
+expect_safe "plan --save-cluster onto a symlink" \
+  '--save-cluster T/out-link: is a symbolic link' "$dir/out-link $dir/victim" \
+  plan --cluster dgx-h100 --save-cluster "$dir/out-link"
+expect_safe "plan --save-cluster onto a FIFO (stands in for /dev/full)" \
+  '--save-cluster T/out-fifo: is a FIFO (named pipe)' "$dir/out-fifo" plan --cluster dgx-h100 --save-cluster "$dir/out-fifo"
+expect_safe "plan --save-cluster onto its own --cluster profile" \
+  '--save-cluster T/dgx.json: is the input T/dgx.json' "$dir/dgx.json" \
+  plan --cluster "$dir/dgx.json" --save-cluster "$dir/dgx.json"
+expect_safe "report -o onto the run's metrics.jsonl" \
+  "-o T/run/metrics.jsonl: is the input T/run/metrics.jsonl" "$dir/run/metrics.jsonl" \
+  report "$dir/run" -o "$dir/run/metrics.jsonl"
+expect_safe "report -o onto a FIFO" '-o T/out-fifo: is a FIFO' "$dir/out-fifo" report "$dir/run" -o "$dir/out-fifo"
+cp "$dir/text.txt" "$dir/in.bin"
+expect_safe "tokenize --output whose PREFIX.bin is its --input" \
+  '--output T/in.bin: is the input T/in.bin' "$dir/in.bin" tokenize --input "$dir/in.bin" --tokenizer bytes --output "$dir/in"
+ln -sf "$dir/victim" "$dir/tok-link.idx"
+expect_safe "tokenize --output whose PREFIX.idx is a symlink" \
+  '--output T/tok-link.idx: is a symbolic link' "$dir/tok-link.idx $dir/victim" \
+  tokenize --input "$dir/text.txt" --tokenizer bytes --output "$dir/tok-link"
+mkdir -p "$dir/x-cfg-link"; ln -sf "$dir/victim" "$dir/x-cfg-link/config.json"
+expect_safe "export OUT whose config.json is a symlink" \
+  'export OUT T/x-cfg-link/config.json: is a symbolic link' "$dir/x-cfg-link/config.json $dir/victim" export "$good" "$dir/x-cfg-link"
+expect_safe "export into the checkpoint it reads" \
+  "export OUT T/run/checkpoints/step-2: is the checkpoint folder it reads" "$good/manifest.json $good/shard-00000.safetensors" \
+  export "$good" "$good"
+mkdir -p "$dir/o-metrics-link"; ln -sf "$dir/victim" "$dir/o-metrics-link/metrics.jsonl"
+expect_safe "train --out whose metrics.jsonl is a symlink" \
+  '--out T/o-metrics-link/metrics.jsonl: is a symbolic link' "$dir/o-metrics-link/metrics.jsonl $dir/victim" \
+  "${common[@]}" --out "$dir/o-metrics-link"
+mkdir -p "$dir/o-lock-link"; ln -sf "$dir/victim" "$dir/o-lock-link/.moetrain.lock"
+expect_safe "train --out with a symlink planted at .moetrain.lock (was truncated through)" \
+  '--out T/o-lock-link/.moetrain.lock: is a symbolic link; the lock file is written only as a new or regular file' \
+  "$dir/o-lock-link/.moetrain.lock $dir/victim" "${common[@]}" --out "$dir/o-lock-link"
+mkdir -p "$dir/o-cfg"; cp "$dir/run/config.json" "$dir/o-cfg/config.json"
+expect_safe "train --config onto the config.json its --out would rewrite" \
+  '--out T/o-cfg/config.json: is the input T/o-cfg/config.json' "$dir/o-cfg/config.json" \
+  "${common[@]}" --config "$dir/o-cfg/config.json" --out "$dir/o-cfg"
+# A symlink planted at the temporary names tokenize (PREFIX.bin.tmp, PREFIX.idx.tmp) and report
+# (report.html.tmp) used: the target stays as it was, the output is complete and correct.
+planted() {  # planted NAME "PLANTED LINKS" CHECK-COMMAND ARGS...: exit 0, victim unchanged, CHECK passes
+  local name="$1" links="$2" check="$3" before rc=0 err
+  shift 3
+  before="$(snap "$dir/victim")"
+  err="$("$bin" "$@" 2>&1 >/dev/null)" || rc=$?
+  if [ "$rc" -eq 0 ] && [ "$(snap "$dir/victim")" = "$before" ] && eval "$check"; then
+    local l ok_links=1
+    for l in $links; do [ -L "$l" ] || ok_links=0; done
+    if [ "$ok_links" -eq 1 ]; then
+      ok "$name: exit 0, the link's target untouched, the output correct"
+      if [ "$markdown" -eq 1 ]; then
+        local cmd="moetrain" a
+        for a in "$@"; do cmd+=" ${a//$dir/T}"; done
+        printf '| %s | `%s` | exit 0; the planted link and its target untouched, the output correct |\n' "$name" "$cmd"
+      fi
+      return
+    fi
+  fi
+  bad "$name: rc=$rc stderr: ${err:0:400}"
+}
+rm -f "$dir/tok.bin.tmp" "$dir/tok.idx.tmp"
+ln -s "$dir/victim" "$dir/tok.bin.tmp"
+ln -s "$dir/victim" "$dir/tok.idx.tmp"
+planted "tokenize with symlinks planted at PREFIX.bin.tmp and PREFIX.idx.tmp" "$dir/tok.bin.tmp $dir/tok.idx.tmp" \
+  'cmp -s "$dir/tok.bin" "$dir/ds.bin" && cmp -s "$dir/tok.idx" "$dir/ds.idx"' \
+  tokenize --input "$dir/text.txt" --tokenizer bytes --docs line --output "$dir/tok" --quiet
+rm -f "$dir/run/report.html" "$dir/run/report.html.tmp"
+ln -s "$dir/victim" "$dir/run/report.html.tmp"
+planted "report with a symlink planted at report.html.tmp" "$dir/run/report.html.tmp" \
+  'grep -q "</html>" "$dir/run/report.html" && [ ! -L "$dir/run/report.html" ]' report "$dir/run"
+[ -z "$(find "$dir" -name '*.tmp.[0-9]*')" ] || bad "a temporary file was left behind: $(find "$dir" -name '*.tmp.[0-9]*')"
 echo "$pass passed, $fail failed" >&2
 [ "$fail" -eq 0 ]
