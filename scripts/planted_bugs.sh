@@ -5,12 +5,14 @@
 #
 # Copies the working tree as git sees it (tracked files as they are now, so uncommitted test
 # changes count, plus untracked files that are not ignored) into a scratch folder, builds the
-# emulated CUDA device there twice (Release, and ASan + UBSan), then plants ten realistic kernel
-# bugs ONE AT A TIME, each as one literal edit of one file of the copy, and runs five detectors
-# against each:
+# emulated CUDA device there three times (Release, ASan + UBSan, ThreadSanitizer), then plants ten
+# realistic kernel bugs ONE AT A TIME, each as one literal edit of one file of the copy, and runs six
+# detectors against each:
 #   seed 0 / seed 1 / seed 2   moetrain_cuda_tests --seed N   (every kernel vs its CPU twin, SIMT shim
 #                                                              in index order / shuffled schedules)
 #   asan                       the same tests built with ASan + UBSan, --seed 1
+#   tsan                       the same tests, the .cu sources under ThreadSanitizer (each CUDA
+#                              thread a TSan fiber: a race between threads of a block is reported)
 #   parity                     tool_device_parity --preset test-moe --steps 20 --precision fp32
 #                              (the whole model on the emulated GPU vs the CPU)
 # A detector "catches" a bug when it exits non-zero, dies on a signal or times out (a hang is a
@@ -27,8 +29,8 @@
 # holds a checkout's objects, much longer on a cold cache); then 5-15 s per bug (the edited file
 # is rebuilt in both trees, every .cu for a bug in reduce.cuh, plus about 5 s of detectors).
 #
-# Scratch: ${TMPDIR:-/tmp}/moetrain-planted (the copy in src/, its builds in src/build-emu and
-# src/build-emu-asan: the same layout relative to the source as in a checkout, so ccache, keyed on
+# Scratch: ${TMPDIR:-/tmp}/moetrain-planted (the copy in src/, its builds in src/build-emu,
+# src/build-emu-asan and src/build-emu-tsan: the same layout relative to the source as in a checkout, so ccache, keyed on
 # paths relative to the source folder, reuses the checkout's objects). The repository's own
 # sources are never modified; the only file written in it is docs/planted_bugs.md.
 set -euo pipefail
@@ -92,7 +94,7 @@ bug "missing atomic (count_kernel histogram: plain += from every thread)" \
   src/kernels/cuda/permute.cu \
   'atomicAdd(shared ? &hist[e] : &count[e], 1);' \
   '(shared ? hist[e] : count[e]) += 1;' \
-  "256 threads increment the same shared-memory counters; on a GPU the read-modify-writes race and counts are lost. Expected to escape here: the SIMT shim's fibers never pre-empt each other, so every += runs whole before another thread runs (on a GPU, compute-sanitizer racecheck in scripts/gpu_check.sh reports it)"
+  "256 threads increment the same shared-memory counters; on a GPU the read-modify-writes race and counts are lost. The fibers never pre-empt each other, so every += runs whole and the counts come out right: only the ThreadSanitizer build, where the threads of a block are TSan fibers synchronised by barriers alone, sees the race (on a GPU, compute-sanitizer racecheck in scripts/gpu_check.sh)"
 
 bug "read of a stream's result before its sync (router_aux_stats)" \
   src/kernels/cuda/router_ops.cu \
@@ -124,8 +126,8 @@ if [ -n "$only" ] && ! [[ "$only" =~ ^[0-9]+$ && "$only" -ge 1 && "$only" -le "$
   exit 2
 fi
 
-detectors=(seed0 seed1 seed2 asan parity)
-detector_names=("seed 0" "seed 1" "seed 2" "ASan" "parity")
+detectors=(seed0 seed1 seed2 asan tsan parity)
+detector_names=("seed 0" "seed 1" "seed 2" "ASan" "TSan" "parity")
 
 # ---------------------------------------------------------------------------------------------
 # Scratch folder: ours only. A marker file says we made it; anything else at that path is left
@@ -142,6 +144,7 @@ mkdir -p "$scratch" && touch "$marker"
 src="$scratch/src"
 emu="$src/build-emu"
 asan="$src/build-emu-asan"
+tsan="$src/build-emu-tsan"
 logs="$scratch/logs"
 orig="$scratch/orig"  # the unplanted copy of the file being edited
 mkdir -p "$src" "$logs" "$orig"
@@ -204,7 +207,7 @@ def files(root, skip=()):
         out.update(os.path.relpath(os.path.join(d, n), root) for n in names)
     return out
 want = files(stage)
-have = files(src, skip={"build-emu", "build-emu-asan"})
+have = files(src, skip={"build-emu", "build-emu-asan", "build-emu-tsan"})
 for f in sorted(have - want):
     os.remove(os.path.join(src, f))
 for f in sorted(want):
@@ -238,9 +241,18 @@ if [ ! -f "$asan/CMakeCache.txt" ]; then
     "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" >"$logs/configure-asan.log" 2>&1 ||
     { tail -30 "$logs/configure-asan.log" >&2; exit 1; }
 fi
+if [ ! -f "$tsan/CMakeCache.txt" ]; then
+  log "configuring the ThreadSanitizer build"
+  cmake -S "$src" -B "$tsan" -DMOETRAIN_CUDA=OFF -DMOETRAIN_EMULATE_CUDA=ON \
+    -DMOETRAIN_SIMT_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
+    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" >"$logs/configure-tsan.log" 2>&1 ||
+    { tail -30 "$logs/configure-tsan.log" >&2; exit 1; }
+fi
 build_all() {
   build "$emu" moetrain_cuda_tests tool_device_parity
   build "$asan" moetrain_cuda_tests
+  build "$tsan" moetrain_cuda_tests
 }
 log "building (ccache reuses the checkout's objects where the flags match)"
 build_all
@@ -257,6 +269,9 @@ run_detector() {  # run_detector NAME LOGFILE ; prints the exit status
         >"$out" 2>&1 || rc=$? ;;
     asan)
       timeout -k 10 "$detector_timeout" "$asan/moetrain_cuda_tests" --seed 1 >"$out" 2>&1 || rc=$? ;;
+    tsan)
+      OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 timeout -k 10 "$detector_timeout" \
+        "$tsan/moetrain_cuda_tests" --seed 1 >"$out" 2>&1 || rc=$? ;;
     parity)
       timeout -k 10 "$detector_timeout" "$emu/tool_device_parity" --preset test-moe --steps 20 \
         --precision fp32 >"$out" 2>&1 || rc=$? ;;
@@ -295,7 +310,7 @@ if fails:
 # Sanitizer reports, one block per report (ERROR ... SUMMARY), skipping the provoked ones.
 blocks, cur = [], None
 for l in lines:
-    if re.search(r"ERROR: (Address|UndefinedBehavior)Sanitizer|runtime error:", l):
+    if re.search(r"ERROR: (Address|UndefinedBehavior|Thread)Sanitizer|runtime error:|WARNING: ThreadSanitizer", l):
         cur = [l]
         blocks.append(cur)
     elif cur is not None:
@@ -305,8 +320,8 @@ for l in lines:
 blocks = [b for b in blocks if not any("simt_refusals" in l for l in b)]
 if blocks and not fails:
     b = blocks[0]
-    kind = re.sub(r"^.*?(ERROR: |runtime error: )", "", b[0])
-    kind = re.sub(r" on (unknown )?address.*| \(pc .*", "", kind)
+    kind = re.sub(r"^.*?(ERROR: |runtime error: |WARNING: )", "", b[0])
+    kind = re.sub(r" on (unknown )?address.*| \(pc .*| \(pid=\d+\)", "", kind)
     access = next((re.sub(r" at 0x.*", "", l) for l in b[1:3] if re.match(r"(READ|WRITE) of size", l)), "")
     frame = next((re.sub(r"^\s*#\d+ \S+ in ", "", l) for l in b
                   if re.match(r"\s*#\d+ ", l) and " ../" in l and "libsanitizer" not in l), "")
@@ -441,9 +456,9 @@ for b in $(seq 1 "$n_bugs"); do
   fi
   secs=$(( $(date +%s) - bug_start ))
   log "bug $b: $verdict (${caught_by[*]:-no detector}) in ${secs}s"
-  summary_lines+=("$(printf '%2d  %-10s %-8s %-8s %-8s %-8s %-8s %s' "$b" "$verdict" "${marks[@]}" "${titles[$k]}")")
+  summary_lines+=("$(printf '%2d  %-10s %-8s %-8s %-8s %-8s %-8s %-8s %s' "$b" "$verdict" "${marks[@]}" "${titles[$k]}")")
 
-  rows_md+="| $b | $(md_cell "${titles[$k]}") | \`$file:$line\` | ${marks[0]} | ${marks[1]} | ${marks[2]} | ${marks[3]} | ${marks[4]} | **$verdict** | $(md_cell "${first_why:-no detector failed}") |"$'\n'
+  rows_md+="| $b | $(md_cell "${titles[$k]}") | \`$file:$line\` | ${marks[0]} | ${marks[1]} | ${marks[2]} | ${marks[3]} | ${marks[4]} | ${marks[5]} | **$verdict** | $(md_cell "${first_why:-no detector failed}") |"$'\n'
   details_md+=$'\n'"### $b. ${titles[$k]}"$'\n\n'
   details_md+="\`$file:$line\` — ${whys[$k]}."$'\n\n'
   details_md+='```diff'$'\n'
@@ -459,7 +474,7 @@ for b in $(seq 1 "$n_bugs"); do
       details_md+="- ${detector_names[$i]}: exit ${result_rc[$i]} — $(md_cell "${result_why[$i]}")"$'\n'
     fi
   done
-  details_md+="- time: ${secs} s (rebuild + five detectors)"$'\n'
+  details_md+="- time: ${secs} s (rebuild + six detectors)"$'\n'
 done
 
 # A kept scratch gets the unmodified sources rebuilt, so its binaries match its sources.
@@ -469,7 +484,7 @@ wall=$(( $(date +%s) - started_s ))
 cpu="$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')"
 
 echo
-echo " #  verdict    seed 0   seed 1   seed 2   ASan     parity   bug"
+echo " #  verdict    seed 0   seed 1   seed 2   ASan     TSan     parity   bug"
 printf '%s\n' "${summary_lines[@]}"
 echo
 echo "$caught_total of $ran_total caught; wall time ${wall} s; CPU: $cpu"
@@ -487,20 +502,23 @@ out_md="$repo/docs/planted_bugs.md"
   echo "- CPU: $cpu (no GPU: the kernels run on the SIMT shim, src/kernels/simt/)"
   echo
   echo "Each bug is one literal edit of one file in a scratch copy of the tree; the script rebuilds,"
-  echo "runs the five detectors (each under \`timeout $detector_timeout\`), and restores the file. All"
-  echo "five pass on the unmodified copy first. Detectors:"
+  echo "runs the six detectors (each under \`timeout $detector_timeout\`), and restores the file. All"
+  echo "six pass on the unmodified copy first. Detectors:"
   echo
   echo "- **seed 0 / 1 / 2**: \`moetrain_cuda_tests --seed N\` (Release): every CUDA kernel against its"
   echo "  CPU twin; seed 0 runs fibers and blocks in index order, 1 and 2 shuffle them."
   echo "- **ASan**: the same tests built with \`-DMOETRAIN_SANITIZE=ON\` (ASan + UBSan, -O1), \`--seed 1\`."
+  echo "- **TSan**: the same tests with the \`.cu\` sources under ThreadSanitizer"
+  echo "  (\`-DMOETRAIN_SIMT_TSAN=ON\`): each CUDA thread a TSan fiber, barriers and warp operations"
+  echo "  the only synchronisation within a block, so a plain \`+=\` racing between threads is reported."
   echo "- **parity**: \`tool_device_parity --preset test-moe --steps 20 --precision fp32\`: the whole"
   echo "  model (forward, backward, 20 AdamW steps) on the emulated GPU against the CPU."
   echo
   echo "\"caught\" = non-zero exit or killed by a signal; \"timeout\" = still running after"
   echo "$detector_timeout s (a hang, also a finding); \"–\" = passed, i.e. the bug went unnoticed."
   echo
-  echo "| # | bug | where | seed 0 | seed 1 | seed 2 | ASan | parity | verdict | first reason |"
-  echo "|---|-----|-------|--------|--------|--------|------|--------|---------|--------------|"
+  echo "| # | bug | where | seed 0 | seed 1 | seed 2 | ASan | TSan | parity | verdict | first reason |"
+  echo "|---|-----|-------|--------|--------|--------|------|------|--------|---------|--------------|"
   printf '%s' "$rows_md"
   echo
   echo "## The edits and every detector's reason"

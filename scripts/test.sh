@@ -10,7 +10,8 @@
 #                                               device whose memory faults outside device work
 #                                               (-DMOETRAIN_EMULATE_CUDA=ON, build-emu/): the .cu
 #                                               kernels run through the SIMT shim (three schedule
-#                                               seeds, and under ASan + UBSan in build-emu-asan/),
+#                                               seeds, under ASan + UBSan in build-emu-asan/ and
+#                                               ThreadSanitizer in build-emu-tsan/),
 #                                               the model on them against the CPU, device
 #                                               checkpoints, bf16, NCCL through a fake over MPI
 set -euo pipefail
@@ -72,6 +73,28 @@ elif [ "${1:-}" = "--emulated-cuda" ]; then
     exit 1
   fi
   echo "CUDA kernel tests under ASan + UBSan (SIMT shim, seed 1): $(tail -1 "$asan/kernels.log")"
+  # ... and with the .cu sources under ThreadSanitizer (build-emu-tsan): each CUDA thread a TSan
+  # fiber, so threads of a block racing without an atomic or a barrier are reported. One BLAS
+  # thread: OpenBLAS's own threads synchronise in ways TSan cannot see.
+  tsan="$root/build-emu-tsan"
+  mkdir -p "$tsan"
+  if ! { cmake -S "$root" -B "$tsan" -DMOETRAIN_CUDA=OFF -DMOETRAIN_EMULATE_CUDA=ON \
+           -DMOETRAIN_SIMT_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+           "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
+           "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" &&
+         cmake --build "$tsan" -j"$(nproc)" --target moetrain_cuda_tests; } >"$tsan/build.log" 2>&1; then
+    grep -E -A3 "error|Error" "$tsan/build.log" | head -60 >&2
+    echo "ThreadSanitizer build of the CUDA kernel tests failed; full log: $tsan/build.log" >&2
+    exit 1
+  fi
+  if ! OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 "$tsan/moetrain_cuda_tests" --seed 1 \
+       >"$tsan/kernels.log" 2>"$tsan/kernels.err"; then
+    grep -v "PASS" "$tsan/kernels.log" >&2
+    grep -E -m1 -A8 "WARNING: ThreadSanitizer" "$tsan/kernels.err" >&2 || true
+    echo "CUDA kernel tests under ThreadSanitizer failed; logs: $tsan/kernels.log, kernels.err" >&2
+    exit 1
+  fi
+  echo "CUDA kernel tests under ThreadSanitizer (SIMT shim, seed 1): $(tail -1 "$tsan/kernels.log")"
   set -- -L emulated-cuda "$@"
 else
   "$root/scripts/build.sh"

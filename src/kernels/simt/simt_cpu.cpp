@@ -31,6 +31,16 @@
 #ifdef MOE_SIMT_ASAN
 #include <pthread.h>
 #endif
+// -DMOETRAIN_SIMT_TSAN=1 (the ThreadSanitizer build of the kernel tests; this file itself is not
+// instrumented): every CUDA thread is a TSan fiber, switched without synchronisation, so TSan sees
+// the threads of a block as concurrent; __syncthreads and warp operations are the only
+// happens-before edges between them (release on arrival, acquire on leaving), as on a GPU. A plain
+// `+=` from several threads of a block to one address is then a reported race. Blocks are ordered
+// one after another (static __shared__ arrays are reused by every block), so races between blocks
+// are not seen.
+#ifdef MOETRAIN_SIMT_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
@@ -151,6 +161,10 @@ Stack take_stack() {
   static size_t n_made = 0;
   return Stack{static_cast<char*>(p) + page, (n_made++ * 208) % 4096};
 }
+// Stacks are handed back from inside fibers: the pool never reallocates there (a heap block
+// allocated in one fiber and freed in another is a race to ThreadSanitizer).
+void reserve_stack_pool() { g_free_stacks.reserve(1024 + 64); }
+
 void give_stack(Stack s) {
 #ifdef MOE_SIMT_ASAN
   // Frames left on it (the entry function never returns; an abandoned fiber) keep their redzones.
@@ -176,6 +190,7 @@ struct Fiber {
   uint64_t bits = 0, result = 0;
   int src = 0;
   void* fake_stack = nullptr;  // ASan's fake stack while switched away
+  void* tsan = nullptr;        // its TSan fiber (MOETRAIN_SIMT_TSAN)
 };
 
 struct WarpGroup {
@@ -252,7 +267,28 @@ void fiber_entry(void*);
 std::vector<Fiber*> g_round;
 size_t g_next = 0;
 Stack g_pending_release;  // the stack of a fiber that finished, given back once we are off it
-Context* g_pending_ctx = nullptr;
+
+#ifdef MOETRAIN_SIMT_TSAN
+void* g_sched_tsan = nullptr;
+char g_launch_sync, g_block_sync;  // happens-before: launch -> block's threads -> next block
+inline void tsan_switch(void* to) { __tsan_switch_to_fiber(to, __tsan_switch_to_fiber_no_sync); }
+// One TSan fiber per thread index, kept for the process (creating one per CUDA thread made the
+// kernel tests spend minutes mapping and unmapping TSan's thread state). Thread i of every block
+// shares one: blocks are ordered anyway.
+void* tsan_fiber(int i) {
+  static auto* pool = new std::vector<void*>;
+  if (pool->size() <= static_cast<size_t>(i)) pool->resize(i + 1, nullptr);
+  if (!(*pool)[i]) (*pool)[i] = __tsan_create_fiber(0);
+  return (*pool)[i];
+}
+inline void tsan_release(void* a) { __tsan_release(a); }
+inline void tsan_acquire(void* a) { __tsan_acquire(a); }
+#else
+inline void tsan_switch(void*) {}
+inline void tsan_release(void*) {}
+inline void tsan_acquire(void*) {}
+#endif
+void* g_next_tsan = nullptr;  // the TSan fiber next_context chose
 
 // The context to run next: the next runnable fiber of the round (started if new), or the scheduler.
 Context& next_context(const void** bottom, size_t* size) {
@@ -266,13 +302,20 @@ Context& next_context(const void** bottom, size_t* size) {
         f->stack = take_stack();
         make_context(f->ctx, f->stack.lo, kStackBytes - f->stack.color, fiber_entry, nullptr);
         f->started = true;
+#ifdef MOETRAIN_SIMT_TSAN
+        f->tsan = tsan_fiber(f->linear);
+#endif
       }
+      g_next_tsan = f->tsan;
       *bottom = f->stack.lo;
       *size = kStackBytes;
       return f->ctx;
     }
   }
   g_cur = nullptr;
+#ifdef MOETRAIN_SIMT_TSAN
+  g_next_tsan = g_sched_tsan;
+#endif
 #ifdef MOE_SIMT_ASAN
   *bottom = g_sched_bottom;
   *size = g_sched_size;
@@ -289,6 +332,7 @@ void after_switch() {
     give_stack(g_pending_release);
     g_pending_release = Stack{};
   }
+
 }
 
 // Fiber side: hands over to the next fiber or the scheduler; returns when resumed (never, after
@@ -301,6 +345,7 @@ void park() {
 #ifdef MOE_SIMT_ASAN
   __sanitizer_start_switch_fiber(&f->fake_stack, bottom, size);
 #endif
+  tsan_switch(g_next_tsan);
   switch_context(f->ctx, to);
 #ifdef MOE_SIMT_ASAN
   __sanitizer_finish_switch_fiber(f->fake_stack, nullptr, nullptr);
@@ -321,18 +366,26 @@ void fiber_entry(void*) {
   __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
 #endif
   after_switch();
+#ifdef MOETRAIN_SIMT_TSAN
+  tsan_acquire(&g_block_sync);  // the launch's arguments and the blocks before this one
+#endif
   (*g_block->body)();
   Fiber* f = g_cur;
+#ifdef MOETRAIN_SIMT_TSAN
+  tsan_release(&g_launch_sync);  // what this thread wrote, to the host after the grid
+#endif
   f->state = State::kDone;
   ++g_block->done;
   g_pending_release = f->stack;  // still running on it: released by whoever runs next
   f->stack = Stack{};
+  f->tsan = nullptr;
   const void* bottom;
   size_t size;
   Context& to = next_context(&bottom, &size);
 #ifdef MOE_SIMT_ASAN
   __sanitizer_start_switch_fiber(nullptr, bottom, size);
 #endif
+  tsan_switch(g_next_tsan);
   Context dead;
   switch_context(dead, to);
   std::abort();  // a finished fiber is never resumed
@@ -342,6 +395,9 @@ void fiber_entry(void*) {
 void run_round() {
   const void* bottom;
   size_t size;
+#ifdef MOETRAIN_SIMT_TSAN
+  g_sched_tsan = __tsan_get_current_fiber();
+#endif
   Context& to = next_context(&bottom, &size);
   if (&to == &g_sched) return;
 #ifdef MOE_SIMT_ASAN
@@ -356,6 +412,7 @@ void run_round() {
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, bottom, size);
 #endif
+  tsan_switch(g_next_tsan);
   switch_context(g_sched, to);
 #ifdef MOE_SIMT_ASAN
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
@@ -425,11 +482,13 @@ void run_block(Block& b, std::mt19937_64* rng) {
       run_round();
     }
     if (!b.error.empty()) {
-      for (Fiber& f : b.fibers)  // abandoned mid-kernel: their stacks go back to the pool
+      for (Fiber& f : b.fibers) {  // abandoned mid-kernel: their stacks go back to the pool
         if (f.started && f.stack.lo) {
           give_stack(f.stack);
           f.stack = Stack{};
         }
+        f.tsan = nullptr;  // (pooled: see tsan_fiber)
+      }
       throw std::runtime_error(b.error);
     }
   }
@@ -475,6 +534,8 @@ void run_grid(const char* name, dim3 grid, dim3 block, size_t smem,
   b.n = static_cast<int>(block.x * block.y * block.z);
   b.fibers.resize(b.n);
   b.warps.resize((b.n + 31) / 32);
+  for (auto& w : b.warps) w.reserve(32);  // grown inside fibers never (see reserve_stack_pool)
+  reserve_stack_pool();
   for (int i = 0; i < b.n; ++i) {
     Fiber& f = b.fibers[i];
     f.linear = i;
@@ -506,9 +567,18 @@ void run_grid(const char* name, dim3 grid, dim3 block, size_t smem,
     const uint64_t id = block_order.empty() ? i : block_order[i];
     g_block_idx = uint3{static_cast<unsigned>(id % grid.x), static_cast<unsigned>(id / grid.x % grid.y),
                         static_cast<unsigned>(id / (static_cast<uint64_t>(grid.x) * grid.y))};
+#ifdef MOETRAIN_SIMT_TSAN
+    tsan_acquire(&g_launch_sync);  // the previous block's threads (and the host before the grid)
+#endif
     if (smem) std::memset(shared, 0xFF, smem);  // NaN in every float until written
+#ifdef MOETRAIN_SIMT_TSAN
+    tsan_release(&g_block_sync);
+#endif
     run_block(b, shuffled ? &rng : nullptr);
   }
+#ifdef MOETRAIN_SIMT_TSAN
+  tsan_acquire(&g_launch_sync);
+#endif
   ++run_counts()[name];
   if (g_stats) {
     KernelStats& st = (*g_stats)[name];
@@ -572,15 +642,18 @@ int max_shared_opt_in() { return kMaxSharedOptIn; }
 void syncthreads(int line) {
   Block& b = *g_block;
   Fiber& f = *g_cur;
+  tsan_release(&b);
   if (++b.at_barrier == b.n) {  // the last to arrive releases the block and goes on
     for (Fiber& o : b.fibers)
       if (o.state == State::kBarrier) o.state = State::kRunnable;
     b.at_barrier = 0;
+    tsan_acquire(&b);
     return;
   }
   f.state = State::kBarrier;
   f.line = line;
   park();
+  tsan_acquire(&b);
 }
 
 uint64_t warp_op(WarpOp op, unsigned mask, uint64_t bits, int arg, int width, int line) {
@@ -630,6 +703,7 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t bits, int arg, int width, in
     groups.push_back(WarpGroup{mask, 0u, op, line});
     g = &groups.back();
   }
+  tsan_release(&groups);
   f.op = op;
   f.mask = mask;
   f.bits = bits;
@@ -644,10 +718,12 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t bits, int arg, int width, in
       if (&o != &f) o.state = State::kRunnable;
     }
     groups.erase(groups.begin() + (g - groups.data()));
+    tsan_acquire(&groups);
     return f.result;
   }
   f.state = State::kWarp;
   park();
+  tsan_acquire(&groups);
   return f.result;
 }
 
