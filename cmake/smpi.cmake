@@ -23,7 +23,7 @@ target_link_libraries(moetrain_smpi_a2a PRIVATE moetrain_smpi_comm CLI11::CLI11)
 set(smpi_plan_src ${S}/model/config.cpp ${S}/model/params.cpp ${S}/model/memory_sizes.cpp
     ${S}/moe/layout.cpp ${S}/kernels/permute.cpp ${S}/kernels/device_select.cpp
     ${S}/parallel/schedule.cpp ${S}/parallel/parallel_dims.cpp ${S}/parallel/grid.cpp
-    ${S}/io/safetensors.cpp)
+    ${S}/io/safetensors.cpp ${S}/io/data_file.cpp ${S}/io/output_file.cpp)
 file(GLOB plan_src CONFIGURE_DEPENDS ${S}/plan/*.cpp)
 add_library(moetrain_smpi_plan STATIC ${plan_src} ${smpi_plan_src} ${S}/smpi/step_spec.cpp
             ${S}/smpi/step_report.cpp)
