@@ -18,9 +18,11 @@
 //   - static __shared__ is a function-local static (blocks never overlap); dynamic shared memory
 //     (MOE_DYNAMIC_SHARED) ends at a PROT_NONE page and starts filled with 0xFF bytes (NaN), so
 //     reading past its size faults and reading it before writing shows;
-//   - atomics are plain read-modify-writes (fibers never pre-empt each other).
-// What it cannot check: tensor-core and inline-PTX code, the memory model beyond barriers,
-// occupancy and speed (scripts/gpu_check.sh on a GPU does).
+//   - atomics are GCC's __atomic builtins (fibers never pre-empt each other, so any
+//     read-modify-write would do; the builtins let the ThreadSanitizer build, where each CUDA
+//     thread is a TSan fiber, tell an atomic from a racing `+=`: simt_cpu.cpp).
+// What it cannot check: tensor-core and inline-PTX code, the memory model beyond barriers, races
+// between blocks, occupancy and speed (scripts/gpu_check.sh on a GPU does). docs/simt_shim.md.
 #pragma once
 #if defined(__CUDACC__)
 #error "simt_cpu.h is the host compiler's stand-in for the CUDA device builtins"
