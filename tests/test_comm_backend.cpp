@@ -27,6 +27,18 @@ TEST(CommBackend, AutoPicksNcclOnlyWhenEveryRankHasItsOwnGpu) {
   EXPECT_EQ(choose_comm_backend(CommBackendRequest::kAuto, {{1, 0}}, true, &why), CommBackend::kMpi);
   EXPECT_EQ(choose_comm_backend(CommBackendRequest::kAuto, {{1, 0}, {1, 1}}, false, &why), CommBackend::kMpi);
   EXPECT_EQ(why, "NCCL is not available");
+  // The library's own reason is carried into the log line and the error.
+  EXPECT_EQ(choose_comm_backend(CommBackendRequest::kAuto, {{1, 0}, {1, 1}}, false, &why,
+                                "libnccl.so.2: cannot open shared object file"),
+            CommBackend::kMpi);
+  EXPECT_EQ(why, "NCCL is not available: libnccl.so.2: cannot open shared object file");
+  try {
+    choose_comm_backend(CommBackendRequest::kNccl, {{1, 0}, {1, 1}}, false, &why, "no libnccl.so.2");
+    FAIL() << "nccl accepted without the library";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("NCCL is not available: no libnccl.so.2"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(CommBackend, ExplicitRequests) {

@@ -30,7 +30,8 @@ const char* comm_backend_name(CommBackend b) { return b == CommBackend::kNccl ? 
 
 CommBackend choose_comm_backend(CommBackendRequest req,
                                 const std::vector<std::pair<double, int>>& gpu_of_rank,
-                                bool loadable, std::string* why) {
+                                bool loadable, std::string* why,
+                                const std::string& not_loadable) {
   auto say = [why](std::string s) {
     if (why) *why = std::move(s);
   };
@@ -48,7 +49,8 @@ CommBackend choose_comm_backend(CommBackendRequest req,
       if (gpu_of_rank[a] == gpu_of_rank[b])
         no = str_cat("ranks ", a, " and ", b, " share GPU ", gpu_of_rank[a].second,
                      " of one host (NCCL needs a GPU per rank)");
-  if (no.empty() && !loadable) no = "NCCL is not available";
+  if (no.empty() && !loadable)
+    no = not_loadable.empty() ? "NCCL is not available" : "NCCL is not available: " + not_loadable;
   if (no.empty()) {
     say("every rank has its own GPU");
     return CommBackend::kNccl;

@@ -29,10 +29,12 @@ const char* comm_backend_name(CommBackend b);
 // (host, -1) on the CPU. NCCL needs: a CUDA device on every rank, each (host, GPU) used once, more
 // than one rank, and the library (nccl_loadable). auto picks NCCL exactly then; nccl refuses
 // otherwise (the error says which condition failed); mpi is always allowed. `why` says why the
-// choice was made, for the log.
+// choice was made, for the log; `not_loadable` is why the library could not be used (quoted in
+// the error and the log when that is the reason).
 CommBackend choose_comm_backend(CommBackendRequest req,
                                 const std::vector<std::pair<double, int>>& gpu_of_rank,
-                                bool nccl_loadable, std::string* why);
+                                bool nccl_loadable, std::string* why,
+                                const std::string& not_loadable = "");
 
 // True when this binary has the CUDA backend and libnccl.so.2 can be opened: the real NCCL, or
 // on the emulated device (MOETRAIN_EMULATED_CUDA) only the fake one of tests/fake_nccl (NCCL's

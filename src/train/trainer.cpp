@@ -586,8 +586,9 @@ void Trainer::choose_comm_backend(int gpu) {
   grid_.world.allgather(&mine, gpus.data(), 1);
   std::vector<std::pair<double, int>> gpu_of_rank(grid_.world.size());
   for (int r = 0; r < grid_.world.size(); ++r) gpu_of_rank[r] = {setup_.host_of[r], static_cast<int>(gpus[r])};
-  backend_ = comm::choose_comm_backend(setup_.comm_backend, gpu_of_rank,
-                                       setup_.device == Device::kCuda && comm::nccl_loadable(), &backend_why_);
+  std::string nccl_why;
+  const bool nccl = setup_.device == Device::kCuda && comm::nccl_loadable(&nccl_why);
+  backend_ = comm::choose_comm_backend(setup_.comm_backend, gpu_of_rank, nccl, &backend_why_, nccl_why);
   if (backend_ == comm::CommBackend::kNccl)
     for (comm::Group* g : {&grid_.ep, &grid_.dp, &grid_.data, &grid_.pp, &grid_.tp, &grid_.tokens})
       if (g->valid() && g->size() > 1) g->enable_nccl();
