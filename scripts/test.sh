@@ -52,49 +52,36 @@ elif [ "${1:-}" = "--emulated-cuda" ]; then
     exit 1
   fi
   echo "build: ok (build-emu, emulated CUDA device)"
-  # The CUDA kernels' tests once more under AddressSanitizer + UBSan (build-emu-asan: only the
-  # kernels and the SIMT shim are compiled; schedule seed 1).
-  asan="$root/build-emu-asan"
-  mkdir -p "$asan"
-  if ! { cmake -S "$root" -B "$asan" -DMOETRAIN_CUDA=OFF -DMOETRAIN_EMULATE_CUDA=ON \
-           -DMOETRAIN_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-           "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
-           "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" &&
-         cmake --build "$asan" -j"$(nproc)" --target moetrain_cuda_tests; } >"$asan/build.log" 2>&1; then
-    grep -E -A3 "error|Error" "$asan/build.log" | head -60 >&2
-    echo "ASan build of the CUDA kernel tests failed; full log: $asan/build.log" >&2
-    exit 1
-  fi
-  # (the two expected faults print AddressSanitizer's SEGV report to stderr: kept in the log)
-  if ! "$asan/moetrain_cuda_tests" --seed 1 >"$asan/kernels.log" 2>"$asan/kernels.err"; then
-    grep -v "PASS" "$asan/kernels.log" >&2
-    grep -E -m5 "ERROR: AddressSanitizer|runtime error" "$asan/kernels.err" >&2 || true
-    echo "CUDA kernel tests under ASan + UBSan failed; logs: $asan/kernels.log, kernels.err" >&2
-    exit 1
-  fi
-  echo "CUDA kernel tests under ASan + UBSan (SIMT shim, seed 1): $(tail -1 "$asan/kernels.log")"
-  # ... and with the .cu sources under ThreadSanitizer (build-emu-tsan): each CUDA thread a TSan
-  # fiber, so threads of a block racing without an atomic or a barrier are reported. One BLAS
-  # thread: OpenBLAS's own threads synchronise in ways TSan cannot see.
-  tsan="$root/build-emu-tsan"
-  mkdir -p "$tsan"
-  if ! { cmake -S "$root" -B "$tsan" -DMOETRAIN_CUDA=OFF -DMOETRAIN_EMULATE_CUDA=ON \
-           -DMOETRAIN_SIMT_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-           "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
-           "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" &&
-         cmake --build "$tsan" -j"$(nproc)" --target moetrain_cuda_tests; } >"$tsan/build.log" 2>&1; then
-    grep -E -A3 "error|Error" "$tsan/build.log" | head -60 >&2
-    echo "ThreadSanitizer build of the CUDA kernel tests failed; full log: $tsan/build.log" >&2
-    exit 1
-  fi
-  if ! OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 "$tsan/moetrain_cuda_tests" --seed 1 \
-       >"$tsan/kernels.log" 2>"$tsan/kernels.err"; then
-    grep -v "PASS" "$tsan/kernels.log" >&2
-    grep -E -m1 -A8 "WARNING: ThreadSanitizer" "$tsan/kernels.err" >&2 || true
-    echo "CUDA kernel tests under ThreadSanitizer failed; logs: $tsan/kernels.log, kernels.err" >&2
-    exit 1
-  fi
-  echo "CUDA kernel tests under ThreadSanitizer (SIMT shim, seed 1): $(tail -1 "$tsan/kernels.log")"
+  # The CUDA kernels' tests once more under a sanitizer, in a tree of their own where only the
+  # kernels and the SIMT shim are compiled (schedule seed 1):
+  #   sanitized_kernels NAME DIR CMAKE_OPTION REPORT_PATTERN
+  sanitized_kernels() {
+    local name="$1" dir="$2" option="$3" pattern="$4"
+    mkdir -p "$dir"
+    if ! { cmake -S "$root" -B "$dir" -DMOETRAIN_CUDA=OFF -DMOETRAIN_EMULATE_CUDA=ON "$option" \
+             -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
+             "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" &&
+           cmake --build "$dir" -j"$(nproc)" --target moetrain_cuda_tests; } >"$dir/build.log" 2>&1; then
+      grep -E -A3 "error|Error" "$dir/build.log" | head -60 >&2
+      echo "$name build of the CUDA kernel tests failed; full log: $dir/build.log" >&2
+      exit 1
+    fi
+    # (the refusals' two provoked faults print the sanitizer's SEGV report to stderr: kept in the log)
+    if ! "$dir/moetrain_cuda_tests" --seed 1 >"$dir/kernels.log" 2>"$dir/kernels.err"; then
+      grep -v "PASS" "$dir/kernels.log" >&2
+      grep -E -m1 -A8 "$pattern" "$dir/kernels.err" >&2 || true
+      echo "CUDA kernel tests under $name failed; logs: $dir/kernels.log, kernels.err" >&2
+      exit 1
+    fi
+    echo "CUDA kernel tests under $name (SIMT shim, seed 1): $(tail -1 "$dir/kernels.log")"
+  }
+  sanitized_kernels "ASan + UBSan" "$root/build-emu-asan" -DMOETRAIN_SANITIZE=ON \
+    "ERROR: AddressSanitizer|runtime error"
+  # ThreadSanitizer over the .cu sources: each CUDA thread a TSan fiber, so threads of a block
+  # racing without an atomic or a barrier are reported. One BLAS thread: OpenBLAS's own threads
+  # synchronise in ways TSan cannot see.
+  OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 sanitized_kernels "ThreadSanitizer" \
+    "$root/build-emu-tsan" -DMOETRAIN_SIMT_TSAN=ON "WARNING: ThreadSanitizer"
   set -- -L emulated-cuda "$@"
 else
   "$root/scripts/build.sh"
