@@ -7,7 +7,7 @@ set -euo pipefail
 PKGS=(build-essential cmake pkg-config
       libopenblas-dev libopenblas0 openmpi-bin libopenmpi-dev
       nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
-      libsentencepiece-dev python3-torch python3-numpy bible-kjv "$@")
+      libsentencepiece-dev python3-torch python3-numpy bible-kjv iproute2 "$@")
 # The SMPI scale study and its CI smoke test (tests/smpi/): SimGrid's smpicxx and smpirun.
 PKGS+=(libsimgrid-dev)
 # --precision bf16 on the CPU: oneDNN's bf16 matmul (src/kernels/gemm_bf16_cpu.*). Debian's
