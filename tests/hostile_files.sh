@@ -133,6 +133,12 @@ fresh symlink
 rm "$dir/symlink/shard-00000.safetensors"
 ln -s "$dir/outside.safetensors" "$dir/symlink/shard-00000.safetensors"  # same bytes: checksum matches
 both "shard is a symlink out of the folder" 'shard shard-00000.safetensors is a symbolic link (refused' "$dir/symlink"
+# A manifest whose step disagrees with its folder name (step-2's files under step-3).
+mkdir -p "$dir/moved"
+rm -rf "$dir/moved/step-3"
+cp -r "$good" "$dir/moved/step-3"
+both "manifest: step 2 in a folder named step-3" 'field "step" 2 disagrees with its folder name step-3' "$dir/moved/step-3"
+
 fresh manifest-link
 mv "$dir/manifest-link/manifest.json" "$dir/outside-manifest.json"
 ln -s "$dir/outside-manifest.json" "$dir/manifest-link/manifest.json"

@@ -166,9 +166,18 @@ Manifest read_manifest(const std::string& dir) {
   MOE_CHECK(!S_ISLNK(st.st_mode), mpath,
             ": is a symbolic link (refused: a checkpoint reads only plain files inside its folder)");
   MOE_CHECK(S_ISREG(st.st_mode), mpath, ": manifest is not a regular file");
-  return parse_manifest(io::read_file_bounded(mpath, "checkpoint manifest", kMaxManifestBytes,
-                                              /*no_follow=*/true),
-                        mpath);
+  Manifest m = parse_manifest(io::read_file_bounded(mpath, "checkpoint manifest", kMaxManifestBytes,
+                                                    /*no_follow=*/true),
+                              mpath);
+  // A folder named step-N holds step N: a manifest that says otherwise was moved or edited
+  // (resuming it would restart the schedule, the data order and the budget at the wrong step).
+  std::string name = dir;
+  while (name.size() > 1 && name.back() == '/') name.pop_back();
+  name = name.substr(name.find_last_of('/') + 1);
+  const int folder_step = checkpoint_step_of(name);
+  MOE_CHECK(folder_step < 0 || folder_step == m.meta.step, mpath, ": field \"step\" ", m.meta.step,
+            " disagrees with its folder name ", name);
+  return m;
 }
 
 int open_shard(const std::string& dir, const std::string& shard, const ShardInfo& info) {
