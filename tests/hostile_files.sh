@@ -194,6 +194,8 @@ ck deep_header "$dir/deep-header"  # checksum and size updated: the header itsel
 both "deep JSON: safetensors header" 'shard-00000.safetensors: header: JSON nested deeper than 256 levels' "$dir/deep-header"
 echo '{"expert_loads": [[1e999, 2]]}' > "$dir/inf.jsonl"
 expect "plan --loads: a load of 1e999 (beyond double)" "inf.jsonl: line 1: not valid JSON ([json.exception.out_of_range.406] number overflow (beyond a 64-bit double))" plan --model tiny --gpus 2 --loads "$dir/inf.jsonl"
+echo '{"expert_loads": [[1e308, 1e308]]}' > "$dir/huge-loads.jsonl"
+expect "plan --loads: loads of 1e308 (their sum overflows)" "huge-loads.jsonl: line 1: expert load 1e+308 is not a count (0 to 2^53)" plan --model tiny --gpus 2 --loads "$dir/huge-loads.jsonl"
 head -c 100000000 /dev/zero > "$dir/zeros.json" 2>/dev/null || true
 expect "config of 100 MB" 'zeros.json: config file is 100000000 bytes, more than the limit of 67108864' \
   "${common[@]}" --config "$dir/zeros.json" --out "$dir/o-zeros"

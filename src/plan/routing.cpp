@@ -56,9 +56,11 @@ RoutingStats read_routing_stats(const std::string& path) {
       MOE_CHECK(layer.is_array() && !layer.empty(), path, ": line ", n, ": \"expert_loads\" must be a list of lists");
       std::vector<double> v;
       for (const auto& x : layer) {
-        // 1e999 parses as inf: a load must be a finite count, or every imbalance becomes NaN.
-        MOE_CHECK(x.is_number() && x.get<double>() >= 0 && std::isfinite(x.get<double>()), path,
-                  ": line ", n, ": expert load ", io::excerpt(x), " is not a count");
+        // 1e999 parses as inf and sums of counts near 1e308 overflow to inf: either way every
+        // imbalance becomes NaN. A load is a token count: finite, at most 2^53 (exact in a double).
+        constexpr double kMaxCount = 9007199254740992.0;
+        MOE_CHECK(x.is_number() && x.get<double>() >= 0 && x.get<double>() <= kMaxCount, path,
+                  ": line ", n, ": expert load ", io::excerpt(x), " is not a count (0 to 2^53)");
         v.push_back(x.get<double>());
       }
       MOE_CHECK(s.experts == 0 || static_cast<int>(v.size()) == s.experts, path, ": line ", n, ": ",
