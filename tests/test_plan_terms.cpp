@@ -804,3 +804,26 @@ TEST(PlanTerms, TensorParallelReplicatesHeadAndEmbedding) {
   expect_ns(t.optimizer, 160, "tp optimizer");
   expect_ns(plan::estimate_time(toy({true}), l, {4, 1, "bf16"}, c, o).stages[0].fwd, 899, "tp moe fwd");
 }
+
+// A pipeline transfer between nodes follows the profile's inter-node link even when the profile
+// holds a measured p2p curve: calibrate times neighbouring ranks, a pair inside one node.
+TEST(PlanTerms, PipelineTransferBetweenNodesFollowsTheInterNodeLink) {
+  moe::plan::ClusterProfile c = moe::plan::cluster_preset("dgx-h100");
+  moe::plan::CommCurve p2p;
+  p2p.op = "p2p";
+  p2p.world = 16;
+  p2p.group = 2;
+  p2p.ranks_per_node = 0;  // as moetrain calibrate records it
+  p2p.seconds.x = {1e3, 1e9};
+  p2p.seconds.y = {1e-5, 1e-2};
+  c.comm.push_back(p2p);
+  const int world = 16, within = 1, across = c.ranks_per_node;  // stage strides
+  const double bytes = 64e6;
+  const double fast = moe::plan::p2p_seconds(c, world, across, bytes);
+  c.inter_node.bandwidth = 1e3;  // a near-zero inter-node link
+  const double slow = moe::plan::p2p_seconds(c, world, across, bytes);
+  EXPECT_GT(slow, 1000 * fast);
+  EXPECT_NEAR(slow, c.inter_node.latency + bytes / 1e3, 1e-6 * slow);
+  // Inside a node the measured curve still holds, whatever the inter-node link.
+  EXPECT_DOUBLE_EQ(moe::plan::p2p_seconds(c, world, within, bytes), p2p.seconds.time_at(bytes));
+}

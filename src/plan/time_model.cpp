@@ -199,9 +199,16 @@ double gradient_allreduce_seconds(const ClusterProfile& c, int world, int group,
 
 double p2p_seconds(const ClusterProfile& c, int world, int stride, double bytes) {
   if (bytes <= 0) return 0;
-  if (const CommCurve* cc = c.find_comm("p2p", "", world, 2, 0)) return cc->seconds.time_at(bytes);
   const int rpn = std::min(world, c.ranks_per_node);
-  const LinkClass l = stride >= rpn ? link_between_nodes(c, 2) : c.intra_node;
+  const bool across_nodes = stride >= rpn;
+  // A measured curve describes the placement it was measured under. `moetrain calibrate` times
+  // neighbouring ranks (0-1, 2-3, ...), a pair inside one node, and records ranks_per_node 0 or
+  // >= 2 for it; only a curve measured one rank per node (1) describes a transfer between nodes.
+  // Otherwise the profile's links, so a slow inter-node link slows the pipeline's transfers.
+  if (const CommCurve* cc = c.find_comm("p2p", "", world, 2, 0);
+      cc && (cc->ranks_per_node == 1) == across_nodes)
+    return cc->seconds.time_at(bytes);
+  const LinkClass l = across_nodes ? link_between_nodes(c, 2) : c.intra_node;
   return l.latency + bytes / l.bandwidth;
 }
 
