@@ -79,6 +79,18 @@ float* device_floats(size_t n) {
   return static_cast<float*>(p);
 }
 
+// An 8x8x8 cublasGemmEx on one device buffer with inputs of type `ab` and leading dimension `lda`
+// and an output of type `c`: "accepted" if the fake cuBLAS takes it, else its error line.
+std::string gemm_8x8x8(cudaDataType_t ab, int lda, cudaDataType_t c) {
+  cublasHandle_t h = nullptr;
+  MOE_CUBLAS_CHECK(cublasCreate(&h));
+  float* a = device_floats(64);
+  const float one = 1.0f, zero = 0.0f;
+  MOE_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, a, ab, lda, a, ab, 8,
+                                &zero, a, c, 8, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return "accepted";
+}
+
 }  // namespace
 
 // One line per case; returns (cases, failed).
@@ -131,28 +143,10 @@ std::pair<int, int> run_simt_refusals() {
        },
        {"partial_shuffle_kernel", "__shfl_sync", "mask 0xffffffff", "lanes 0xffff0000 exited"}},
       {"cublasGemmEx with lda below the rows of A refused",
-       [] {
-         cublasHandle_t h = nullptr;
-         MOE_CUBLAS_CHECK(cublasCreate(&h));
-         float* a = device_floats(64);
-         const float one = 1.0f, zero = 0.0f;
-         MOE_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, a, CUDA_R_32F, 4, a,
-                                       CUDA_R_32F, 8, &zero, a, CUDA_R_32F, 8, CUBLAS_COMPUTE_32F,
-                                       CUBLAS_GEMM_DEFAULT));
-         return std::string("accepted");
-       },
+       [] { return gemm_8x8x8(CUDA_R_32F, 4, CUDA_R_32F); },
        {"cublasGemmEx", "CUBLAS_STATUS_INVALID_VALUE", "lda=4 < max(1, 8)"}},
       {"cublasGemmEx with bf16 inputs and an fp64 output refused",
-       [] {
-         cublasHandle_t h = nullptr;
-         MOE_CUBLAS_CHECK(cublasCreate(&h));
-         float* a = device_floats(64);
-         const float one = 1.0f, zero = 0.0f;
-         MOE_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, a, CUDA_R_16BF, 8, a,
-                                       CUDA_R_16BF, 8, &zero, a, CUDA_R_64F, 8, CUBLAS_COMPUTE_32F,
-                                       CUBLAS_GEMM_DEFAULT));
-         return std::string("accepted");
-       },
+       [] { return gemm_8x8x8(CUDA_R_16BF, 8, CUDA_R_64F); },
        {"cublasGemmEx", "CUBLAS_STATUS_NOT_SUPPORTED"}},
       {"a write past the dynamic shared memory faults",
        [] {
