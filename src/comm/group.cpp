@@ -12,12 +12,14 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 
 #include "comm/host_stage.h"
+#include "comm/mpi_runtime.h"
 #include "comm/sim_overhead.h"
 #include "comm/nccl.h"
 #include "core/error.h"
@@ -197,6 +199,76 @@ std::string describe_members(const std::vector<int>& world_ranks) {
 
 }  // namespace
 
+// ---- A group of one without MPI (MpiRuntime::local_world) ----
+// What it sends itself, matched as MPI matches: by tag, in the order posted (messages of one tag
+// do not overtake). A send is copied at once; it goes to the oldest pending receive of its tag, or
+// waits here for the next receive posted. A receive that no send reaches would wait forever under
+// MPI: here its wait throws.
+struct LocalBox {
+  struct Msg {
+    int tag;
+    std::vector<char> bytes;
+  };
+  struct Pending {
+    uint64_t id;
+    int tag, dtype;
+    void* dst;
+    int64_t count;
+    bool done;
+  };
+  std::deque<Msg> msgs;
+  std::deque<Pending> recvs;  // posted order
+  uint64_t next_id = 1;
+};
+
+namespace {
+void local_check_count(size_t bytes, int dtype, int64_t count, int tag, const char* op) {
+  const int64_t got = static_cast<int64_t>(bytes / dtype_bytes(dtype));
+  MOE_CHECK(got == count, op, " on group rank 0 of 1 (peer 0, tag ", tag, "): expected ", count,
+            " elements, received ", got);
+}
+void local_deliver(const std::vector<char>& b, void* dst) {
+  if (!b.empty()) device_copy(device_of(dst), dst, Device::kCpu, b.data(), b.size());
+}
+void local_send(LocalBox& box, int dtype, const void* data, int64_t count, int tag) {
+  std::vector<char> b(static_cast<size_t>(count) * dtype_bytes(dtype));
+  if (!b.empty()) device_copy(Device::kCpu, b.data(), device_of(data), data, b.size());
+  for (LocalBox::Pending& r : box.recvs) {
+    if (r.done || r.tag != tag) continue;
+    local_check_count(b.size(), r.dtype, r.count, tag, "MPI_Irecv");
+    local_deliver(b, r.dst);
+    r.done = true;
+    return;
+  }
+  box.msgs.push_back({tag, std::move(b)});
+}
+// The oldest message of this tag into dst; false when there is none.
+bool local_take(LocalBox& box, int dtype, void* dst, int64_t count, int tag, const char* op) {
+  for (auto it = box.msgs.begin(); it != box.msgs.end(); ++it) {
+    if (it->tag != tag) continue;
+    local_check_count(it->bytes.size(), dtype, count, tag, op);
+    local_deliver(it->bytes, dst);
+    box.msgs.erase(it);
+    return true;
+  }
+  return false;
+}
+[[noreturn]] void local_never(const char* op, int tag) {
+  throw Error(str_cat(op, " on group rank 0 of 1 (peer 0, tag ", tag,
+                      "): nothing was sent to it, so it would wait forever (a world of one)"));
+}
+// Forgets receive `id`; whether a message had reached it.
+bool local_forget(LocalBox& box, uint64_t id) {
+  for (auto it = box.recvs.begin(); it != box.recvs.end(); ++it) {
+    if (it->id != id) continue;
+    const bool done = it->done;
+    box.recvs.erase(it);
+    return done;
+  }
+  return true;
+}
+}  // namespace
+
 CommTimeout::CommTimeout(double seconds, const volatile std::sig_atomic_t* stop_flag, double stop_grace_s) {
   MOE_CHECK(seconds > 0 && seconds < 1e9, "--comm.timeout must be a positive number of seconds, got ", seconds);
   MOE_CHECK(g_watch.load() == nullptr, "CommTimeout: only one may be alive at a time");
@@ -207,6 +279,9 @@ CommTimeout::CommTimeout(double seconds, const volatile std::sig_atomic_t* stop_
   if (mpi_alive()) {
     MPI_Comm_rank(MPI_COMM_WORLD, &w->world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &w->world_size);
+  } else if (MpiRuntime::local_world()) {
+    w->world_rank = 0;
+    w->world_size = 1;
   }
   w->thread = std::thread(watchdog_loop, w);
   g_watch.store(w, std::memory_order_release);
@@ -238,6 +313,8 @@ Request& Request::operator=(Request&& o) noexcept {
     count_ = o.count_;
     peer_ = o.peer_;
     peer_world_ = o.peer_world_;
+    local_ = std::move(o.local_);
+    local_id_ = o.local_id_;
     tag_ = o.tag_;
     rank_ = o.rank_;
     size_ = o.size_;
@@ -251,6 +328,11 @@ Request::~Request() { release(); }
 void Request::release() noexcept {
   if (!active_) return;
   active_ = false;
+  if (local_) {  // a pending local receive: cancelled
+    local_forget(*local_, local_id_);
+    local_.reset();
+    return;
+  }
   if (!mpi_alive()) return;
   MPI_Request r = unpack<MPI_Request>(handle_);
   if (is_recv_) {  // the buffer may die with us: make sure nothing lands in it later
@@ -280,6 +362,13 @@ void check_received(const MPI_Status& st, int dtype, int64_t count, int peer, in
 
 void Request::wait() {
   if (!active_) return;
+  if (local_) {
+    active_ = false;
+    const bool done = local_forget(*local_, local_id_);
+    local_.reset();
+    if (!done) local_never("MPI_Wait(irecv)", tag_);
+    return;
+  }
   MPI_Request r = unpack<MPI_Request>(handle_);
   MPI_Status st;
   int rc;
@@ -301,6 +390,10 @@ void wait_all(std::vector<Request>& reqs) {
   std::vector<Request*> live;
   for (Request& q : reqs) {
     if (!q.active_) continue;
+    if (q.local_) {
+      q.wait();
+      continue;
+    }
     handles.push_back(unpack<MPI_Request>(q.handle_));
     live.push_back(&q);
   }
@@ -351,6 +444,7 @@ Group& Group::operator=(Group&& o) noexcept {
     world_ranks_ = std::move(o.world_ranks_);
     members_ = std::move(o.members_);
     nccl_ = std::move(o.nccl_);
+    local_ = std::move(o.local_);
   }
   return *this;
 }
@@ -361,6 +455,10 @@ void Group::release() noexcept {
   nccl_.reset();
   if (!valid_) return;
   valid_ = false;
+  if (local_) {
+    local_.reset();
+    return;
+  }
   if (!mpi_alive()) return;  // outlived MpiRuntime: MPI_Finalize has freed it
   MPI_Comm c = unpack<MPI_Comm>(comm_);
   MPI_Comm_free(&c);
@@ -394,6 +492,17 @@ void adopt(MPI_Comm c, uint64_t& comm, bool& valid, int& rank, int& size, int& w
 }  // namespace
 
 Group Group::world() {
+  if (!mpi_alive() && MpiRuntime::local_world()) {
+    Group g;
+    g.local_ = std::make_shared<LocalBox>();
+    g.valid_ = true;
+    g.rank_ = 0;
+    g.size_ = 1;
+    g.world_rank_ = 0;
+    g.world_ranks_ = {0};
+    g.members_ = describe_members(g.world_ranks_);
+    return g;
+  }
   MOE_CHECK(mpi_alive(), "Group::world: MPI is not initialised (create a comm::MpiRuntime first)");
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm c;
@@ -418,6 +527,19 @@ Group Group::world() {
 
 Group Group::split(int color, int key) const {
   MOE_CHECK(valid_, "Group::split on an invalid group");
+  if (local_) {  // a group of one splits into itself (with its own messages, as MPI's would) or none
+    (void)key;
+    Group g;
+    if (color < 0) return g;
+    g.local_ = std::make_shared<LocalBox>();
+    g.valid_ = true;
+    g.rank_ = 0;
+    g.size_ = 1;
+    g.world_rank_ = world_rank_;
+    g.world_ranks_ = world_ranks_;
+    g.members_ = members_;
+    return g;
+  }
   MPI_Comm c;
   int rc;
   {
@@ -445,11 +567,13 @@ void Group::check_peer(int peer, const char* op) const {
 
 void Group::enable_nccl() {
   MOE_CHECK(valid_, "enable_nccl on an invalid group");
+  if (local_) return;  // one member: every collective is a local copy, nothing to move
   if (!nccl_) nccl_ = std::make_shared<NcclComm>(*this);
 }
 
 void Group::barrier() const {
   MOE_CHECK(valid_, "MPI_Barrier on an invalid group");
+  if (local_) return;
   OpScope scope("MPI_Barrier", rank_, size_, members_);
   int rc = MPI_Barrier(unpack<MPI_Comm>(comm_));
   if (rc != MPI_SUCCESS) fail("MPI_Barrier", rc, rank_, size_);
@@ -457,6 +581,10 @@ void Group::barrier() const {
 
 void Group::alltoall(const int32_t* send, int32_t* recv, int count_per_rank) const {
   MOE_CHECK(valid_, "MPI_Alltoall on an invalid group");
+  if (local_) {
+    if (send != recv) std::memmove(recv, send, static_cast<size_t>(std::max(count_per_rank, 0)) * sizeof(int32_t));
+    return;
+  }
   OpScope scope("MPI_Alltoall", rank_, size_, members_);
   note_sim_messages(2 * (size_ - 1));
   int rc = MPI_Alltoall(send, count_per_rank, MPI_INT32_T, recv, count_per_rank, MPI_INT32_T,
@@ -476,6 +604,20 @@ void Group::alltoallv_impl(int dtype, const void* send, const std::vector<int>& 
             "MPI_Alltoallv on group rank ", rank_, " of ", size_,
             ": counts/displacements must have one entry per rank (got ", send_counts.size(), ", ",
             send_displs.size(), ", ", recv_counts.size(), ", ", recv_displs.size(), ")");
+  if (local_) {  // this rank's one segment to itself
+    MOE_CHECK(send_counts[0] == recv_counts[0] && send_counts[0] >= 0 && send_displs[0] >= 0 &&
+                  recv_displs[0] >= 0,
+              "MPI_Alltoallv on group rank 0 of 1: sends ", send_counts[0], " elements to itself but receives ",
+              recv_counts[0]);
+    if (send_counts[0] == 0) return;
+    const size_t b = dtype_bytes(dtype);
+    HostStage s(send, extent_bytes(send_counts, send_displs, dtype), /*fill=*/true);
+    HostStage r(recv, extent_bytes(recv_counts, recv_displs, dtype), /*fill=*/true);
+    std::memmove(r.as<char>() + static_cast<size_t>(recv_displs[0]) * b,
+                 s.as<char>() + static_cast<size_t>(send_displs[0]) * b, static_cast<size_t>(send_counts[0]) * b);
+    r.store();
+    return;
+  }
   if (nccl_ && device_of(send) == Device::kCuda && device_of(recv) == Device::kCuda) {
     OpScope scope("ncclSend/ncclRecv (alltoallv)", rank_, size_, members_);
     nccl_->alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype);
@@ -512,6 +654,7 @@ void Group::alltoallv(const int32_t* send, const std::vector<int>& sc, const std
 void Group::allreduce_impl(int dtype, int op, void* data, int64_t count, const char* name) const {
   MOE_CHECK(valid_, name, " on an invalid group");
   int n = to_int(count, name);
+  if (local_) return;  // the sum or max over one rank is its own value
   if (nccl_ && device_of(data) == Device::kCuda) {
     OpScope scope("ncclAllReduce", rank_, size_, members_);
     nccl_->allreduce(data, n, dtype, op);
@@ -536,6 +679,10 @@ void Group::allreduce_max(int64_t* d, int64_t n) const { allreduce_impl(kInt64, 
 
 void Group::allgather(const int32_t* send, int32_t* recv, int count_per_rank) const {
   MOE_CHECK(valid_, "MPI_Allgather on an invalid group");
+  if (local_) {
+    if (send != recv) std::memmove(recv, send, static_cast<size_t>(std::max(count_per_rank, 0)) * sizeof(int32_t));
+    return;
+  }
   OpScope scope("MPI_Allgather", rank_, size_, members_);
   int rc = MPI_Allgather(send, count_per_rank, MPI_INT32_T, recv, count_per_rank, MPI_INT32_T,
                          unpack<MPI_Comm>(comm_));
@@ -544,6 +691,10 @@ void Group::allgather(const int32_t* send, int32_t* recv, int count_per_rank) co
 
 void Group::allgather(const double* send, double* recv, int count_per_rank) const {
   MOE_CHECK(valid_, "MPI_Allgather on an invalid group");
+  if (local_) {
+    if (send != recv) std::memmove(recv, send, static_cast<size_t>(std::max(count_per_rank, 0)) * sizeof(double));
+    return;
+  }
   OpScope scope("MPI_Allgather", rank_, size_, members_);
   int rc = MPI_Allgather(send, count_per_rank, MPI_DOUBLE, recv, count_per_rank, MPI_DOUBLE,
                          unpack<MPI_Comm>(comm_));
@@ -569,6 +720,7 @@ std::vector<int> Group::block_displs(const std::vector<int>& counts, const char*
 void Group::reduce_scatter_sum(float* data, const std::vector<int>& counts) const {
   const char* op = "MPI_Reduce_scatter(sum)";
   const std::vector<int> displs = block_displs(counts, op);
+  if (local_) return;  // the one block already holds the sum over one rank
   const size_t total = static_cast<size_t>(displs.back()) + counts.back();
   HostStage d(data, total * sizeof(float), /*fill=*/true);
   int rc;
@@ -587,6 +739,7 @@ void Group::reduce_scatter_sum(float* data, const std::vector<int>& counts) cons
 void Group::allgatherv(float* data, const std::vector<int>& counts) const {
   const char* op = "MPI_Allgatherv";
   const std::vector<int> displs = block_displs(counts, op);
+  if (local_) return;  // the one block is this rank's
   const size_t total = static_cast<size_t>(displs.back()) + counts.back();
   HostStage d(data, total * sizeof(float), /*fill=*/true);
   int rc;
@@ -603,6 +756,11 @@ void Group::blocking(bool is_recv, int dtype, void* data, int64_t count, int pee
   const char* op = is_recv ? "MPI_Recv" : "MPI_Send";
   check_peer(peer, op);
   int n = to_int(count, op);
+  if (local_) {
+    if (!is_recv) local_send(*local_, dtype, data, n, tag);
+    else if (!local_take(*local_, dtype, data, n, tag, op)) local_never(op, tag);
+    return;
+  }
   MPI_Comm c = unpack<MPI_Comm>(comm_);
   HostStage h(data, static_cast<size_t>(n) * dtype_bytes(dtype), /*fill=*/!is_recv);
   if (!is_recv) {
@@ -630,6 +788,11 @@ void Group::blocking(bool is_recv, int dtype, void* data, int64_t count, int pee
 
 int64_t Group::probe_int32(int peer, int tag) const {
   check_peer(peer, "MPI_Probe");
+  if (local_) {
+    for (const LocalBox::Msg& m : local_->msgs)
+      if (m.tag == tag) return static_cast<int64_t>(m.bytes.size() / sizeof(int32_t));
+    local_never("MPI_Probe", tag);
+  }
   MPI_Status st;
   int rc;
   {
@@ -648,6 +811,26 @@ Request Group::post(bool is_recv, int dtype, void* data, int64_t count, int peer
   const char* op = is_recv ? "MPI_Irecv" : "MPI_Isend";
   check_peer(peer, op);
   int n = to_int(count, op);
+  if (local_) {
+    Request q;
+    q.is_recv_ = is_recv;
+    q.dtype_ = dtype;
+    q.count_ = n;
+    q.peer_ = peer;
+    q.tag_ = tag;
+    q.rank_ = rank_;
+    q.size_ = size_;
+    q.peer_world_ = world_ranks_[peer];
+    if (!is_recv) {
+      local_send(*local_, dtype, data, n, tag);  // complete: copied
+    } else if (!local_take(*local_, dtype, data, n, tag, op)) {
+      q.local_ = local_;
+      q.local_id_ = local_->next_id++;
+      q.active_ = true;
+      local_->recvs.push_back({q.local_id_, tag, dtype, data, n, false});
+    }
+    return q;
+  }
   // A host copy only for device memory: the CPU path posts the buffer itself, allocating nothing.
   std::shared_ptr<HostStage> stage;
   if (device_of(data) == Device::kCuda)

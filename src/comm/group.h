@@ -16,6 +16,7 @@
 namespace moe::comm {
 
 class HostStage;  // comm/host_stage.h: the host copy of a device buffer in flight
+struct LocalBox;  // group.cpp: the messages a group of one sends itself (a world without MPI)
 class NcclComm;   // comm/nccl.h: the NCCL communicator of a group
 
 // A pending non-blocking send or receive. Movable, not copyable. A receive checks on completion
@@ -44,6 +45,8 @@ class Request {
   int64_t count_ = 0;         // elements posted
   int peer_ = -1, tag_ = 0, rank_ = -1, size_ = 0;
   int peer_world_ = -1;       // the peer's world rank (for the timeout message)
+  std::shared_ptr<LocalBox> local_;  // a group of one without MPI: the mailbox, not handle_
+  uint64_t local_id_ = 0;            // this receive's place in local_'s pending receives
   // A device buffer's host copy: what MPI reads (send) or fills (receive; stored to the device
   // when the request completes).
   std::shared_ptr<HostStage> stage_;
@@ -80,7 +83,9 @@ class Group {
   Group& operator=(const Group&) = delete;
   ~Group();
 
-  // A duplicate of MPI_COMM_WORLD (MPI must be initialised: see MpiRuntime).
+  // A duplicate of MPI_COMM_WORLD (MPI must be initialised: see MpiRuntime), or, while an
+  // MpiRuntime keeps a world of one without MPI, a local group of one: its collectives copy or do
+  // nothing, a message to itself is matched as MPI would (tag, then order), and it calls no MPI.
   static Group world();
   // Collective. Ranks with the same color form one group, ordered by (key, rank). color < 0: this
   // rank joins no group (the result is invalid).
@@ -159,6 +164,7 @@ class Group {
   int rank_ = -1, size_ = 0, world_rank_ = -1;
   std::vector<int> world_ranks_;  // [size] world rank of each member
   std::shared_ptr<NcclComm> nccl_;  // set by enable_nccl
+  std::shared_ptr<LocalBox> local_;  // set: a group of one without MPI (comm_ unused)
 };
 
 }  // namespace moe::comm

@@ -989,7 +989,8 @@ void Trainer::finish(bool stopped_early) {
 }  // namespace
 
 TrainResult run_training(const TrainOptions& opts) {
-  MOE_CHECK(comm::MpiRuntime::initialized(), "run_training needs MPI initialised (comm::MpiRuntime)");
+  MOE_CHECK(comm::MpiRuntime::initialized() || comm::MpiRuntime::local_world(),
+            "run_training needs MPI initialised or a world of one (comm::MpiRuntime)");
   std::unique_ptr<RunSetup> setup = setup_run(opts);
   Trainer trainer(opts, *setup);
   return trainer.run();
