@@ -13,6 +13,7 @@
 #include "model/params.h"
 #include "train/checkpoint.h"
 #include "train/run_guard.h"
+#include "train/staged_folder.h"
 
 namespace moe::train {
 namespace fs = std::filesystem;
@@ -37,21 +38,13 @@ ExportResult export_checkpoint(const std::string& checkpoint, const std::string&
   std::vector<float> params(layout.total());
   load_checkpoint_tensors(checkpoint, layout, params.data(), nullptr, nullptr);
 
-  std::error_code ec;
-  // An earlier export into this folder may have had another shard count: its weight files would
-  // sit beside the new ones and a loader could pick the old weights. config.json goes first (the
-  // folder counts as complete only once it is written again, last), then every weight file.
-  static const std::regex weight_file(R"(model(-[0-9]+-of-[0-9]+)?\.safetensors|model\.safetensors\.index\.json(\.tmp)?)");
-  fs::remove(fs::path(out_dir) / "config.json", ec);
-  MOE_CHECK(!ec, out_dir, "/config.json: cannot remove the earlier export's file (", ec.message(), ")");
-  for (fs::directory_iterator it(out_dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (!std::regex_match(name, weight_file) || it->is_directory()) continue;
-    std::error_code rm;
-    fs::remove(it->path(), rm);
-    MOE_CHECK(!rm, it->path().string(), ": cannot remove the earlier export's file (", rm.message(), ")");
-  }
-  MOE_CHECK(!ec, out_dir, ": cannot list the folder (", ec.message(), ")");
+  // Every file goes into a staging folder beside OUT that replaces it in one rename once all are
+  // written (train/staged_folder.h): an export that fails or is stopped halfway leaves OUT as it
+  // was. An earlier export's weights and config go with the old folder (another shard count must
+  // leave no stale shard a loader could pick); other files in OUT move into the new one.
+  static const std::regex earlier_export(R"(config\.json|model(-[0-9]+-of-[0-9]+)?\.safetensors|model\.safetensors\.index\.json(\.tmp.*)?)");
+  StagedFolder staged(out_dir, "export OUT");
+  const std::string& stage = staged.path();
   // Group tensors into shards of at most max_shard_bytes (a tensor larger than that is alone).
   std::vector<std::vector<const model::ParamSpec*>> shards(1);
   size_t in_shard = 0, total = 0;
@@ -80,13 +73,14 @@ ExportResult export_checkpoint(const std::string& checkpoint, const std::string&
       weight_map[s->name] = name;
     }
     io::check_output_path(out_dir + "/" + name, "export OUT", {checkpoint});
-    w.write(out_dir + "/" + name, "export OUT");
+    w.write(stage + "/" + name, "export OUT");
   }
   if (n > 1) {
     nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    io::write_file_atomic(out_dir + "/model.safetensors.index.json", index.dump(2) + "\n", "export OUT");
+    io::write_file_atomic(stage + "/model.safetensors.index.json", index.dump(2) + "\n", "export OUT");
   }
-  model::save_config(cfg, out_dir + "/config.json");  // last: the folder is usable once it exists
+  model::save_config(cfg, stage + "/config.json");
+  staged.publish(earlier_export);  // OUT becomes the new folder whole
   return {n, total};
 }
 
