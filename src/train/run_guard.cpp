@@ -2,6 +2,7 @@
 #include "train/run_guard.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -37,9 +38,14 @@ std::string read_small(int fd) {
 }  // namespace
 
 void check_regular_input(const std::string& path, const std::string& flag) {
+  // Checked on a descriptor opened as every data file is (io/data_file.h: read-only, O_NONBLOCK so
+  // a FIFO never blocks the open), not by a stat of the name.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) throw Error(str_cat(path, ": cannot open (", flag, "): ", std::strerror(errno)));
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0)
-    throw Error(str_cat(path, ": cannot open (", flag, "): ", std::strerror(errno)));
+  const int rc = ::fstat(fd, &st);
+  ::close(fd);
+  if (rc != 0) throw Error(str_cat(path, ": cannot open (", flag, "): ", std::strerror(errno)));
   if (S_ISDIR(st.st_mode)) throw Error(str_cat(path, ": is a directory (", flag, " needs a text file)"));
   MOE_CHECK(S_ISREG(st.st_mode), path, ": ", flag, " must be a regular file, this is ", file_kind(st.st_mode),
             " (a stream has no end to split into train and validation data; save it to a file first)");
@@ -114,6 +120,35 @@ DirLock& DirLock::operator=(DirLock&& o) noexcept {
 
 DirLock::~DirLock() {
   if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
+}
+
+std::vector<std::string> sweep_stale_temp_files(const std::string& dir) {
+  std::vector<std::string> said;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const size_t at = name.rfind(".tmp.");
+    if (at == std::string::npos || at == 0 || at + 5 >= name.size() || name.size() - at - 5 > 9 ||
+        name.find_first_not_of("0123456789", at + 5) != std::string::npos)
+      continue;
+    const long pid = std::strtol(name.c_str() + at + 5, nullptr, 10);
+    if (pid <= 0 || pid == ::getpid()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // its writer may live
+    const std::string path = it->path().string();
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) continue;
+    if (!S_ISREG(st.st_mode)) {
+      said.push_back(str_cat(path, ": a stale temp name (pid ", pid, " is gone) that is ", file_kind(st.st_mode),
+                             ": left as it is"));
+      continue;
+    }
+    if (::unlink(path.c_str()) == 0)
+      said.push_back(str_cat(path, ": removed a stale temp file (its writer, pid ", pid, ", is gone)"));
+    else
+      said.push_back(str_cat(path, ": a stale temp file (pid ", pid, " is gone) could not be removed (",
+                             std::strerror(errno), ")"));
+  }
+  return said;
 }
 
 int launcher_world_size() {

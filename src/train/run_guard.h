@@ -2,6 +2,7 @@
 // output folders can be written, and one run at a time owns a folder (an exclusive lock).
 #pragma once
 #include <string>
+#include <vector>
 
 namespace moe::train {
 
@@ -35,6 +36,12 @@ class DirLock {
 };
 
 inline constexpr const char* kLockFileName = ".moetrain.lock";
+
+// DIR's stale temp files: PATH.tmp.<pid> (an AtomicFile's, io/output_file.h) whose writer is gone
+// (no process has that pid), left by a run killed with -9 or a machine that went down. Regular
+// files are removed; anything else of that name (a link, a folder) is left. Returns one line per
+// file, saying which was removed and which was left and why (the caller prints them).
+std::vector<std::string> sweep_stale_temp_files(const std::string& dir);
 
 // The rank count a launcher (mpirun, srun with PMI) started this process among, from its
 // environment; 1 when started alone. For commands that must not run once per rank.

@@ -1,13 +1,18 @@
 #include "train/run_setup.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "io/data_file.h"
 #include "io/dataset.h"
 #include "io/indexed_dataset.h"
 #include "io/output_file.h"
@@ -189,12 +194,17 @@ std::unique_ptr<RunSetup> setup_run(const TrainOptions& opts) {
       if (!fs::equivalent(ckpt_dir, opts.out_dir, ec))
         r.ckpt_lock = DirLock::acquire(ckpt_dir, opts.checkpoint.dir.empty() ? "--out (its checkpoints folder)"
                                                                             : "--checkpoint.dir", what);
+      // Both folders are ours now: a temp file whose writer died (kill -9) is swept, and said.
+      for (const std::string& d : {opts.out_dir, ckpt_dir})
+        for (const std::string& line : sweep_stale_temp_files(d))
+          std::fprintf(stderr, "moetrain: %s\n", line.c_str());
     }
     if (!opts.checkpoint.resume.empty()) {
       resume_path = opts.checkpoint.resume == "latest" ? find_latest_checkpoint(ckpt_dir) : opts.checkpoint.resume;
       MOE_CHECK(!resume_path.empty(), ckpt_dir, ": --resume latest found no complete checkpoint");
       CheckpointMeta meta = read_checkpoint_meta(resume_path, /*verify=*/true);
-      const json want = model::config_to_json(cfg);
+      json want = model::config_to_json(cfg);
+      want.erase("moetrain_tokenizer_fingerprint");  // compared below, naming both
       for (const auto& [key, value] : want.items())
         MOE_CHECK(meta.config.contains(key) && meta.config[key] == value, resume_path,
                   ": checkpoint was written for a different model (", key, " = ",
@@ -226,7 +236,22 @@ std::unique_ptr<RunSetup> setup_run(const TrainOptions& opts) {
           std::fprintf(stderr, "moetrain: %s holds an earlier run's metrics: kept as metrics.jsonl.prev\n",
                        opts.out_dir.c_str());
       }
-      r.metrics.open(metrics_path, opts.checkpoint.resume.empty() ? std::ios::trunc : std::ios::app);
+      // Opened without following a link and without blocking on a FIFO, checked to be a regular file
+      // on that descriptor; the stream then reopens that same file through /proc/self/fd (a name
+      // swapped in between is never written).
+      const bool fresh = opts.checkpoint.resume.empty();
+      const int fd = ::open(metrics_path.c_str(),
+                            O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (fresh ? O_TRUNC : O_APPEND), 0644);
+      if (fd < 0)
+        throw Error(str_cat(metrics_path, ": cannot open for writing (", std::strerror(errno),
+                            errno == ELOOP ? "; it is a symbolic link, never followed" : "", ")"));
+      struct stat st {};
+      const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+      const mode_t mode = st.st_mode;
+      if (regular) r.metrics.open(str_cat("/proc/self/fd/", fd), fresh ? std::ios::trunc : std::ios::app);
+      ::close(fd);
+      MOE_CHECK(regular, metrics_path, ": is not a regular file (it is ", io::file_kind(mode),
+                "); metrics are appended only to a plain file");
       MOE_CHECK(r.metrics.good(), metrics_path, ": cannot open for writing");
     } catch (const std::exception& e) {
       setup_error = e.what();
