@@ -270,7 +270,7 @@ expect budget-warmup '`--time-budget 5m --warmup 2`' \
   '--time-budget chooses the step count from the warm-up steps'"'"' time (their learning rates do not depend on it), so it needs --warmup >= 4, got 2' \
   "${common[@]}" --time-budget 5m --warmup 2 --out "$dir/ob4"
 expect capacity-inf '`--capacity-factor inf`' \
-  '--capacity-factor must be >= 0 (0 = dropless), got inf' "${common[@]}" --preset test-moe --capacity-factor inf --out "$dir/o57"
+  '--capacity-factor must be at most 10000 (buffers of capacity factor x tokens x k rows per expert), got inf' "${common[@]}" --preset test-moe --capacity-factor inf --out "$dir/o57"
 expect capacity-nan '`--capacity-factor nan`' \
   '--capacity-factor must be >= 0 (0 = dropless), got nan' "${common[@]}" --preset test-moe --capacity-factor nan --out "$dir/o58"
 expect micro-batches-zero '`--micro-batches 0`' '--micro-batches must be >= 1, got 0' "${common[@]}" --micro-batches 0 --out "$dir/o59"
@@ -279,7 +279,7 @@ expect checkpoint-every-negative '`--checkpoint.every -1`' \
 expect checkpoint-keep-negative '`--checkpoint.keep -1`' \
   '--checkpoint.keep must be >= 0, got -1' "${common[@]}" --checkpoint.keep -1 --out "$dir/o61"
 expect max-bad-steps-zero '`--max-bad-steps 0`' '--max-bad-steps must be >= 1, got 0' "${common[@]}" --max-bad-steps 0 --out "$dir/o62"
-expect fault-step-zero '`--fault.nan-steps 0`' '--fault.nan-steps: steps count from 1, got 0' "${common[@]}" --fault.nan-steps 0 --out "$dir/o63"
+expect fault-step-zero '`--fault.nan-steps 0`' '--fault.nan-steps must be a step counted from 1, got 0' "${common[@]}" --fault.nan-steps 0 --out "$dir/o63"
 expect comm-timeout-negative '`--comm.timeout -1`' \
   '--comm.timeout must be a number of seconds >= 0 (0 = wait forever), got -1' "${common[@]}" --comm.timeout -1 --out "$dir/o64"
 expect comm-timeout-nan '`--comm.timeout nan`' \

@@ -18,6 +18,7 @@
 #include "io/json_file.h"
 #include "io/parse_number.h"
 #include "io/safetensors.h"
+#include "train/value_ranges.h"
 
 namespace moe::train {
 namespace {
@@ -109,6 +110,10 @@ Manifest parse_manifest(const std::string& text, const std::string& mpath) {
   meta.step = small_int(m, "step", -1, mpath);
   meta.bad_steps = small_int(m, "bad_steps", 0, mpath);
   meta.time_budget_steps = small_int(m, "time_budget_steps", 0, mpath);
+  // Stored numbers in the ranges the flags that made them have (train/value_ranges.h).
+  check_value("field \"step\"", meta.step, mpath);
+  check_value("field \"bad_steps\"", meta.bad_steps, mpath);
+  check_value("field \"time_budget_steps\"", meta.time_budget_steps, mpath);
   MOE_CHECK(meta.time_budget_steps == 0 || meta.time_budget_steps >= meta.step, mpath,
             ": field \"time_budget_steps\" ", meta.time_budget_steps, " is below field \"step\" ", meta.step);
   meta.data_rng_state = u64_string(m, "data_rng_state", mpath);

@@ -6,14 +6,14 @@
 #include "core/error.h"
 #include "io/json_file.h"
 #include "moe/router.h"
+#include "train/value_ranges.h"
 
 namespace moe::train {
 
 ScoreBias::ScoreBias(const model::ModelConfig& cfg, std::optional<float> rate_flag)
     : rate_(rate_flag ? *rate_flag : cfg.bias_update_speed) {
   if (rate_flag) {
-    MOE_CHECK(std::isfinite(*rate_flag) && *rate_flag >= 0.0f,
-              "--balance.bias-rate must be a finite number >= 0, got ", *rate_flag);
+    check_value("--balance.bias-rate", *rate_flag);
     MOE_CHECK(cfg.aux_free_balancing(), "--balance.bias-rate ", *rate_flag,
               ": the model's router uses topk_method \"", cfg.topk_method,
               "\" (the bias rate is for noaux_tc, aux-loss-free balancing)");
@@ -69,6 +69,7 @@ void ScoreBias::load_json(const nlohmann::json& j, const std::string& where) {
       MOE_CHECK(v.is_number() && std::isfinite(v.get<double>()) &&
                     std::abs(v.get<double>()) <= 3.4e38,
                 where, "[\"", key, "\"][", e, "] = ", io::excerpt(v), " is not a finite float");
+      check_value("router_bias value", v.get<double>(), str_cat(where, "[\"", key, "\"][", e, "]"));
       bias_[i * E_ + e] = static_cast<float>(v.get<double>());
     }
   }

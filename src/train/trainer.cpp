@@ -43,6 +43,7 @@
 #include "train/run_memory.h"
 #include "train/run_setup.h"
 #include "train/score_bias.h"
+#include "train/value_ranges.h"
 
 namespace moe::train {
 namespace fs = std::filesystem;
@@ -96,61 +97,48 @@ double parse_duration_s(const std::string& text, const char* flag) {
 
 void validate_options(const TrainOptions& o) {
   auto finite = [](double v) { return std::isfinite(v); };
-  MOE_CHECK(o.steps > 0, "--steps must be positive, got ", o.steps);
+  // Every number's own range, from the one table (train/value_ranges.h); then what ties flags.
+  const std::pair<const char*, double> values[] = {
+      {"--steps", o.steps}, {"--batch", o.data.batch}, {"--seq-len", o.data.seq_len},
+      {"--threads", o.device.threads}, {"--peak-gflops", o.device.peak_gflops},
+      {"--vocab-size", o.model.vocab_size}, {"--eval-batches", o.data.eval_batches},
+      {"--eval-every", o.data.eval_every}, {"--lr", o.optim.lr}, {"--min-lr", o.optim.min_lr},
+      {"--warmup", o.optim.warmup_steps}, {"--weight-decay", o.optim.weight_decay},
+      {"--grad-clip", o.optim.grad_clip}, {"--capacity-factor", o.model.moe.capacity_factor},
+      {"--micro-batches", o.parallel.micro_batches}, {"--checkpoint.keep", o.checkpoint.keep},
+      {"--checkpoint.every", o.checkpoint.every}, {"--max-bad-steps", o.faults.max_bad_steps},
+      {"--balance.migrate-every", o.balance.migrate_every}, {"--balance.threshold", o.balance.threshold},
+      {"--comm.timeout", o.faults.comm_timeout_s}, {"--topo.ranks-per-node", o.parallel.topo_ranks_per_node},
+      {"--topo.nodes-per-group", o.parallel.topo_nodes_per_group}, {"--pp", o.parallel.dims.pp},
+      {"--dp", o.parallel.dims.dp}, {"--ep", o.parallel.dims.ep}, {"--tp", o.parallel.dims.tp}};
+  for (const auto& [name, v] : values) check_value(name, v);
+  for (int s : o.faults.nan_steps) check_value("--fault.nan-steps", s);
+  for (int s : o.faults.inf_weight_steps) check_value("--fault.inf-weight-steps", s);
+  for (int n : o.parallel.pp_layers) check_value("--pp.layers", n);
+  if (o.balance.bias_rate) check_value("--balance.bias-rate", *o.balance.bias_rate);
   MOE_CHECK(o.time_budget_s == 0 || (finite(o.time_budget_s) && o.time_budget_s > 0 && o.time_budget_s <= 1e7),
             "--time-budget must be more than 0 and at most 1e7 seconds, got ", o.time_budget_s);
   MOE_CHECK(o.time_budget_s == 0 || o.optim.warmup_steps >= kTimeBudgetMinWarmup, "--time-budget chooses the "
             "step count from the warm-up steps' time (their learning rates do not depend on it), so it needs "
             "--warmup >= ", kTimeBudgetMinWarmup, ", got ", o.optim.warmup_steps);
-  MOE_CHECK(o.data.batch > 0, "--batch must be positive, got ", o.data.batch);
-  MOE_CHECK(o.data.seq_len > 1, "--seq-len must be at least 2, got ", o.data.seq_len);
-  MOE_CHECK(o.device.threads > 0 && o.device.threads <= 1024, "--threads must be in [1, 1024], got ", o.device.threads);
-  MOE_CHECK(o.device.peak_gflops == 0 || (std::isfinite(o.device.peak_gflops) && o.device.peak_gflops > 0 &&
-                                          o.device.peak_gflops <= 1e7),
-            "--peak-gflops must be a GFLOP/s figure in (0, 1e7] (or 0: measure it), got ",
-            o.device.peak_gflops);
-  MOE_CHECK(o.model.vocab_size >= 0 && o.model.vocab_size <= (1 << 24), "--vocab-size must be in [1, 2^24] (0 = the model's), got ",
-            o.model.vocab_size);
-  MOE_CHECK(o.data.eval_batches > 0, "--eval-batches must be positive, got ", o.data.eval_batches);
-  MOE_CHECK(o.data.eval_every >= 0, "--eval-every must be >= 0 (0 = only at the end), got ", o.data.eval_every);
   const OptimConfig& c = o.optim;
-  MOE_CHECK(finite(c.lr) && c.lr > 0 && c.lr <= 1, "--lr must be a number in (0, 1], got ", c.lr);
-  MOE_CHECK(finite(c.min_lr) && c.min_lr >= 0, "--min-lr must be a number >= 0, got ", c.min_lr);
   MOE_CHECK(c.min_lr <= c.lr, "--min-lr ", c.min_lr, " is above --lr ", c.lr,
             " (the cosine schedule decays from --lr to --min-lr)");
-  MOE_CHECK(c.warmup_steps >= 0, "--warmup must be >= 0, got ", c.warmup_steps);
-  MOE_CHECK(finite(c.weight_decay) && c.weight_decay >= 0, "--weight-decay must be a number >= 0, got ",
-            c.weight_decay);
   // Decoupled decay multiplies each weight by 1 - lr·wd: at lr·wd >= 1 it zeroes or flips them.
   MOE_CHECK(static_cast<double>(c.lr) * c.weight_decay < 1, "--weight-decay ", c.weight_decay, " with --lr ",
             c.lr, ": lr * weight decay = ", static_cast<double>(c.lr) * c.weight_decay,
             " >= 1 would zero or flip the weights every step");
-  MOE_CHECK(finite(c.grad_clip) && c.grad_clip >= 0, "--grad-clip must be a number >= 0 (0 = off), got ",
-            c.grad_clip);
-  MOE_CHECK(finite(o.model.moe.capacity_factor) && o.model.moe.capacity_factor >= 0,
-            "--capacity-factor must be >= 0 (0 = dropless), got ", o.model.moe.capacity_factor);
-  MOE_CHECK(o.parallel.micro_batches >= 1, "--micro-batches must be >= 1, got ", o.parallel.micro_batches);
   MOE_CHECK(o.data.batch % o.parallel.micro_batches == 0, "--batch ", o.data.batch, " is not divisible by --micro-batches ",
             o.parallel.micro_batches);
-  MOE_CHECK(o.checkpoint.keep >= 0, "--checkpoint.keep must be >= 0, got ", o.checkpoint.keep);
-  MOE_CHECK(o.checkpoint.every >= 0, "--checkpoint.every must be >= 0, got ", o.checkpoint.every);
-  MOE_CHECK(o.faults.max_bad_steps >= 1, "--max-bad-steps must be >= 1, got ", o.faults.max_bad_steps);
-  for (int s : o.faults.nan_steps) MOE_CHECK(s >= 1, "--fault.nan-steps: steps count from 1, got ", s);
-  for (int s : o.faults.inf_weight_steps) MOE_CHECK(s >= 1, "--fault.inf-weight-steps: steps count from 1, got ", s);
   parse_device(o.device.name, "--device");
   MOE_CHECK(o.device.precision == "fp32" || o.device.precision == "bf16" || o.device.precision == "auto",
             "--precision: expected fp32, bf16 or auto, got '", o.device.precision, "'");
   MOE_CHECK(o.device.precision != "bf16" || o.device.name == "cuda" || kernels::bf16_cpu_available(),
             "--precision bf16 --device cpu: ", kernels::bf16_cpu_unavailable_reason());
-  MOE_CHECK(o.balance.migrate_every >= 0, "--balance.migrate-every must be >= 0 (0 = never), got ", o.balance.migrate_every);
-  MOE_CHECK(finite(o.balance.threshold) && o.balance.threshold > 1, "--balance.threshold must be a max/mean "
-            "rank load > 1 (1 is perfect balance), got ", o.balance.threshold);
   MOE_CHECK(o.balance.migrate_every == 0 || !o.parallel.zero1, "--balance.migrate-every with --zero1: moving experts with a "
             "sharded AdamW state is not supported; use one of them");
   MOE_CHECK(o.balance.migrate_every == 0 || !o.model.moe.padded, "--balance.migrate-every with --padded: migration needs "
             "the padding-free layout");
-  MOE_CHECK(finite(o.faults.comm_timeout_s) && o.faults.comm_timeout_s >= 0 && o.faults.comm_timeout_s < 1e9,
-            "--comm.timeout must be a number of seconds >= 0 (0 = wait forever), got ", o.faults.comm_timeout_s);
   MOE_CHECK(!o.out_dir.empty(), "--out must not be empty");
 }
 
