@@ -15,3 +15,10 @@ add_test(NAME run_guards
          COMMAND ${CMAKE_SOURCE_DIR}/tests/run_guards.sh $<TARGET_FILE:moetrain>
                  ${CMAKE_SOURCE_DIR}/data/kjv.txt ${MPIRUN_EXECUTABLE})
 set_tests_properties(run_guards PROPERTIES LABELS "mpi" TIMEOUT 300)
+
+# Issue 42, classes 7 and 8 (tests/hostile_flags.sh): ulimit -f in train and export (no MPI_Init
+# for a lone process), an export that fails or is stopped halfway, metrics.jsonl not a plain file,
+# stale temp files of a dead writer, and every numeric flag and stored manifest value out of its
+# range (train/value_ranges.cpp). About 10 s in a Release build.
+add_test(NAME hostile_flags COMMAND ${CMAKE_SOURCE_DIR}/tests/hostile_flags.sh $<TARGET_FILE:moetrain>)
+set_tests_properties(hostile_flags PROPERTIES TIMEOUT 300)
