@@ -286,7 +286,9 @@ TEST(TokenCorpus, SidecarVocabularyAndCountsAreChecked) {
   TokenCorpus c = TokenCorpus::load(prefix, 300);
   EXPECT_TRUE(c.has_tokenizer_info());
   EXPECT_EQ(c.tokenizer_kind(), "spm");
-  EXPECT_DOUBLE_EQ(c.val_bytes_per_token(), 3.5);
+  // The sidecar says 3.5 bytes per token, but its model file d.model is not beside the dataset:
+  // the bytes cannot be recomputed from the tokens, so they are unknown, not taken on trust.
+  EXPECT_EQ(c.val_bytes_per_token(), 0.0);
   std::string e = error_of([&] { TokenCorpus::load(prefix, 256); });
   EXPECT_NE(e.find("d.tokenizer.json: the tokenizer has vocab_size 300, the model only 256 (--vocab-size 300"),
             std::string::npos)
@@ -310,6 +312,130 @@ TEST(Corpus, DataPathKinds) {
   EXPECT_TRUE(moe::io::is_indexed_dataset(dir + "/q.bin"));
   EXPECT_FALSE(moe::io::is_indexed_dataset(dir + "/missing"));
   EXPECT_EQ(moe::io::indexed_prefix(dir + "/p.bin"), dir + "/p");
+}
+
+// Issue 42, class 6: sequence pointers that go back or overlap are refused by name (100,000
+// sequences over the same 1 MB once meant 10^11 token checks), so each token is checked once.
+TEST(IndexedDataset, OverlappingOrOutOfOrderSequencesAreRefused) {
+  const std::string dir = fresh_dir("overlap");
+  const std::string p = dir + "/d";
+  {
+    moe::io::IndexedDatasetWriter w(p, 1);
+    const std::vector<int32_t> doc(10, 7);
+    for (int d = 0; d < 4; ++d) w.add_document(doc.data(), doc.size());
+    w.finish();
+  }
+  const uint64_t S = 4;
+  auto set_pointer = [&](uint64_t i, int64_t v) {
+    std::fstream f(p + ".idx", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(34 + 4 * S + 8 * i));
+    f.write(reinterpret_cast<const char*>(&v), 8);
+  };
+  set_pointer(2, 15);  // sequence 1 covers bytes [10, 20)
+  std::string e = error_of([&] { IndexedDataset::open(p); });
+  EXPECT_NE(e.find("d.idx: sequence 2 pointer 15 at offset " + std::to_string(34 + 4 * S + 16) +
+                   " overlaps or precedes sequence 1, which ends at byte 20"),
+            std::string::npos)
+      << e;
+  set_pointer(2, 0);  // every sequence at the start: the hostile case of the issue
+  set_pointer(1, 0);
+  e = error_of([&] { IndexedDataset::open(p); });
+  EXPECT_NE(e.find("sequence 1 pointer 0"), std::string::npos) << e;
+  set_pointer(1, 10);
+  set_pointer(2, 30);  // a gap (Megatron allows it) is fine
+  set_pointer(3, 40);
+  fs::resize_file(p + ".bin", 50);
+  EXPECT_EQ(error_of([&] { TokenCorpus::load(p, 256); }), "(no error)");
+}
+
+// Issue 42, class 5: the .bin is read with pread, so one that shrinks under a reader is an error
+// naming it at the next read, never a SIGBUS.
+TEST(IndexedDataset, ABinTruncatedAfterOpenIsAnErrorNotASignal) {
+  const std::string dir = fresh_dir("shrink");
+  const std::string p = dir + "/d";
+  {
+    moe::io::IndexedDatasetWriter w(p, 8);
+    std::vector<int32_t> doc(5000);
+    for (size_t k = 0; k < doc.size(); ++k) doc[k] = static_cast<int32_t>(k % 300);
+    for (int d = 0; d < 40; ++d) w.add_document(doc.data(), doc.size());
+    w.finish();
+  }
+  TokenCorpus c = TokenCorpus::load(p, 300);
+  fs::resize_file(p + ".bin", 1000);
+  std::vector<int32_t> rows(4 * 65);
+  Rng rng(1);
+  const std::string e = error_of([&] { c.sample_batch(rows.data(), 4, 64, rng, Split::kTrain); });
+  EXPECT_NE(e.find("d.bin: changed under the run: reading "), std::string::npos) << e;
+  EXPECT_NE(e.find("it had 400000 bytes when opened, 1000 now"), std::string::npos) << e;
+}
+
+// Issue 42, classes 4-5: bytes per token come from the tokens (a byte dataset's token is one
+// byte), a sidecar whose byte counts were altered is refused, fingerprints are checked, and the
+// data's identity changes with its content even at the same size.
+TEST(TokenCorpus, BytesPerTokenAndIdentityComeFromTheData) {
+  const std::string dir = fresh_dir("ident");
+  const std::string p = dir + "/d";
+  std::vector<int32_t> doc(100);
+  for (size_t k = 0; k < doc.size(); ++k) doc[k] = static_cast<int32_t>('a' + k % 26);
+  {
+    moe::io::IndexedDatasetWriter w(p, 1);
+    for (int d = 0; d < 40; ++d) w.add_document(doc.data(), doc.size());
+    w.finish();
+  }
+  moe::io::TokenizerInfo info;
+  info.kind = "bytes";
+  info.vocab_size = 256;
+  info.documents = 40;
+  info.train_tokens = info.train_bytes = 38 * 100;
+  info.val_tokens = info.val_bytes = 2 * 100;
+  info.fingerprint = moe::io::byte_tokenizer_fingerprint();
+  moe::io::write_tokenizer_info(moe::io::tokenizer_info_path(p), info);
+  TokenCorpus c = TokenCorpus::load(p, 256);
+  EXPECT_EQ(c.val_bytes_per_token(), 1.0);
+  EXPECT_EQ(c.tokenizer_fingerprint(), moe::io::byte_tokenizer_fingerprint());
+  const moe::io::Corpus::Identity before = c.identity();
+  info.val_bytes = 2;  // the issue's tampered sidecar: nats/byte 100x too small
+  moe::io::write_tokenizer_info(moe::io::tokenizer_info_path(p), info);
+  std::string e = error_of([&] { TokenCorpus::load(p, 256); });
+  EXPECT_NE(e.find("d.tokenizer.json: records 3800 + 2 train + val bytes of text, but the tokens decode to 3800 + "
+                   "200"),
+            std::string::npos)
+      << e;
+  info.val_bytes = 200;
+  info.fingerprint = "bytes-256-0123456789abcdef";
+  moe::io::write_tokenizer_info(moe::io::tokenizer_info_path(p), info);
+  e = error_of([&] { TokenCorpus::load(p, 256); });
+  EXPECT_NE(e.find("tokenizer fingerprint bytes-256-0123456789abcdef is not the byte tokenizer's"), std::string::npos)
+      << e;
+  info.fingerprint.clear();  // an old sidecar: a byte tokenizer is known anyway
+  moe::io::write_tokenizer_info(moe::io::tokenizer_info_path(p), info);
+  EXPECT_EQ(TokenCorpus::load(p, 256).tokenizer_fingerprint(), moe::io::byte_tokenizer_fingerprint());
+  // Same size, other content: another identity.
+  {
+    std::fstream f(p + ".bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(3);
+    f.put('Z');
+  }
+  const moe::io::Corpus::Identity after = TokenCorpus::load(p, 256).identity();
+  EXPECT_EQ(after.bytes, before.bytes);
+  EXPECT_NE(after.sample, before.sample);
+}
+
+TEST(Fingerprint, MatchRules) {
+  using moe::io::check_tokenizer_match;
+  const std::string a = moe::io::tokenizer_fingerprint("spm", 300, "model A");
+  const std::string b = moe::io::tokenizer_fingerprint("spm", 300, "model B");
+  EXPECT_TRUE(moe::io::is_tokenizer_fingerprint(a)) << a;
+  EXPECT_FALSE(moe::io::is_tokenizer_fingerprint("spm-300-xyz"));
+  EXPECT_FALSE(moe::io::is_tokenizer_fingerprint("wordpiece-300-0123456789abcdef"));
+  EXPECT_NE(a, b);
+  EXPECT_EQ(check_tokenizer_match(a, "M", a, "D"), "");
+  EXPECT_EQ(check_tokenizer_match("", "M", "", "D"), "");
+  const std::string e = error_of([&] { check_tokenizer_match(a, "M", b, "D"); });
+  EXPECT_NE(e.find("D: tokenizer fingerprint " + b + ", but the model (M) was trained on tokenizer " + a),
+            std::string::npos)
+      << e;
+  EXPECT_NE(check_tokenizer_match("", "M", b, "D").find("note: M records no tokenizer fingerprint"), std::string::npos);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "io/fingerprint.h"
 
 namespace moe::io {
 
@@ -32,7 +33,21 @@ class Corpus {
   // "bytes" for a text file, otherwise what the tokenizer sidecar names ("bytes", "spm", or
   // "unknown" without a sidecar).
   virtual std::string tokenizer_kind() const = 0;
+  // The tokenizer's identity (io/token_corpus.h, tokenizer_fingerprint): the byte fingerprint for
+  // a text file; for an indexed dataset the sidecar's (checked against the model file beside it),
+  // or "" when nothing says which tokenizer made the ids (an old sidecar or none).
+  virtual std::string tokenizer_fingerprint() const = 0;
+  // What the data is, recorded in a checkpoint and compared at resume (issue 42, class 5): a file
+  // replaced by another, even of the same size, is then refused by name.
+  struct Identity {
+    std::string file;     // the file the tokens come from (text file or PREFIX.bin)
+    uint64_t bytes = 0;   // its size (for an indexed dataset, .bin and .idx together)
+    std::string sample;   // FNV-1a 64 (16 hex digits) of sampled blocks of its files
+    int64_t mtime_ns = 0; // its modification time (the latest of the .bin and .idx)
+  };
+  virtual Identity identity() const = 0;
 };
+
 
 // --data names an indexed dataset when it ends in .idx or .bin, or when it is not a file but
 // PATH.idx is; otherwise it is a text file. indexed_prefix strips a .idx / .bin ending.

@@ -10,10 +10,13 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "io/fingerprint.h"
 
 namespace moe::io {
 
 const char* split_name(Split s) { return s == Split::kTrain ? "train" : "val"; }
+
+std::string ByteCorpus::tokenizer_fingerprint() const { return byte_tokenizer_fingerprint(); }
 
 ByteCorpus ByteCorpus::load(const std::string& path, size_t block_bytes) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -52,6 +55,8 @@ ByteCorpus ByteCorpus::load(const std::string& path, size_t block_bytes) {
   }
   ::close(fd);
   MOE_CHECK(!c.bytes_.empty(), "dataset ", path, ": file is empty");
+  c.identity_ = {path, c.bytes_.size(), hex16(sampled_fnv1a64(c.bytes_.data(), c.bytes_.size())),
+                 regular ? st.st_mtim.tv_sec * int64_t{1000000000} + st.st_mtim.tv_nsec : 0};
 
   // Maximal runs of blocks of one split become segments.
   const size_t n = c.bytes_.size();

@@ -46,6 +46,8 @@ class ByteCorpus : public Corpus {
   const std::string& path() const override { return path_; }
   double val_bytes_per_token() const override { return 1.0; }  // a byte is a token
   std::string tokenizer_kind() const override { return "bytes"; }
+  std::string tokenizer_fingerprint() const override;  // the byte tokenizer's
+  Identity identity() const override { return identity_; }
   size_t block_bytes() const { return block_bytes_; }
   size_t size_bytes() const { return bytes_.size(); }
   size_t num_tokens(Split s) const;  // bytes in the split
@@ -69,6 +71,7 @@ class ByteCorpus : public Corpus {
   size_t block_bytes_ = kBlockBytes;
   std::vector<uint8_t> bytes_;
   std::vector<Segment> train_, val_;
+  Identity identity_;
 };
 
 }  // namespace moe::io

@@ -14,13 +14,21 @@
 //                       doc[D-1] = S, non-decreasing
 //              int8[S]  (multimodal datasets only: a mode per sequence; ignored here)
 // Every field is checked when the files are opened; an error names the file and the byte offset.
+// Sequence pointers must be in increasing order without overlap (each token of the .bin belongs
+// to at most one sequence), so checking the tokens costs one pass over the .bin, never one per
+// sequence that covers a token (issue 42, class 6).
+//
+// The .idx is mapped; the .bin is read with pread, window by window (issue 42, class 5): a .bin
+// truncated under a running job is an error naming it at the next read, never a SIGBUS.
 #pragma once
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "io/data_file.h"
 #include "io/output_file.h"
 
 namespace moe::io {
@@ -46,6 +54,12 @@ struct IndexHeader {
 };
 IndexHeader read_index_header(const std::string& idx_file);
 
+// Loops over a dataset's sequences and tokens that can run for more than a second poll this flag
+// (the trainer's SIGTERM/SIGINT flag, train::install_stop_handlers): once set, check_stop throws
+// moe::Error "<what>: stopped by a signal (SIGTERM/SIGINT) during setup". Null: never stops.
+void set_stop_flag(const volatile std::sig_atomic_t* flag);
+void check_stop(const std::string& what);
+
 // A read-only mapping of a whole file beside a dataset prefix (empty files map to nothing): opened
 // by io::open_data_file as a file inside a folder, so a symbolic link, FIFO or device is refused.
 class MappedFile {
@@ -67,8 +81,9 @@ class MappedFile {
 
 class IndexedDataset {
  public:
-  // Maps PREFIX.idx and PREFIX.bin and checks every field of the index against both files
-  // (bounds, order, alignment, the .bin's size). Throws moe::Error naming the file and offset.
+  // Maps PREFIX.idx, opens PREFIX.bin and checks every field of the index against both files
+  // (bounds, order, no overlap, alignment, the .bin's size). Throws moe::Error naming the file
+  // and offset.
   static IndexedDataset open(const std::string& prefix);
 
   const std::string& prefix() const { return prefix_; }
@@ -82,12 +97,19 @@ class IndexedDataset {
   // Token k of the .bin counted from its start (byte offset k * item_size), as an integer.
   int64_t token_at(uint64_t k) const;
   // count tokens from token position k of the .bin, each converted to int32 (ids are checked
-  // to fit at load by the corpus, see TokenCorpus).
+  // to fit at load by the corpus, see TokenCorpus). Read with pread: a .bin that shrank since it
+  // was opened is a moe::Error naming it, the offset and its size now.
   void copy_tokens(uint64_t k, uint64_t count, int32_t* out) const;
+  // The same tokens as int64 (every integer dtype), for checks.
+  void read_tokens(uint64_t k, uint64_t count, int64_t* out) const;
+  uint64_t bin_bytes() const { return bin_size_; }  // the .bin's size when it was opened
 
  private:
   std::string prefix_;
-  MappedFile idx_, bin_;
+  void read_bin(uint64_t offset, size_t n, uint8_t* out) const;
+  MappedFile idx_;
+  DataFile bin_;
+  uint64_t bin_size_ = 0;
   uint8_t dtype_ = 0;
   size_t item_size_ = 0;
   uint64_t num_sequences_ = 0, num_doc_entries_ = 0;
@@ -99,6 +121,9 @@ class IndexedDataset {
 // target must be new or a regular file, the data goes to a temporary file created with O_EXCL |
 // O_NOFOLLOW beside it (a planted PREFIX.bin.tmp symlink is never written through), and finish()
 // renames both into place; a writer destroyed before finish() removes its temporary files.
+// finish() is prepare() (both files complete and on disk under their temporary names) then
+// commit() (the renames), so that a caller publishing more files with the dataset (tokenize: the
+// tokenizer model and sidecar) renames them all only once every one is prepared.
 // Errors name `flag` ("--output") and the path.
 class IndexedDatasetWriter {
  public:
@@ -109,13 +134,15 @@ class IndexedDatasetWriter {
   // Appends one document of n ids; each must fit the dtype (else moe::Error naming it).
   void add_document(const int32_t* ids, size_t n);
   void finish();
+  void prepare();
+  void commit();
   uint64_t num_tokens() const { return num_tokens_; }
 
  private:
   std::string prefix_, flag_;
   uint8_t dtype_;
-  std::unique_ptr<AtomicFile> bin_;
-  bool finished_ = false;
+  std::unique_ptr<AtomicFile> bin_, idx_;
+  bool prepared_ = false, finished_ = false;
   uint64_t num_tokens_ = 0;
   std::vector<int32_t> lengths_;
   std::vector<uint8_t> buf_;

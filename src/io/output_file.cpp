@@ -7,14 +7,53 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 
 #include "core/error.h"
 #include "io/data_file.h"
 
 namespace moe::io {
 namespace {
+
+// The temporary files that exist now, for the signal handler: fixed storage, a slot is filled
+// before it is marked used and marked free before its name goes stale.
+constexpr int kMaxTemps = 64;
+constexpr size_t kMaxTempPath = 4096;
+char g_temp_paths[kMaxTemps][kMaxTempPath];
+volatile std::sig_atomic_t g_temp_used[kMaxTemps];
+std::mutex g_temp_mutex;
+
+int register_temp(const std::string& path) {
+  if (path.size() >= kMaxTempPath) return -1;
+  std::lock_guard<std::mutex> lock(g_temp_mutex);
+  for (int i = 0; i < kMaxTemps; ++i) {
+    if (g_temp_used[i]) continue;
+    std::memcpy(g_temp_paths[i], path.c_str(), path.size() + 1);
+    g_temp_used[i] = 1;
+    return i;
+  }
+  return -1;  // more than 64 at once: still removed by their owner, not by the handler
+}
+
+void unregister_temp(int& slot) {
+  if (slot < 0) return;
+  std::lock_guard<std::mutex> lock(g_temp_mutex);
+  g_temp_used[slot] = 0;
+  slot = -1;
+}
+
+void remove_temps_and_die(int sig) {
+  for (int i = 0; i < kMaxTemps; ++i)
+    if (g_temp_used[i]) ::unlink(g_temp_paths[i]);
+  static const char msg[] = "moetrain: stopped by a signal: temporary files removed, outputs left as they were\n";
+  ssize_t n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+  (void)n;
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
 
 // "--dump PATH" or "PATH" when no flag names it.
 std::string named(const std::string& flag, const std::string& path) {
@@ -88,17 +127,20 @@ AtomicFile::AtomicFile(const std::string& path, const std::string& flag) : path_
   }
   if (fd_ < 0)
     throw Error(str_cat(named(flag_, path_), ": cannot write: cannot create ", tmp_, " (", std::strerror(err), ")"));
+  slot_ = register_temp(tmp_);
 }
 
 AtomicFile::~AtomicFile() {
   if (fd_ >= 0) ::close(fd_);
   if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
+  unregister_temp(slot_);
 }
 
 void AtomicFile::fail(const std::string& what, int err) {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   ::unlink(tmp_.c_str());
+  unregister_temp(slot_);
   tmp_.clear();
   throw Error(str_cat(named(flag_, path_), ": cannot write: ", what, " (", std::strerror(err), ")"));
 }
@@ -118,8 +160,8 @@ void AtomicFile::write(const void* data, size_t n) {
   }
 }
 
-void AtomicFile::commit() {
-  MOE_CHECK(fd_ >= 0 && !committed_, named(flag_, path_), ": commit after commit or failure");
+void AtomicFile::sync() {
+  MOE_CHECK(fd_ >= 0 && !committed_ && !synced_, named(flag_, path_), ": sync after sync, commit or failure");
   if (::fsync(fd_) != 0 && errno != EINVAL) {
     const int err = errno;
     fail(str_cat("syncing ", tmp_, " failed"), err);
@@ -128,12 +170,19 @@ void AtomicFile::commit() {
   const int close_err = errno;
   fd_ = -1;
   if (rc != 0) fail(str_cat("closing ", tmp_, " failed"), close_err);
+  synced_ = true;
+}
+
+void AtomicFile::commit() {
+  MOE_CHECK((fd_ >= 0 || synced_) && !committed_, named(flag_, path_), ": commit after commit or failure");
+  if (!synced_) sync();
   // The target again, as late as possible: something put there since the constructor (a link,
   // a FIFO) is refused, not replaced.
   try {
     check_kind(path_, flag_);
   } catch (...) {
     ::unlink(tmp_.c_str());
+    unregister_temp(slot_);
     tmp_.clear();
     throw;
   }
@@ -142,12 +191,22 @@ void AtomicFile::commit() {
     fail(str_cat("cannot rename ", tmp_, " into place"), err);
   }
   committed_ = true;
+  unregister_temp(slot_);
   // The rename itself survives a crash once the folder is synced.
   const int dfd = ::open(parent_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+void install_temp_cleanup_on_signal() {
+  struct sigaction sa {};
+  sa.sa_handler = remove_temps_and_die;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
 }
 
 void write_file_atomic(const std::string& path, std::string_view data, const std::string& flag) {

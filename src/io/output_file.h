@@ -40,6 +40,9 @@ class AtomicFile {
 
   void write(const void* data, size_t n);
   void write(std::string_view s) { write(s.data(), s.size()); }
+  // The first half of commit(): flush to disk and close (errors remove the temporary file). A
+  // caller publishing several files together syncs them all before renaming any.
+  void sync();
   void commit();
   const std::string& path() const { return path_; }
   const std::string& temp_path() const { return tmp_; }
@@ -48,8 +51,16 @@ class AtomicFile {
   [[noreturn]] void fail(const std::string& what, int err);
   std::string path_, flag_, tmp_;
   int fd_ = -1;
-  bool committed_ = false;
+  int slot_ = -1;  // in the signal cleanup's table (below)
+  bool synced_ = false, committed_ = false;
 };
+
+// SIGTERM / SIGINT while a command writes its outputs (tokenize, export): the handler installed
+// here removes every AtomicFile temporary file that exists at that moment (unlink is
+// async-signal-safe; the paths sit in a fixed table) and then dies of the signal as it would have
+// (exit status 128 + signal), so a stopped command leaves the targets as they were and no
+// PATH.tmp.<pid> behind. Commands with their own stop handling (train) do not install it.
+void install_temp_cleanup_on_signal();
 
 // The whole file at once: AtomicFile, write, commit.
 void write_file_atomic(const std::string& path, std::string_view data, const std::string& flag);

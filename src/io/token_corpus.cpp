@@ -2,6 +2,8 @@
 // token_corpus.h for the rules).
 #include "io/token_corpus.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -15,7 +17,91 @@
 namespace moe::io {
 using nlohmann::json;
 
+namespace {
+// The folder of a dataset prefix, with its trailing slash ("" for the current folder).
+std::string fs_parent(const std::string& prefix) {
+  const size_t slash = prefix.find_last_of('/');
+  return slash == std::string::npos ? std::string() : prefix.substr(0, slash + 1);
+}
+}  // namespace
+
 std::string tokenizer_info_path(const std::string& prefix) { return prefix + ".tokenizer.json"; }
+
+namespace {
+
+// Protocol buffers, as much as a SentencePiece ModelProto needs: varints and length-delimited
+// fields; every read bounded by its message.
+struct ProtoReader {
+  const uint8_t* p;
+  const uint8_t* end;
+  const std::string& path;
+  uint64_t varint() {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      MOE_CHECK(p < end, path, ": not a SentencePiece model (a field ends past its message)");
+      const uint8_t b = *p++;
+      v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if (!(b & 0x80)) return v;
+    }
+    throw Error(str_cat(path, ": not a SentencePiece model (a varint longer than 10 bytes)"));
+  }
+  std::string_view bytes() {
+    const uint64_t n = varint();
+    MOE_CHECK(n <= static_cast<uint64_t>(end - p), path, ": not a SentencePiece model (a field of ", n,
+              " bytes ends past its message)");
+    std::string_view v(reinterpret_cast<const char*>(p), n);
+    p += n;
+    return v;
+  }
+  void skip(uint32_t wire) {
+    switch (wire) {
+      case 0: varint(); return;
+      case 1: MOE_CHECK(end - p >= 8, path, ": not a SentencePiece model (truncated)"); p += 8; return;
+      case 2: bytes(); return;
+      case 5: MOE_CHECK(end - p >= 4, path, ": not a SentencePiece model (truncated)"); p += 4; return;
+      default: throw Error(str_cat(path, ": not a SentencePiece model (wire type ", wire, ")"));
+    }
+  }
+};
+
+}  // namespace
+
+std::vector<uint32_t> spm_piece_bytes(std::string_view model, const std::string& path) {
+  std::vector<uint32_t> out;
+  ProtoReader r{reinterpret_cast<const uint8_t*>(model.data()), reinterpret_cast<const uint8_t*>(model.data()) + model.size(),
+                path};
+  while (r.p < r.end) {
+    const uint64_t key = r.varint();
+    if (key != ((1u << 3) | 2)) {  // ModelProto.pieces = 1
+      r.skip(static_cast<uint32_t>(key & 7));
+      continue;
+    }
+    const std::string_view msg = r.bytes();
+    ProtoReader m{reinterpret_cast<const uint8_t*>(msg.data()), reinterpret_cast<const uint8_t*>(msg.data()) + msg.size(),
+                  path};
+    std::string_view piece;
+    uint64_t type = 1;  // NORMAL
+    while (m.p < m.end) {
+      const uint64_t k = m.varint();
+      if (k == ((1u << 3) | 2)) piece = m.bytes();
+      else if (k == ((3u << 3) | 0)) type = m.varint();
+      else m.skip(static_cast<uint32_t>(k & 7));
+    }
+    uint32_t n = 0;
+    if (type == 6) {
+      n = 1;  // BYTE: <0xAB>
+    } else if (type == 1 || type == 4) {  // NORMAL, USER_DEFINED: U+2581 (3 bytes) decodes to ' '
+      for (size_t i = 0; i < piece.size(); ++i) {
+        if (i + 2 < piece.size() && piece.compare(i, 3, "\xE2\x96\x81") == 0) i += 2;
+        ++n;
+      }
+    }
+    MOE_CHECK(out.size() < (size_t{1} << 31) - 1, path, ": more than 2^31 pieces");
+    out.push_back(n);
+  }
+  MOE_CHECK(!out.empty(), path, ": not a SentencePiece model (no pieces)");
+  return out;
+}
 
 TokenizerInfo read_tokenizer_info(const std::string& path) {
   const json j = read_json_file(path, "tokenizer sidecar", /*no_follow=*/true);  // beside the dataset
@@ -45,6 +131,14 @@ TokenizerInfo read_tokenizer_info(const std::string& path) {
   const uint64_t v = count(j, "vocab_size", "");
   MOE_CHECK(v >= 1 && v <= (1u << 31) - 1, path, ": field \"vocab_size\" must be in [1, 2^31), got ", v);
   t.vocab_size = static_cast<int>(v);
+  if (j.contains("fingerprint")) {
+    const json& f = j["fingerprint"];
+    MOE_CHECK(f.is_string() && is_tokenizer_fingerprint(f.get<std::string>()), path,
+              ": field \"fingerprint\" must be \"<bytes|spm>-<vocab>-<16 hex digits>\", got ", excerpt(f));
+    t.fingerprint = f.get<std::string>();
+    MOE_CHECK(t.fingerprint.rfind(str_cat(t.kind, "-", t.vocab_size, "-"), 0) == 0, path, ": field \"fingerprint\" ",
+              excerpt(f), " is not of this tokenizer (kind ", t.kind, ", vocab_size ", t.vocab_size, ")");
+  }
   t.documents = count(j, "documents", "");
   for (const char* s : {"train", "val"}) {
     const json& o = field(j, s, "");
@@ -56,7 +150,7 @@ TokenizerInfo read_tokenizer_info(const std::string& path) {
   return t;
 }
 
-void write_tokenizer_info(const std::string& path, const TokenizerInfo& t, const std::string& flag) {
+std::string tokenizer_info_json(const TokenizerInfo& t) {
   json j = {{"format", "moetrain tokenizer sidecar 1"},
             {"kind", t.kind},
             {"vocab_size", t.vocab_size},
@@ -65,7 +159,12 @@ void write_tokenizer_info(const std::string& path, const TokenizerInfo& t, const
             {"train", {{"tokens", t.train_tokens}, {"bytes", t.train_bytes}}},
             {"val", {{"tokens", t.val_tokens}, {"bytes", t.val_bytes}}}};
   if (!t.model.empty()) j["model"] = t.model;
-  write_file_atomic(path, j.dump(2) + "\n", flag);
+  if (!t.fingerprint.empty()) j["fingerprint"] = t.fingerprint;
+  return j.dump(2) + "\n";
+}
+
+void write_tokenizer_info(const std::string& path, const TokenizerInfo& t, const std::string& flag) {
+  write_file_atomic(path, tokenizer_info_json(t), flag);
 }
 
 TokenCorpus TokenCorpus::load(const std::string& prefix, int vocab_size) {
@@ -74,11 +173,14 @@ TokenCorpus TokenCorpus::load(const std::string& prefix, int vocab_size) {
   c.data_ = IndexedDataset::open(prefix);
   const IndexedDataset& d = c.data_;
   const size_t item = d.item_size();
+  const std::string ip = idx_path(prefix), bp = bin_path(prefix);
   // Documents in order, each sequence a piece of its split's stream; pieces that continue each
   // other in the .bin are merged (a dataset written in order is one piece per run of documents).
+  uint64_t polled = 0;
   for (uint64_t doc = 0; doc < d.num_documents(); ++doc) {
     Stream& st = is_val_document(doc) ? c.val_ : c.train_;
     for (uint64_t s = d.document_index(doc); s < d.document_index(doc + 1); ++s) {
+      if ((++polled & 0xFFFFF) == 0) check_stop(ip);
       const uint64_t len = d.sequence_length(s), at = d.sequence_pointer(s) / item;
       if (len == 0) continue;
       if (!st.pieces.empty() && st.pieces.back().bin_token + st.pieces.back().length == at)
@@ -89,6 +191,7 @@ TokenCorpus TokenCorpus::load(const std::string& prefix, int vocab_size) {
     }
   }
   const std::string side = tokenizer_info_path(prefix);
+  std::vector<uint32_t> piece_bytes;  // bytes per id, when the tokenizer is known
   if (entry_exists(side)) {  // a symlinked sidecar is refused by its reader, not skipped
     c.info_ = read_tokenizer_info(side);
     c.has_info_ = true;
@@ -98,25 +201,83 @@ TokenCorpus TokenCorpus::load(const std::string& prefix, int vocab_size) {
               t.vocab_size, ")");
     MOE_CHECK(t.documents == d.num_documents() && t.train_tokens == c.train_.total && t.val_tokens == c.val_.total,
               side, ": describes ", t.documents, " documents and ", t.train_tokens, " + ", t.val_tokens,
-              " train + val tokens, but ", idx_path(prefix), " holds ", d.num_documents(), " documents and ",
+              " train + val tokens, but ", ip, " holds ", d.num_documents(), " documents and ",
               c.train_.total, " + ", c.val_.total, ": the sidecar belongs to another dataset");
-  }
-  // Every token a window can reach, once: ids must index the model's embedding.
-  for (const Stream* st : {&c.train_, &c.val_})
-    for (const Piece& p : st->pieces)
-      for (uint64_t k = p.bin_token; k < p.bin_token + p.length; ++k) {
-        const int64_t id = d.token_at(k);
-        if (id < 0 || id >= vocab_size)
-          throw Error(str_cat(bin_path(prefix), ": token id ", id, " at token ", k, " (byte offset ", k * item, ") is ",
-                              id < 0 ? "negative" : str_cat(">= the model's vocab_size ", vocab_size)));
+    if (t.kind == "bytes") {
+      MOE_CHECK(t.vocab_size == 256, side, ": a byte tokenizer has vocab_size 256, the sidecar says ", t.vocab_size);
+      c.fingerprint_ = byte_tokenizer_fingerprint();
+      MOE_CHECK(t.fingerprint.empty() || t.fingerprint == c.fingerprint_, side, ": tokenizer fingerprint ",
+                t.fingerprint, " is not the byte tokenizer's ", c.fingerprint_);
+      piece_bytes.assign(256, 1);
+    } else {
+      // The model file beside the dataset, when there: its bytes are the tokenizer's identity.
+      const std::string dir = fs_parent(prefix), model = dir + t.model;
+      c.fingerprint_ = t.fingerprint;
+      if (entry_exists(model)) {
+        const std::string bytes = read_file_bounded(model, "SentencePiece model", size_t{1} << 30, /*no_follow=*/true);
+        const std::string have = io::tokenizer_fingerprint(t.kind, t.vocab_size, bytes);
+        MOE_CHECK(t.fingerprint.empty() || have == t.fingerprint, model, ": tokenizer fingerprint ", have,
+                  ", but ", side, " records ", t.fingerprint, ": the model file is not the one this dataset was "
+                  "tokenized with (tokenize again, or restore it)");
+        c.fingerprint_ = have;
+        piece_bytes = spm_piece_bytes(bytes, model);
+        MOE_CHECK(piece_bytes.size() == static_cast<size_t>(t.vocab_size), model, ": ", piece_bytes.size(),
+                  " pieces, but ", side, " says vocab_size ", t.vocab_size);
       }
+    }
+  }
+  // Every token a window can reach, once (the pieces never overlap: IndexedDataset::open refuses
+  // overlapping sequences): ids must index the model's embedding. Read a block at a time (the
+  // stop flag polled between blocks); the bytes they decode to counted per split.
+  uint64_t split_bytes[2] = {0, 0};
+  std::vector<int64_t> ids;
+  constexpr uint64_t kChunk = uint64_t{1} << 20;
+  for (int si = 0; si < 2; ++si)
+    for (const Piece& p : (si == 0 ? c.train_ : c.val_).pieces)
+      for (uint64_t k0 = p.bin_token; k0 < p.bin_token + p.length; k0 += kChunk) {
+        check_stop(bp);
+        const uint64_t n = std::min(kChunk, p.bin_token + p.length - k0);
+        ids.resize(n);
+        d.read_tokens(k0, n, ids.data());
+        for (uint64_t i = 0; i < n; ++i) {
+          const int64_t id = ids[i];
+          if (id < 0 || id >= vocab_size) {
+            const uint64_t k = k0 + i;
+            throw Error(str_cat(bp, ": token id ", id, " at token ", k, " (byte offset ", k * item, ") is ",
+                                id < 0 ? "negative" : str_cat(">= the model's vocab_size ", vocab_size)));
+          }
+          if (!piece_bytes.empty()) {
+            if (static_cast<uint64_t>(id) >= piece_bytes.size())
+              throw Error(str_cat(bp, ": token id ", id, " at token ", k0 + i, " is not in the tokenizer's ",
+                                  piece_bytes.size(), " pieces (", side, ")"));
+            split_bytes[si] += piece_bytes[static_cast<size_t>(id)];
+          }
+        }
+      }
+  if (!piece_bytes.empty()) {
+    const TokenizerInfo& t = c.info_;
+    MOE_CHECK(split_bytes[0] == t.train_bytes && split_bytes[1] == t.val_bytes, side, ": records ", t.train_bytes,
+              " + ", t.val_bytes, " train + val bytes of text, but the tokens decode to ", split_bytes[0], " + ",
+              split_bytes[1], ": the sidecar was altered or belongs to another dataset");
+    if (c.val_.total > 0) c.val_bytes_per_token_ = static_cast<double>(split_bytes[1]) / c.val_.total;
+  }
+  // What the data is, for a checkpoint (compared at resume): the .bin's and .idx's sizes and
+  // sampled blocks of both.
+  {
+    const DataFile idx = open_data_file(ip, "dataset index", Origin::kInFolder);
+    const uint64_t h = sampled_fnv1a64(idx.fd(), idx.size(), ip);
+    const DataFile bin = open_data_file(bp, "dataset token file", Origin::kInFolder);
+    c.identity_ = {bp, bin.size() + idx.size(), hex16(sampled_fnv1a64(bin.fd(), bin.size(), bp, h)), 0};
+    for (int fd : {idx.fd(), bin.fd()}) {
+      struct stat st {};
+      if (::fstat(fd, &st) == 0)
+        c.identity_.mtime_ns = std::max<int64_t>(c.identity_.mtime_ns, st.st_mtim.tv_sec * int64_t{1000000000} + st.st_mtim.tv_nsec);
+    }
+  }
   return c;
 }
 
-double TokenCorpus::val_bytes_per_token() const {
-  if (!has_info_ || info_.val_tokens == 0) return 0.0;
-  return static_cast<double>(info_.val_bytes) / static_cast<double>(info_.val_tokens);
-}
+double TokenCorpus::val_bytes_per_token() const { return val_bytes_per_token_; }
 
 uint64_t TokenCorpus::num_windows(Split s, int T) const {
   MOE_CHECK(T > 0, "dataset ", prefix_, ": seq_len must be positive, got ", T);

@@ -12,13 +12,27 @@
 // tools): the tokenizer ("kind" bytes|spm, "model" the SentencePiece file beside the dataset,
 // "vocab_size"), the document count and, per split, its tokens and the bytes of its source text.
 // The trainer checks vocab_size against the model and reports the held-out loss in nats per byte
-// = nats per token × tokens / bytes of the validation split.
+// = nats per token × bytes-per-token of the validation split. That figure is recomputed from the
+// tokens (issue 42, class 4): a byte tokenizer's token is one byte; a SentencePiece token is as
+// many bytes as its piece decodes to, read from the model file beside the dataset; a sidecar whose
+// byte counts disagree is refused; without the model file the bytes are unknown (nats per token
+// only), never taken from the sidecar alone.
+//
+// Tokenizer identity (issue 42, class 4): "fingerprint" = tokenizer_fingerprint(kind, vocab,
+// model file bytes), "<kind>-<vocab>-<16 hex digits>". tokenize writes it in the sidecar; a
+// trained model carries it in its config (moetrain_tokenizer_fingerprint: checkpoints, exports,
+// train's --out), and train --resume, eval and generate refuse a mismatch naming both. Files
+// written before fingerprints existed: when either side has none, nothing is compared (one line
+// says so) - there is nothing to compare against; a byte-level sidecar without one is known
+// anyway (the byte tokenizer has no model file).
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "io/corpus.h"
+#include "io/fingerprint.h"
 #include "io/indexed_dataset.h"
 
 namespace moe::io {
@@ -27,12 +41,20 @@ struct TokenizerInfo {
   std::string kind;       // "bytes" or "spm"
   std::string model;      // SentencePiece model file name, relative to the dataset's folder ("" for bytes)
   int vocab_size = 0;
+  std::string fingerprint;  // "" in sidecars written before fingerprints
   uint64_t documents = 0;
   uint64_t train_tokens = 0, train_bytes = 0, val_tokens = 0, val_bytes = 0;
 };
 std::string tokenizer_info_path(const std::string& prefix);  // PREFIX.tokenizer.json
+
+// The bytes each id of a SentencePiece model decodes to (its ModelProto read directly: normal and
+// user pieces their text with U+2581 as one space, byte pieces 1, control and unknown pieces 0).
+// Errors name `path`.
+std::vector<uint32_t> spm_piece_bytes(std::string_view model_bytes, const std::string& path);
 // Every field checked, errors name it; read as a plain file beside the dataset (no symlink).
 TokenizerInfo read_tokenizer_info(const std::string& path);
+// The sidecar's text.
+std::string tokenizer_info_json(const TokenizerInfo& info);
 // Through io::write_file_atomic (io/output_file.h); errors name `flag` and the path.
 void write_tokenizer_info(const std::string& path, const TokenizerInfo& info,
                           const std::string& flag = "tokenizer sidecar");
@@ -53,6 +75,8 @@ class TokenCorpus : public Corpus {
   const std::string& path() const override { return prefix_; }
   double val_bytes_per_token() const override;
   std::string tokenizer_kind() const override { return has_info_ ? info_.kind : "unknown"; }
+  std::string tokenizer_fingerprint() const override { return fingerprint_; }
+  Identity identity() const override { return identity_; }
 
   uint64_t num_tokens(Split s) const { return (s == Split::kTrain ? train_ : val_).total; }
   uint64_t num_windows(Split s, int T) const;  // T+1 windows of the split (0 if none fits)
@@ -81,6 +105,9 @@ class TokenCorpus : public Corpus {
   Stream train_, val_;
   bool has_info_ = false;
   TokenizerInfo info_;
+  std::string fingerprint_;
+  Identity identity_;
+  double val_bytes_per_token_ = 0;  // recomputed from the tokens (0: unknown)
 };
 
 }  // namespace moe::io
