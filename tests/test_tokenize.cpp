@@ -151,4 +151,56 @@ TEST(Tokenize, BpeDatasetTrainsOnTrainingDocumentsOnly) {
   EXPECT_EQ(c.num_tokens(moe::io::Split::kVal) + c.num_tokens(moe::io::Split::kTrain), r.tokens);
 }
 
+// Issue 42, class 3: a tokenize that fails leaves the dataset there, its SentencePiece model
+// included, byte for byte; one that succeeds leaves no temporary file and a sidecar whose
+// fingerprint is the model's and whose byte counts the tokens reproduce.
+TEST(Tokenize, AFailedRunLeavesTheDatasetAsItWas) {
+  const std::string dir = fresh_dir("unit");
+  std::string a;
+  for (int c = 1; c <= 40; ++c) a += chapter(c);
+  std::ofstream(dir + "/a.txt") << a;
+  moe::text::TokenizeOptions o;
+  o.inputs = {dir + "/a.txt"};
+  o.output = dir + "/ds";
+  o.tokenizer = "bpe:300";
+  o.progress = false;
+  const moe::text::TokenizeResult r = moe::text::run_tokenize(o);
+  const moe::io::TokenizerInfo info = moe::io::read_tokenizer_info(dir + "/ds.tokenizer.json");
+  std::ifstream mf(dir + "/ds.model", std::ios::binary);
+  const std::string model((std::istreambuf_iterator<char>(mf)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(info.fingerprint, moe::io::tokenizer_fingerprint("spm", 300, model));
+  EXPECT_EQ(r.fingerprint, info.fingerprint);
+  moe::io::TokenCorpus c = moe::io::TokenCorpus::load(o.output, 300);
+  EXPECT_DOUBLE_EQ(c.val_bytes_per_token(), static_cast<double>(info.val_bytes) / info.val_tokens);
+  EXPECT_EQ(c.tokenizer_fingerprint(), info.fingerprint);
+  auto snapshot = [&] {
+    std::string all;
+    for (const char* ext : {".bin", ".idx", ".model", ".tokenizer.json"}) {
+      std::ifstream f(dir + "/ds" + ext, std::ios::binary);
+      all += std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>()) + "|";
+    }
+    return all;
+  };
+  const std::string before = snapshot();
+  // Another BPE over text with invalid UTF-8 in a document: it fails after training its model.
+  std::ofstream(dir + "/b.txt") << a.substr(0, a.size() / 2) << "caf\xc3 broken\n\n" << a.substr(a.size() / 2);
+  o.inputs = {dir + "/b.txt"};
+  o.tokenizer = "bpe:320";
+  bool failed = false;
+  try {
+    moe::text::run_tokenize(o);
+  } catch (const moe::Error&) {
+    failed = true;
+  }
+  EXPECT_TRUE(failed);
+  EXPECT_EQ(snapshot(), before);
+  // A tokenizer that cannot be used at all fails the same way.
+  std::ofstream(dir + "/junk.model") << "not a model";
+  o.tokenizer = "spm:" + dir + "/junk.model";
+  EXPECT_THROW(moe::text::run_tokenize(o), moe::Error);
+  EXPECT_EQ(snapshot(), before);
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+}
+
 }  // namespace

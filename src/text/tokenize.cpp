@@ -83,13 +83,6 @@ void split_documents(std::string_view text, const std::string& mode, std::vector
   if (begin < text.size()) docs.push_back(text.substr(begin));
 }
 
-// The SentencePiece model the user named (--tokenizer spm:PATH) beside the dataset, written as
-// every output is (io/output_file.h).
-void copy_file(const std::string& from, const std::string& to) {
-  const std::string bytes = io::read_file_bounded(from, "SentencePiece model", size_t{1} << 30);
-  io::write_file_atomic(to, bytes, "--output");
-}
-
 }  // namespace
 
 TokenizeResult run_tokenize(const TokenizeOptions& opts) {
@@ -134,6 +127,11 @@ TokenizeResult run_tokenize(const TokenizeOptions& opts) {
   for (const std::string& t : texts) split_documents(t, opts.docs, docs);
   MOE_CHECK(!docs.empty(), "--input: every input file is empty");
 
+  // Nothing is written until every document is tokenized: the .bin, .idx, tokenizer model and
+  // sidecar go to temporary files beside their targets (O_EXCL | O_NOFOLLOW, io/output_file.h)
+  // and are renamed into place together at the end, so a tokenize that fails leaves an existing
+  // dataset (its model included) as it was. The model is held in memory until then.
+  std::string model_bytes;
   std::unique_ptr<Tokenizer> tok;
   if (bytes) {
     tok = make_byte_tokenizer();
@@ -142,13 +140,13 @@ TokenizeResult run_tokenize(const TokenizeOptions& opts) {
     for (size_t d = 0; d < docs.size(); ++d)
       if (!io::TokenCorpus::is_val_document(d)) train_docs.push_back(docs[d]);
     res.model_path = res.prefix + ".model";
-    train_bpe(train_docs, bpe_vocab, res.model_path, "--output");
-    tok = load_spm(res.model_path);
+    model_bytes = train_bpe_model(train_docs, bpe_vocab);
+    tok = load_spm_bytes(model_bytes, res.model_path);
   } else {
-    tok = load_spm(spec.substr(4));
+    // Read once: the bytes loaded are the bytes fingerprinted and copied.
+    model_bytes = io::read_file_bounded(spec.substr(4), "SentencePiece model", size_t{1} << 30);
+    tok = load_spm_bytes(model_bytes, spec.substr(4));
     res.model_path = res.prefix + ".model";
-    std::error_code same;
-    if (!fs::equivalent(spec.substr(4), res.model_path, same)) copy_file(spec.substr(4), res.model_path);
   }
   res.vocab_size = tok->vocab_size();
 
@@ -156,6 +154,7 @@ TokenizeResult run_tokenize(const TokenizeOptions& opts) {
   info.kind = tok->kind();
   info.model = res.model_path.empty() ? "" : fs::path(res.model_path).filename().string();
   info.vocab_size = res.vocab_size;
+  info.fingerprint = io::tokenizer_fingerprint(info.kind, info.vocab_size, model_bytes);
   info.documents = docs.size();
   io::IndexedDatasetWriter writer(res.prefix, io::dtype_for_vocab(res.vocab_size), "--output");
   std::vector<int32_t> ids;
@@ -172,8 +171,23 @@ TokenizeResult run_tokenize(const TokenizeOptions& opts) {
     (val ? info.val_tokens : info.train_tokens) += ids.size();
     (val ? info.val_bytes : info.train_bytes) += docs[d].size();
   }
-  writer.finish();
-  io::write_tokenizer_info(io::tokenizer_info_path(res.prefix), info, "--output");
+  writer.prepare();
+  std::unique_ptr<io::AtomicFile> model_file;
+  std::error_code same;
+  if (!model_bytes.empty() && !(spm && fs::equivalent(spec.substr(4), res.model_path, same))) {
+    model_file = std::make_unique<io::AtomicFile>(res.model_path, "--output");
+    model_file->write(model_bytes);
+    model_file->sync();
+  }
+  io::AtomicFile sidecar(io::tokenizer_info_path(res.prefix), "--output");
+  sidecar.write(io::tokenizer_info_json(info));
+  sidecar.sync();
+  // Every file is complete on disk: publish them together (the sidecar last, so a reader that sees
+  // it sees the files it describes).
+  writer.commit();
+  if (model_file) model_file->commit();
+  sidecar.commit();
+  res.fingerprint = info.fingerprint;
   res.documents = docs.size();
   res.tokens = info.train_tokens + info.val_tokens;
   res.bytes = info.train_bytes + info.val_bytes;

@@ -11,6 +11,11 @@
 // held-out text is unseen by the tokenizer as by the model. Every document is checked to decode
 // back to its text; a tokenizer that does not (a lossy spm model) is refused, since nats per byte
 // would then be wrong.
+// The dataset is one unit (issue 42, class 3): .bin, .idx, the SentencePiece model and the
+// sidecar are written under temporary names and renamed into place together only once all are
+// complete; a failure leaves an existing dataset, its model included, as it was. The CLI also
+// holds PREFIX.lock (a second tokenize onto the prefix is refused naming the first one's pid) and
+// removes the temporary files on SIGTERM/SIGINT.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -31,6 +36,7 @@ struct TokenizeResult {
   uint64_t documents = 0, tokens = 0, bytes = 0, val_tokens = 0, val_bytes = 0;
   int vocab_size = 0;
   std::string model_path;  // SentencePiece model beside the dataset ("" for bytes)
+  std::string fingerprint;  // io::tokenizer_fingerprint of the tokenizer (in the sidecar)
 };
 
 TokenizeResult run_tokenize(const TokenizeOptions& opts);

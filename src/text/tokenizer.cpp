@@ -123,8 +123,19 @@ std::unique_ptr<Tokenizer> load_spm(const std::string& model_path) {
   return t;
 }
 
+std::unique_ptr<Tokenizer> load_spm_bytes(const std::string& model_bytes, const std::string& source) {
+  auto t = std::make_unique<SpmTokenizer>(source);
+  const auto st = t->sp_.LoadFromSerializedProto(model_bytes);
+  MOE_CHECK(st.ok(), "--tokenizer spm:", source, ": not a SentencePiece model (", st.ToString(), ")");
+  return t;
+}
+
 void train_bpe(const std::vector<std::string_view>& texts, int vocab_size, const std::string& model_path,
                const std::string& flag) {
+  io::write_file_atomic(model_path, train_bpe_model(texts, vocab_size), flag);
+}
+
+std::string train_bpe_model(const std::vector<std::string_view>& texts, int vocab_size) {
   MOE_CHECK(vocab_size >= 260 && vocab_size <= 1000000, "--tokenizer bpe:", vocab_size,
             ": the vocabulary must be in [260, 1000000] (256 byte pieces, <unk> and merges)");
   const std::unordered_map<std::string, std::string> args = {
@@ -151,7 +162,7 @@ void train_bpe(const std::vector<std::string_view>& texts, int vocab_size, const
     st = sentencepiece::SentencePieceTrainer::Train(args, &lines, &proto);
   }
   MOE_CHECK(st.ok(), "--tokenizer bpe:", vocab_size, ": SentencePiece training failed: ", st.ToString());
-  io::write_file_atomic(model_path, proto, flag);
+  return proto;
 }
 
 }  // namespace moe::text

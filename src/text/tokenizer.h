@@ -22,6 +22,9 @@ class Tokenizer {
 std::unique_ptr<Tokenizer> make_byte_tokenizer();
 // Loads a SentencePiece model file; errors name the path.
 std::unique_ptr<Tokenizer> load_spm(const std::string& model_path);
+// The same from the model file's bytes (read once by the caller, who also fingerprints them);
+// errors name `source`.
+std::unique_ptr<Tokenizer> load_spm_bytes(const std::string& model_bytes, const std::string& source);
 
 // Trains a lossless SentencePiece BPE of vocab_size pieces on the lines of `texts` and writes the
 // model to model_path (through io::write_file_atomic: a new or regular file, errors name `flag`). Lossless: identity normalisation, no dummy
@@ -32,5 +35,8 @@ std::unique_ptr<Tokenizer> load_spm(const std::string& model_path);
 // characters of the text (SentencePiece's own error names the minimum).
 void train_bpe(const std::vector<std::string_view>& texts, int vocab_size, const std::string& model_path,
                const std::string& flag = "SentencePiece model");
+// The same, returning the model file's bytes instead of writing them (tokenize publishes the model
+// with the dataset, io/indexed_dataset.h).
+std::string train_bpe_model(const std::vector<std::string_view>& texts, int vocab_size);
 
 }  // namespace moe::text

@@ -72,7 +72,11 @@ DirLock DirLock::acquire(const std::string& dir, const std::string& flag, const 
   std::error_code ec;
   fs::create_directories(dir, ec);
   MOE_CHECK(!ec, dir, ": cannot create output folder (", ec.message(), ")");
-  const std::string path = dir + "/" + kLockFileName;
+  return acquire_file(dir + "/" + kLockFileName, dir, flag, what);
+}
+
+DirLock DirLock::acquire_file(const std::string& path, const std::string& dir, const std::string& flag,
+                              const std::string& what) {
   DirLock lock;
   // The lock file is written (the holder's line, after a truncate): an output like any other
   // (io/output_file.h), so never a symlink followed out of the folder, a FIFO or a device.

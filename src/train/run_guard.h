@@ -24,6 +24,12 @@ class DirLock {
   DirLock() = default;
   // Creates the folder if needed. Throws moe::Error naming the folder, the flag and the holder.
   static DirLock acquire(const std::string& dir, const std::string& flag, const std::string& what);
+  // The same lock on a named file (tokenize locks PREFIX.lock for a dataset PREFIX): `target` is
+  // what it protects, named in the error ("PREFIX: --output is in use by another moetrain run (pid
+  // P on HOST since TIME: WHAT; lock file PATH)"). The lock file is kept (removing it would let a
+  // third run lock a new file while the second holds the old one).
+  static DirLock acquire_file(const std::string& lock_path, const std::string& target, const std::string& flag,
+                              const std::string& what);
   DirLock(DirLock&& o) noexcept;
   DirLock& operator=(DirLock&& o) noexcept;
   DirLock(const DirLock&) = delete;
