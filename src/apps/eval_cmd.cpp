@@ -72,6 +72,10 @@ int run_eval_command(CLI::App& app, EvalCli& s) {
     train::check_regular_input(data_path, "--data");
   }
   std::unique_ptr<io::Corpus> corpus = io::open_corpus(data_path, cfg.vocab_size);
+  // The data's tokenizer must be the model's (issue 42, class 4): another one's ids mean other text.
+  const std::string note = io::check_tokenizer_match(cfg.tokenizer_fingerprint, lm.source,
+                                                     corpus->tokenizer_fingerprint(), str_cat("--data ", data_path));
+  if (!note.empty()) std::fprintf(stderr, "moetrain: %s\n", note.c_str());
   const int B = s.batch, T = s.seq_len, n = s.eval_batches;
   // The trainer's windows: val_batches of the global batch, evaluated batch by batch and averaged
   // (batches of equal size, so this is the mean over every window's tokens).

@@ -3,6 +3,8 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "io/json_file.h"
+#include "io/token_corpus.h"
 #include "io/tokenizer.h"
 #include "text/tokenizer.h"
 #include "kernels/gemm.h"
@@ -22,7 +24,11 @@ const CLI::Validator kSeed(
 // lossless with byte fallback, so the pieces' texts, written one after another, are the text.
 class SpmTokenizer final : public io::Tokenizer {
  public:
-  explicit SpmTokenizer(const std::string& path) : t_(text::load_spm(path)) {}
+  // The file is read once: the bytes loaded are the bytes fingerprinted.
+  explicit SpmTokenizer(const std::string& path)
+      : bytes_(io::read_file_bounded(path, "SentencePiece model", size_t{1} << 30)),
+        t_(text::load_spm_bytes(bytes_, path)),
+        fingerprint_(io::tokenizer_fingerprint("spm", t_->vocab_size(), bytes_)) {}
   std::vector<int32_t> encode(const std::string& text) const override {
     std::vector<int32_t> ids;
     t_->encode(text, ids);
@@ -34,9 +40,12 @@ class SpmTokenizer final : public io::Tokenizer {
   }
   const char* name() const override { return "spm"; }
   int vocab_size() const override { return t_->vocab_size(); }
+  std::string fingerprint() const override { return fingerprint_; }
 
  private:
+  std::string bytes_;
   std::unique_ptr<text::Tokenizer> t_;
+  std::string fingerprint_;
 };
 }  // namespace
 

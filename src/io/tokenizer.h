@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/fingerprint.h"
 
 namespace moe::io {
 
@@ -19,7 +20,11 @@ class Tokenizer {
   virtual std::string decode_token(int32_t id) const = 0;
   virtual const char* name() const = 0;
   virtual int vocab_size() const = 0;  // ids the tokenizer produces are in [0, vocab_size)
+  // Its identity (io/token_corpus.h, tokenizer_fingerprint), compared with the model's.
+  virtual std::string fingerprint() const = 0;
 };
+
+// io/fingerprint.h
 
 // Token = byte value. A model of vocab_size V > 256 may still emit ids >= 256 (untrained rows of
 // its head): those print as <|id|>, never as a wrong byte.
@@ -36,6 +41,7 @@ class ByteTokenizer final : public Tokenizer {
   }
   const char* name() const override { return "bytes"; }
   int vocab_size() const override { return 256; }
+  std::string fingerprint() const override { return byte_tokenizer_fingerprint(); }
 };
 
 // "bytes" -> ByteTokenizer; any other kind is refused by name (a SentencePiece model is loaded by

@@ -213,6 +213,13 @@ ModelConfig config_from_json(const json& j, const std::string& src) {
   read_field(j, "rms_norm_eps", c.rms_norm_eps, false, src);
   read_field(j, "max_position_embeddings", c.max_position_embeddings, false, src);
   read_field(j, "initializer_range", c.initializer_range, false, src);
+  read_field(j, "moetrain_tokenizer_fingerprint", c.tokenizer_fingerprint, false, src);
+  {  // "<kind>-<vocab>-<16 hex>" (io/token_corpus.h), checked for its characters and length only
+    const std::string& f = c.tokenizer_fingerprint;
+    MOE_CHECK(f.size() <= 64 && f.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") == std::string::npos,
+              src, ": field \"moetrain_tokenizer_fingerprint\" must be a tokenizer fingerprint "
+              "(<kind>-<vocab>-<16 hex digits>), got ", io::excerpt(j.at("moetrain_tokenizer_fingerprint")));
+  }
   if (c.n_routed_experts > 0) {
     // These are required exactly when the model has MoE layers.
     read_field(j, "moe_intermediate_size", c.moe_intermediate_size, true, src);
@@ -269,6 +276,8 @@ json config_to_json(const ModelConfig& c) {
     j["n_group"] = c.n_group;
     j["topk_group"] = c.topk_group;
   }
+  // The tokenizer the model was trained with (issue 42, class 4), when known.
+  if (!c.tokenizer_fingerprint.empty()) j["moetrain_tokenizer_fingerprint"] = c.tokenizer_fingerprint;
   return j;
 }
 

@@ -44,6 +44,11 @@ struct ModelConfig {
   float rms_norm_eps = 1e-6f;
   int max_position_embeddings = 2048;
   float initializer_range = 0.02f;
+  // moetrain's field: the fingerprint of the tokenizer whose ids the model was trained on
+  // (io/token_corpus.h, tokenizer_fingerprint); "" when unknown (a config written before, or one
+  // typed by hand). Stored in checkpoints and exports with the rest of the config; compared by
+  // train --resume, eval and generate.
+  std::string tokenizer_fingerprint;
 
   int head_dim() const { return hidden_size / num_attention_heads; }
   bool is_moe_layer(int layer) const {

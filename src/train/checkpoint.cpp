@@ -151,6 +151,7 @@ std::string save_checkpoint(const comm::Group& world, const std::string& dir, in
                 {"parallel", meta.parallel},
                 {"expert_placement", meta.expert_placement},
                 {"router_bias", meta.router_bias},
+                {"data", meta.data},
                 {"tensors", index},
                 {"shards", shards}};
       io::write_file_atomic(tmp_dir + "/manifest.json", m.dump(1) + "\n", "checkpoint manifest");

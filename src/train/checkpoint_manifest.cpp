@@ -128,6 +128,17 @@ Manifest parse_manifest(const std::string& text, const std::string& mpath) {
   meta.router_bias = m.contains("router_bias") ? m["router_bias"] : json();
   MOE_CHECK(meta.router_bias.is_null() || meta.router_bias.is_object(), mpath,
             ": field \"router_bias\" must be a JSON object {\"layer\": [E numbers]} or null");
+  meta.data = m.contains("data") ? m["data"] : json();
+  if (!meta.data.is_null()) {
+    const json& d = meta.data;
+    const bool ok = d.is_object() && d.contains("file") && d["file"].is_string() &&
+                    d["file"].get<std::string>().size() <= 4096 && d.contains("bytes") &&
+                    d["bytes"].is_number_unsigned() && d.contains("sample") && d["sample"].is_string() &&
+                    d["sample"].get<std::string>().size() == 16 &&
+                    d["sample"].get<std::string>().find_first_not_of("0123456789abcdef") == std::string::npos &&
+                    (!d.contains("mtime_ns") || d["mtime_ns"].is_number_integer());
+    MOE_CHECK(ok, mpath, ": field \"data\" must be {\"file\": path, \"bytes\": n, \"sample\": 16 hex digits, \"mtime_ns\": n} or null");
+  }
 
   MOE_CHECK(m.contains("shards") && m["shards"].is_object(), mpath,
             ": field \"shards\" must be a JSON object {file: {\"bytes\": n, \"fnv1a64\": hex}}");

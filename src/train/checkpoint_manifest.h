@@ -36,6 +36,10 @@ struct CheckpointMeta {
   // noaux_tc routers' e_score_correction_bias, {"layer": [E floats]} (train/score_bias.h); null
   // when the model has none. Checked against the model on resume (ScoreBias::load_json).
   nlohmann::json router_bias;
+  // What the run trained on (io::Corpus::Identity): {"file": path, "bytes": n, "sample": 16 hex
+  // digits}; compared at resume, so data replaced under the same name is refused (issue 42,
+  // class 5). null in checkpoints written before it.
+  nlohmann::json data;
 };
 
 struct ShardInfo {

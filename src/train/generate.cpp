@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/token_corpus.h"
 #include "io/data_file.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
@@ -195,6 +196,10 @@ GenerateResult generate(const GenerateOptions& o,
   MOE_CHECK(std::string(tok->name()) != "bytes" || c.vocab_size == 256, m.source, ": vocab_size ",
             c.vocab_size, " is not the byte-level vocabulary (256): give the tokenizer of its data "
             "with --tokenizer spm:PATH.model");
+  // The tokenizer the model was trained with (issue 42, class 4): another one's ids mean other text.
+  const std::string note = io::check_tokenizer_match(c.tokenizer_fingerprint, m.source, tok->fingerprint(),
+                                                     str_cat("--tokenizer ", o.tokenizer));
+  if (!note.empty()) std::fprintf(stderr, "moetrain: %s\n", note.c_str());
   MOE_CHECK(tok->vocab_size() <= c.vocab_size, "--tokenizer ", o.tokenizer, ": its ", tok->vocab_size(),
             " pieces exceed the model's vocab_size ", c.vocab_size, " (", m.source, ")");
   r.prompt_ids = tok->encode(o.prompt);

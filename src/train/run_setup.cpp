@@ -163,6 +163,9 @@ std::unique_ptr<RunSetup> setup_run(const TrainOptions& opts) {
     }
     r.corpus = io::open_corpus(data_path, cfg.vocab_size);
     io::Corpus* corpus = r.corpus.get();
+    // The model learns this tokenizer's ids: its identity goes into every checkpoint and export
+    // with the config (io/token_corpus.h), whatever a --config said.
+    cfg.tokenizer_fingerprint = corpus->tokenizer_fingerprint();
     // Both splits must hold a window (the checks name the file and the sizes).
     const int n_data = opts.parallel.dims.dp * opts.parallel.dims.ep;
     corpus->val_batches(opts.data.batch * n_data, opts.data.seq_len, 1);
@@ -213,6 +216,28 @@ std::unique_ptr<RunSetup> setup_run(const TrainOptions& opts) {
       MOE_CHECK(meta.step <= opts.steps, resume_path, ": checkpoint is at step ", meta.step,
                 ", beyond --steps ", opts.steps);
       static_cast<void>(restored_placement(meta, cfg, opts.parallel.dims.ep, resume_path));  // checked before any output
+      // The same tokenizer, and the same data when it has the same name (issue 42, classes 4-5).
+      const std::string mpath = resume_path + "/manifest.json";
+      const auto had = meta.config.find("moetrain_tokenizer_fingerprint");
+      const std::string note = io::check_tokenizer_match(
+          had != meta.config.end() && had->is_string() ? had->get<std::string>() : std::string(), mpath,
+          cfg.tokenizer_fingerprint, str_cat("--data ", data_path));
+      if (!note.empty() && root && opts.progress) std::fprintf(stderr, "moetrain: %s\n", note.c_str());
+      const io::Corpus::Identity now = corpus->identity();
+      if (meta.data.is_object() && meta.data["file"] == now.file) {
+        const uint64_t bytes = meta.data["bytes"].get<uint64_t>();
+        const std::string sample = meta.data["sample"].get<std::string>();
+        MOE_CHECK(bytes == now.bytes && sample == now.sample, now.file, ": not the data this run trained on: ",
+                  mpath, " records ", bytes, " bytes with sampled checksum ", sample, ", the file now has ", now.bytes,
+                  " bytes with ", now.sample, " (replaced or modified since; restore it, or train afresh)");
+        // Same size and sampled blocks but touched since: most likely a copy or `touch`, but an
+        // edit between the sampled blocks looks the same; said, not refused.
+        const auto t = meta.data.find("mtime_ns");
+        if (t != meta.data.end() && t->is_number_integer() && t->get<int64_t>() != now.mtime_ns && root &&
+            opts.progress)
+          std::fprintf(stderr, "moetrain: note: %s was modified since %s was written (its size and sampled blocks "
+                       "match)\n", now.file.c_str(), mpath.c_str());
+      }
     }
   } catch (const std::bad_alloc&) {
     setup_error = "out of memory during setup (std::bad_alloc): the memory estimate fitted, the machine did not";

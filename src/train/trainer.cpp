@@ -75,6 +75,7 @@ void install_stop_handlers() {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  io::set_stop_flag(&g_stop_requested);  // the dataset checks of setup stop too (issue 42, class 6)
 }
 
 double parse_duration_s(const std::string& text, const char* flag) {
@@ -361,6 +362,11 @@ class Trainer {
   void choose_comm_backend(int gpu);
   void print_header() const;
   StepOutcome step(int step);
+  // The weights, AdamW state and data cursor after steps_done steps as a checkpoint.
+  void save_checkpoint_at(int steps_done);
+  // The training data could not be read (a .bin truncated under the run): every rank stops here,
+  // after a checkpoint of the state the last step left, and throws SetupError (exit 1).
+  [[noreturn]] void stop_on_data_error(int step, const std::string& what);
   double evaluate() {
     return validation_loss(*model_, val_, B_, T_, opts_.data.eval_batches, grid_);
   }
@@ -646,7 +652,24 @@ StepOutcome Trainer::step(int step) {
   // Every rank draws the same global batch and keeps its share, so any layout sees the same data
   // as one process. The global batch is [M][D][Bm] sequences: micro-batch m of data rank d is one
   // block, so the m-th micro-batches of all data ranks form the m-th micro-batch of one process.
-  setup_.corpus->sample_batch(tokens_.data(), B_global_, T_, data_rng_, io::Split::kTrain);
+  // A read that fails (the data changed under the run, issue 42 class 5) stops every rank at this
+  // step, before anything in it changed the state; the cursor goes back to where the step began.
+  {
+    const uint64_t cursor = data_rng_.state();
+    std::string data_error;
+    try {
+      setup_.corpus->sample_batch(tokens_.data(), B_global_, T_, data_rng_, io::Split::kTrain);
+    } catch (const Error& e) {
+      data_error = e.what();
+    }
+    int64_t bad_data = data_error.empty() ? 0 : 1;
+    if (grid.world.size() > 1) grid.world.allreduce_max(&bad_data, 1);
+    if (bad_data) {
+      data_rng_.set_state(cursor);
+      stop_on_data_error(step, data_error.empty() ? std::string("another rank could not read its training data")
+                                                  : data_error);
+    }
+  }
   auto micro_tokens = [&](int m) {
     return tokens_.data() + (static_cast<size_t>(m) * D_ + grid.data_rank()) * Bm_ * (T_ + 1);
   };
@@ -866,6 +889,31 @@ void Trainer::log(int step, const StepOutcome& s, double vl) {
   std::fflush(stderr);
 }
 
+void Trainer::save_checkpoint_at(int steps_done) {
+  CheckpointMeta meta;
+  meta.step = steps_done;
+  meta.data_rng_state = data_rng_.state();
+  meta.seed = opts_.data.seed;
+  meta.bad_steps = bad_steps_;
+  meta.time_budget_steps = opts_.time_budget_s > 0 && !budget_pending_ ? total_steps_ : 0;
+  meta.router_bias = score_bias_->to_json();
+  const io::Corpus::Identity data = setup_.corpus->identity();
+  meta.data = {{"file", data.file}, {"bytes", data.bytes}, {"sample", data.sample}, {"mtime_ns", data.mtime_ns}};
+  checkpointer_->save(std::move(meta), *model_, *opt_, *shard_);
+}
+
+void Trainer::stop_on_data_error(int step, const std::string& what) {
+  // The state is the one `step` steps left (this step had changed nothing yet): saved unless
+  // this process ran no step, a checkpoint of it exists already, or it is not good.
+  const std::string last = checkpointer_->last();
+  const bool have = !last.empty() && checkpoint_step_of(fs::path(last).filename().string()) == step;
+  if (step > step0_ && !have && bad_in_a_row_ == 0 && !setup_.ckpt_dir.empty() && state_finite())
+    save_checkpoint_at(step);
+  if (root_ && tty_) std::fprintf(stderr, "\n");
+  throw SetupError(str_cat(what, "; stopped before step ", step + 1, ", checkpoint ", checkpointer_->last_or_none()),
+                   root_);
+}
+
 TrainResult Trainer::run() {
   print_header();
   t_start_ = now_seconds();
@@ -907,16 +955,7 @@ TrainResult Trainer::run() {
                      "written; the last good one is %s\n", tty_ ? "\n" : "", step + 1,
                      checkpointer_->last_or_none().c_str());
     }
-    if (save && !setup_.ckpt_dir.empty()) {
-      CheckpointMeta meta;
-      meta.step = step + 1;
-      meta.data_rng_state = data_rng_.state();
-      meta.seed = opts_.data.seed;
-      meta.bad_steps = bad_steps_;
-      meta.time_budget_steps = opts_.time_budget_s > 0 && !budget_pending_ ? total_steps_ : 0;
-      meta.router_bias = score_bias_->to_json();
-      checkpointer_->save(std::move(meta), *model_, *opt_, *shard_);
-    }
+    if (save && !setup_.ckpt_dir.empty()) save_checkpoint_at(step + 1);
     ++steps_run_;
     if (!s.skipped) ++good_steps_;
     if (stop) {
