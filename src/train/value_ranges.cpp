@@ -39,15 +39,16 @@ const ValueRange kRanges[] = {
     {"--balance.threshold",      1,     1e6,   true,  false, "a max/mean rank load > 1 (1 is perfect balance)", "a max/mean load ratio"},
     {"--balance.bias-rate",      0,     1,     false, false, "a finite number >= 0",                       "the selection bias moves by the rate each step; scores are in [0, 1]"},
     {"--comm.timeout",           0,     1e9,   false, false, "a number of seconds >= 0 (0 = wait forever)", "seconds"},
-    // Parallel degrees and topology sizes: only an upper bound here; below their least value
-    // ParallelDims::validate and Topology::detect name all of them at once.
+    // Parallel degrees, topology sizes and stage layer counts: only an upper bound here; below
+    // their least value ParallelDims::validate, Topology::detect and split_layers name them with
+    // the rest of the layout.
     {"--topo.ranks-per-node",    -2147483648.0, kMaxDegree, false, false, ">= 0 (0 = from the launcher)",          "ranks"},
     {"--topo.nodes-per-group",   -2147483648.0, kMaxDegree, false, false, ">= 0 (0 = one group)",                  "nodes"},
     {"--pp",                     -2147483648.0, kMaxDegree, false, false, ">= 1",                                  "ranks along one dimension"},
     {"--dp",                     -2147483648.0, kMaxDegree, false, false, ">= 1",                                  "ranks along one dimension"},
     {"--ep",                     -2147483648.0, kMaxDegree, false, false, ">= 1",                                  "ranks along one dimension"},
     {"--tp",                     -2147483648.0, kMaxDegree, false, false, ">= 1",                                  "ranks along one dimension"},
-    {"--pp.layers",              1,     1 << 20, false, false, "a layer count >= 1 per stage",             "layers"},
+    {"--pp.layers",              -2147483648.0, 1 << 20, false, false, "a layer count >= 1 per stage",   "layers"},
     // What a checkpoint's manifest.json stores (train/checkpoint_manifest.cpp).
     {"field \"step\"",           0,     kMaxSteps, false, false, "an integer >= 0",                        "--steps is at most a billion"},
     {"field \"bad_steps\"",      0,     kMaxSteps, false, false, "an integer >= 0",                        "--steps is at most a billion"},
