@@ -17,3 +17,9 @@ add_test(NAME inspect_cli
          COMMAND ${CMAKE_SOURCE_DIR}/tests/inspect.sh $<TARGET_FILE:moetrain> ${CMAKE_SOURCE_DIR}/data/kjv.txt
                  ${CMAKE_BINARY_DIR}/inspect_cli ${MOETRAIN_REPORT_MPIRUN})
 set_tests_properties(inspect_cli PROPERTIES LABELS "mpi" TIMEOUT 300)
+# The numbers the report computes (step-time percentiles, the outlier fence, the median MFU) against
+# hand-computed values, and its migration rows from a real EP 2 run in order (issue 42, class 9).
+add_test(NAME report_numbers
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/report_numbers.sh $<TARGET_FILE:moetrain> ${CMAKE_SOURCE_DIR}/data/kjv.txt
+                 ${CMAKE_BINARY_DIR}/report_numbers ${MOETRAIN_REPORT_MPIRUN})
+set_tests_properties(report_numbers PROPERTIES LABELS "mpi;report" TIMEOUT 300)

@@ -9,10 +9,12 @@
 //     activation_peak_bytes, total_peak_bytes, max_in_flight}], expert_loads [[tokens per expert]
 //     per MoE layer], expert_loads_layers [layer index of each], val_loss on evaluation steps.
 //     A non-finite loss is written as null (a skipped step).
+//     migration (after this step, train --balance.migrate-every): {"layers": [{"layer", "swaps",
+//     "imbalance_before", "imbalance_after"}], "bytes_moved", "seconds"} -- what the trainer writes.
 //   event records (no "step" of their own kind): {"event": "migration", "step": N, "layer": L,
-//     "expert": e, "from_rank": a, "to_rank": b, "bytes": B, "seconds": s} -- one expert's weights
-//     and optimizer state moved between ranks before step N. Nothing writes these yet (there is no
-//     migration mechanism); the section appears only when such records exist.
+//     "expert": e, "from_rank": a, "to_rank": b, "bytes": B, "seconds": s} -- one expert moved
+//     before step N (a per-expert form nothing in moetrain writes; still read). The migrations
+//     section appears only when either kind exists, its rows in step order, then layer order.
 // A resumed run appends to the same file, so step numbers can repeat: the later record wins.
 // A last line without its newline that does not parse (the run was killed mid-write) is left out
 // and the page says so; any other bad line is an error naming the file and the line.
@@ -63,6 +65,13 @@ struct StageRec {
   double in_flight = NAN, layers = NAN;
 };
 
+struct Migration {
+  int step = 0, layer = 0, expert = 0, from = 0, to = 0;
+  int swaps = -1;                          // >= 0: a layer's migration from a step record
+  double imbalance_before = NAN, imbalance_after = NAN;
+  double bytes = NAN, seconds = NAN;       // step records: on the step's first layer only
+};
+
 struct Rec {
   int step = 0;
   double loss = NAN, ce = NAN, aux = NAN, lr = NAN, gnorm = NAN, tokens = NAN, tps = NAN, mfu = NAN;
@@ -71,11 +80,7 @@ struct Rec {
   std::array<double, 4> bytes{NAN, NAN, NAN, NAN};
   std::vector<StageRec> stages;
   std::vector<float> loads;  // [layer][expert] flattened; empty when absent or not kept
-};
-
-struct Migration {
-  int step = 0, layer = 0, expert = 0, from = 0, to = 0;
-  double bytes = NAN, seconds = NAN;
+  std::vector<Migration> migrations;  // after this step, by layer (a resumed run's later record wins)
 };
 
 struct Run {
@@ -290,6 +295,24 @@ Run read_metrics(const std::string& path, bool in_folder) {
       }
     }
     read_loads(run, r, j, where);
+    if (auto mg = j.find("migration"); mg != j.end() && !mg->is_null()) {
+      MOE_CHECK(mg->is_object() && mg->contains("layers") && (*mg)["layers"].is_array(), where,
+                ": \"migration\" must be an object with a \"layers\" list");
+      for (const json& l : (*mg)["layers"]) {
+        MOE_CHECK(l.is_object(), where, ": \"migration\".\"layers\" must be a list of objects");
+        Migration m;
+        m.step = r.step + 1;  // it moved experts after this step: before the next
+        m.layer = integer(l, "layer", where);
+        m.swaps = integer(l, "swaps", where);
+        m.imbalance_before = number(l, "imbalance_before", where);
+        m.imbalance_after = number(l, "imbalance_after", where);
+        if (r.migrations.empty()) {
+          m.bytes = number(*mg, "bytes_moved", where);
+          m.seconds = number(*mg, "seconds", where);
+        }
+        r.migrations.push_back(m);
+      }
+    }
     if (auto tb = j.find("time_budget"); tb != j.end() && !tb->is_null()) {
       MOE_CHECK(tb->is_object(), where, ": \"time_budget\" must be an object");
       run.budget_s = number(*tb, "budget_s", where);
@@ -723,19 +746,28 @@ void section_pipeline(Page& pg, const std::vector<const Rec*>& rs) {
 }
 
 void section_migrations(Page& pg, const Run& run) {
-  if (run.migrations.empty()) return;  // rendered only when the metrics hold migration records
+  // The step records' (one row per layer that migrated) and the per-expert events, by step; a
+  // step's rows keep their order (layers ascending, events as logged).
+  std::vector<Migration> all;
+  for (const auto& [step, r] : run.recs) all.insert(all.end(), r.migrations.begin(), r.migrations.end());
+  all.insert(all.end(), run.migrations.begin(), run.migrations.end());
+  if (all.empty()) return;  // rendered only when the metrics hold migration records
+  std::stable_sort(all.begin(), all.end(), [](const Migration& a, const Migration& b) { return a.step < b.step; });
   pg.h2("migrations", "Expert migrations");
   std::vector<std::vector<std::string>> rows;
   double bytes = 0;
-  for (const Migration& m : run.migrations) {
+  for (const Migration& m : all) {
     if (std::isfinite(m.bytes)) bytes += m.bytes;
-    if (rows.size() < 200)
-      rows.push_back({std::to_string(m.step), std::to_string(m.layer), std::to_string(m.expert),
-                      str_cat(m.from, " -> ", m.to), fmt_bytes(m.bytes), fmt_seconds(m.seconds)});
+    if (rows.size() >= 200) continue;
+    const bool layer_row = m.swaps >= 0;
+    rows.push_back({std::to_string(m.step), std::to_string(m.layer),
+                    layer_row ? str_cat(m.swaps, " swap(s)") : str_cat("expert ", m.expert, ": rank ", m.from, " -> ", m.to),
+                    layer_row ? str_cat(fmt(m.imbalance_before, "%.3f"), " -> ", fmt(m.imbalance_after, "%.3f")) : "",
+                    std::isfinite(m.bytes) ? fmt_bytes(m.bytes) : "", std::isfinite(m.seconds) ? fmt_seconds(m.seconds) : ""});
   }
-  pg.p(svg::escape(str_cat(run.migrations.size(), " migration(s), ", fmt_bytes(bytes), " moved",
-                           run.migrations.size() > 200 ? "; the first 200 are listed" : "", ".")));
-  pg.table({"before step", "layer", "expert", "rank", "bytes", "time"}, rows);
+  pg.p(svg::escape(str_cat(all.size(), " migration(s), ", fmt_bytes(bytes), " moved",
+                           all.size() > 200 ? "; the first 200 are listed" : "", ".")));
+  pg.table({"before step", "layer", "moved", "rank imbalance (max/mean)", "bytes", "time"}, rows);
 }
 
 }  // namespace
