@@ -48,6 +48,9 @@ chosen = [r for r in a if "time_budget" in r]
 assert len(chosen) == 1 and chosen[0]["step"] == 7, [r["step"] for r in chosen]  # after warm-up step 6 (0-based)
 tb = chosen[0]["time_budget"]
 assert tb["budget_s"] == 0.3 and tb["timed_steps"] == 5, tb  # steps 3..7 of this process
+# The figure is the median of those five steps' own logged times (not the largest, not the mean).
+timed = sorted(r["step_time_s"] for r in a[2:7])
+assert tb["step_time_s"] == timed[2], (tb["step_time_s"], timed)
 assert tb["steps"] == min(400, 7 + math.floor(max(0.0, 0.3 - tb["spent_s"]) / tb["step_time_s"])), tb
 assert abs(tb["spent_s"] - sum(r["step_time_s"] for r in a[:7])) <= 1e-6, tb  # one rank: its own clock
 assert len(a) == n == tb["steps"], (len(a), n)
