@@ -157,6 +157,24 @@ else
   bad "stale temp sweep: rc=$rc $err $(ls -a "$dir/st")"
 fi
 
+# Class 9 (a thin kill made thick): one bit flipped in a shard's tensor data, not its header, the
+# value still finite and the manifest untouched: only the checksum can tell (no table row).
+fresh flip
+"$py" - "$dir/flip/shard-00000.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]; raw = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", raw[:8])[0]; hdr = json.loads(raw[8:8 + n])
+name = sorted(k for k in hdr if k != "__metadata__")[0]
+at = 8 + n + hdr[name]["data_offsets"][0] + 4 * 3   # the lowest mantissa byte of element 3
+raw[at] ^= 1
+open(p, "wb").write(raw)
+PY
+saved_md=$markdown; markdown=0
+expect "a bit flipped in a shard's tensor data (--resume)" 'checksum mismatch' "$dir/flip $dir/run" \
+  "${common[@]}" --steps 4 --out "$dir/run" --resume "$dir/flip"
+expect "a bit flipped in a shard's tensor data (export)" 'checksum mismatch' "$dir/flip $dir/hf" export "$dir/flip" "$dir/hf"
+markdown=$saved_md
+
 section "Class 8: numbers with absurd ranges" \
 "Every numeric \`train\` flag and every number a checkpoint's manifest stores is checked against
 one table of ranges (\`src/train/value_ranges.cpp\`): NaN, inf, a negative or an absurdly large
