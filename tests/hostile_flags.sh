@@ -89,6 +89,10 @@ expect "train under ulimit -f 200 (100 KB): the checkpoint write fails" \
   'failed (File too large)' "$dir/run" "${common[@]}" --out "$dir/small"
 [ -z "$(find "$dir/small" -name '*.tmp*')" ] && ok "  and leaves no temp file or step-N.tmp folder" \
   || bad "ulimit train left $(find "$dir/small" -name '*.tmp*')"
+pre="ulimit -f 1;"
+expect "train under ulimit -f 1 (1 KB): metrics.jsonl fills up" \
+  'metrics.jsonl: cannot write the record of step 1 (File too large)' "$dir/run" "${common[@]}" --steps 30 --out "$dir/small1"
+pre="ulimit -f 200;"
 expect "export under ulimit -f 200 over an earlier export: it stays whole" \
   'failed (File too large)' "$dir/hf $good" export "$good" "$dir/hf"
 pre=""

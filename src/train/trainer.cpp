@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -863,6 +864,11 @@ void Trainer::log(int step, const StepOutcome& s, double vl) {
   if (!std::isnan(vl) && tokenized_ && bytes_per_token_ > 0) rec["val_loss_nats_per_byte"] = vl / bytes_per_token_;
   setup_.metrics << rec.dump() << "\n";
   setup_.metrics.flush();
+  // A write that fails (a full disk, a file-size limit: EFBIG, SIGXFSZ being ignored) stops the
+  // run with one line instead of training on with metrics silently cut short.
+  if (!setup_.metrics.good())
+    throw Error(str_cat(opts_.out_dir, "/metrics.jsonl: cannot write the record of step ", step + 1, " (",
+                        std::strerror(errno), ")"));
 
   if (!opts_.progress) return;
   const bool last = step + 1 == total_steps_;
