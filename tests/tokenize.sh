@@ -60,7 +60,7 @@ cmp -s "$dir/bpe.model" "$dir/again.model" || fail "spm:PATH did not copy the mo
 "$py" "$here/fixtures/write_mmidx.py" "$dir/meg" --dtype int32 --docs 60 --seqs-per-doc 2 --max-len 80 --gap 1 --max-id 512
 err="$("$bin" train --steps 3 --batch 2 --seq-len 32 --eval-batches 1 --data "$dir/meg" --vocab-size 512 --out "$dir/o-meg" 2>&1)" ||
   fail "training on the Python-written dataset: $err"
-printf '%s\n' "$err" | grep -q "nats/token (no tokenizer sidecar: bytes unknown)" || fail "done line: $err"
+printf '%s\n' "$err" | grep -q "nats/token (bytes per token unknown: no sidecar" || fail "done line: $err"
 
 # 5. Byte-level text still trains, its val_loss already in nats per byte (no second figure).
 "$bin" "${train[@]}" --data "$dir/text.txt" --out "$dir/o-text"

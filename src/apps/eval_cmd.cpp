@@ -87,7 +87,7 @@ int run_eval_command(CLI::App& app, EvalCli& s) {
   const double bytes_per_token = corpus->val_bytes_per_token();
   std::printf("%s on %s: held-out loss %.6f nats/token", lm.source.c_str(), data_path.c_str(), ce);
   if (bytes_per_token != 1.0 && bytes_per_token > 0) std::printf(", %.6f nats/byte", ce / bytes_per_token);
-  else std::printf(" (= nats/byte)");
+  else if (bytes_per_token == 1.0) std::printf(" (= nats/byte)");
   std::printf(" over %d x %d windows of %d tokens\n", n, B, T);
   if (!s.dump_path.empty()) {
     io::SafetensorsWriter w;

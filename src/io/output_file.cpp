@@ -25,6 +25,9 @@ constexpr size_t kMaxTempPath = 4096;
 char g_temp_paths[kMaxTemps][kMaxTempPath];
 volatile std::sig_atomic_t g_temp_used[kMaxTemps];
 std::mutex g_temp_mutex;
+// stderr as it was when the handler was installed: SentencePiece's trainer silences fd 2 while it
+// runs (text/tokenizer.cpp), and the handler's line must still be seen.
+int g_stderr_fd = -1;
 
 int register_temp(const std::string& path) {
   if (path.size() >= kMaxTempPath) return -1;
@@ -49,7 +52,7 @@ void remove_temps_and_die(int sig) {
   for (int i = 0; i < kMaxTemps; ++i)
     if (g_temp_used[i]) ::unlink(g_temp_paths[i]);
   static const char msg[] = "moetrain: stopped by a signal: temporary files removed, outputs left as they were\n";
-  ssize_t n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+  ssize_t n = ::write(g_stderr_fd >= 0 ? g_stderr_fd : STDERR_FILENO, msg, sizeof msg - 1);
   (void)n;
   ::signal(sig, SIG_DFL);
   ::raise(sig);
@@ -201,6 +204,7 @@ void AtomicFile::commit() {
 }
 
 void install_temp_cleanup_on_signal() {
+  if (g_stderr_fd < 0) g_stderr_fd = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
   struct sigaction sa {};
   sa.sa_handler = remove_temps_and_die;
   sigemptyset(&sa.sa_mask);
