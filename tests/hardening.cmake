@@ -22,3 +22,13 @@ set_tests_properties(run_guards PROPERTIES LABELS "mpi" TIMEOUT 300)
 # range (train/value_ranges.cpp). About 10 s in a Release build.
 add_test(NAME hostile_flags COMMAND ${CMAKE_SOURCE_DIR}/tests/hostile_flags.sh $<TARGET_FILE:moetrain>)
 set_tests_properties(hostile_flags PROPERTIES TIMEOUT 300)
+
+# Issue 42, classes 3-6 (tests/hostile_data.sh): a dataset written as one unit (a second tokenize
+# refused by pid, a failed or stopped tokenize leaving the dataset and its model untouched), one
+# tokenizer identity (eval, generate, --resume refuse another one's dataset or model by
+# fingerprint; a tampered sidecar), a .bin truncated under a running train (one line, a checkpoint,
+# exit 1) or replaced at the same size (found at --resume), an overlapping .idx refused at once,
+# SIGTERM during setup. About 7 s in a Release build (20 s beside other tests).
+add_test(NAME hostile_data
+         COMMAND ${CMAKE_SOURCE_DIR}/tests/hostile_data.sh $<TARGET_FILE:moetrain> ${CMAKE_SOURCE_DIR}/data/kjv.txt)
+set_tests_properties(hostile_data PROPERTIES TIMEOUT 600)
