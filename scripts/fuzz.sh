@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers of user files with libFuzzer (clang-14): safetensors, config.json, dataset,
-# the planner's Hugging Face configs and cluster profiles, and the checkpoint manifest.
+# the planner's Hugging Face configs and cluster profiles, the checkpoint manifest, the indexed
+# dataset reader (.idx + .bin) and the tokenizer sidecar.
 # Usage: scripts/fuzz.sh [SECONDS]   (per target, default 30)
 # Installs clang-14 + libclang-rt-14-dev if missing (and moetrain's dependencies), builds the
 # targets of tests/fuzz in build-fuzz/ (-DMOETRAIN_FUZZ=ON), runs each on a fresh copy of its seed
@@ -10,7 +11,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 seconds="${1:-30}"
-targets=(fuzz_safetensors fuzz_config fuzz_dataset fuzz_plan fuzz_checkpoint)
+targets=(fuzz_safetensors fuzz_config fuzz_dataset fuzz_plan fuzz_checkpoint fuzz_indexed_dataset fuzz_tokenizer_sidecar)
 
 "$root/scripts/setup.sh" clang-14 libclang-rt-14-dev
 

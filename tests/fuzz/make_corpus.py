@@ -160,3 +160,121 @@ ck("bad_seed", {**manifest, "seed": "99999999999999999999999"})
 ck("bad_step", {**manifest, "step": 1e300})
 put("fuzz_checkpoint", "bad_deep", '{"format": "moetrain-checkpoint-1", "config": ' + deep + "}")
 put("fuzz_checkpoint", "bad_truncated", json.dumps(manifest)[:200])
+
+
+# --- indexed dataset (.idx + .bin): 4 parameter bytes (vocabulary, T, B, batches), u32 LE length
+# of the .idx, the .idx, then the .bin. Realistic seeds: text-like documents of a few hundred
+# tokens, as tokenize writes them (one sequence per document, pointers back to back), in uint8
+# (bytes) and uint16 (a BPE vocabulary); and the hostile layouts the reader must refuse. -------
+def mmidx(lengths, dtype_code, item, pointers=None, docs=None, version=1):
+    S = len(lengths)
+    if pointers is None:
+        pointers, at = [], 0
+        for n in lengths:
+            pointers.append(at)
+            at += n * item
+    if docs is None:
+        docs = list(range(S + 1))
+    return (b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", version, dtype_code, S, len(docs)) +
+            struct.pack("<%di" % S, *lengths) + struct.pack("<%dq" % S, *pointers) +
+            struct.pack("<%dq" % len(docs), *docs))
+
+
+def lcg_tokens(n, hi, seed):
+    out, x = [], seed
+    for _ in range(n):
+        x = (x * 6364136223846793005 + 1442695040888963407) & 0xFFFFFFFFFFFFFFFF
+        out.append((x >> 33) % hi)
+    return out
+
+
+def idx_seed(name, params, idx, bin_):
+    put("fuzz_indexed_dataset", name, bytes(params) + struct.pack("<I", len(idx)) + idx + bin_)
+
+
+verse = (b"And God said, Let there be light: and there was light. And God saw the light, that it was "
+         b"good: and God divided the light from the darkness.\n")
+doc_lens = [len(verse) * (1 + d % 3) for d in range(60)]  # 60 documents, ~260 bytes each
+idx_seed("bytes_60_documents", [0, 31, 1, 0], mmidx(doc_lens, 1, 1),
+         b"".join(verse * (1 + d % 3) for d in range(60)))
+bpe_lens = [150 + (d * 37) % 200 for d in range(120)]  # 120 documents of BPE ids below 4096
+idx_seed("bpe_uint16_120_documents", [4, 63, 3, 2], mmidx(bpe_lens, 8, 2),
+         struct.pack("<%dH" % sum(bpe_lens), *lcg_tokens(sum(bpe_lens), 4096, 7)))
+i32_lens = [64] * 40
+idx_seed("int32_40_documents", [8, 15, 2, 1], mmidx(i32_lens, 4, 4),
+         struct.pack("<%di" % sum(i32_lens), *lcg_tokens(sum(i32_lens), 65536, 3)))
+# Megatron's layout with gaps between sequences and several sequences per document.
+gap_ptrs = [i * 300 for i in range(30)]
+idx_seed("gaps_and_multi_sequence_documents", [0, 15, 1, 0],
+         mmidx([100] * 30, 1, 1, pointers=gap_ptrs, docs=[0] + list(range(2, 31, 2))),
+         b"".join(verse[:100] + bytes(200) for _ in range(30)))
+# Every sequence pointing at the same bytes (the 10^11-check .idx, scaled down).
+idx_seed("bad_all_sequences_overlap", [0, 15, 1, 0], mmidx([4000] * 50, 1, 1, pointers=[0] * 50),
+         bytes(lcg_tokens(4000, 256, 1)))
+idx_seed("bad_out_of_order", [0, 15, 1, 0], mmidx([100, 100, 100], 1, 1, pointers=[200, 100, 0]),
+         verse[:100] * 3)
+idx_seed("bad_bin_short", [0, 15, 1, 0], mmidx(doc_lens[:10], 1, 1), verse * 3)
+idx_seed("bad_id_above_vocab", [0, 15, 1, 0], mmidx([400], 8, 2), struct.pack("<400H", *([300] * 400)))
+idx_seed("bad_float_dtype", [0, 15, 1, 0], mmidx([10], 7, 4), bytes(40))
+idx_seed("bad_huge_count", [0, 15, 1, 0],
+         b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 1, 1 << 62, 2) + bytes(64), bytes(100))
+
+# --- tokenizer sidecar: first byte 0 = a sidecar file, 1 = a SentencePiece model file, 2 = a
+# sidecar beside a 20-document byte dataset of "abc\n" each (fuzz_tokenizer_sidecar.cpp) ---------
+def fingerprint(kind, vocab, model=b""):
+    return "%s-%d-%s" % (kind, vocab, fnv1a64(("moetrain tokenizer\n%s\n%d\n" % (kind, vocab)).encode() + model))
+
+
+def sidecar(**kw):
+    s = {"format": "moetrain tokenizer sidecar 1", "kind": "bytes", "vocab_size": 256, "documents": 20,
+         "split": "document d is validation iff d % 20 == 19", "train": {"tokens": 76, "bytes": 76},
+         "val": {"tokens": 4, "bytes": 4}, "fingerprint": fingerprint("bytes", 256)}
+    s.update(kw)
+    return json.dumps(s, indent=2) + "\n"
+
+
+side = lambda name, mode, text: put("fuzz_tokenizer_sidecar", name, bytes([mode]) + text.encode())
+side("valid_bytes", 0, sidecar())
+side("valid_bytes_beside_dataset", 2, sidecar())
+side("valid_old_no_fingerprint", 2, json.dumps({k: v for k, v in json.loads(sidecar()).items()
+                                                 if k != "fingerprint"}))
+side("valid_spm", 0, sidecar(kind="spm", model="ds.model", vocab_size=8000,
+                             fingerprint="spm-8000-0123456789abcdef",
+                             train={"tokens": 912345, "bytes": 3987654}, val={"tokens": 48012, "bytes": 209876}))
+side("bad_tampered_bytes", 2, sidecar(val={"tokens": 4, "bytes": 4000}))
+side("bad_counts_of_another_dataset", 2, sidecar(documents=21))
+side("bad_fingerprint_of_other_kind", 0, sidecar(fingerprint=fingerprint("spm", 256)))
+side("bad_fingerprint_format", 0, sidecar(fingerprint="bytes-256-XYZ"))
+side("bad_model_path", 0, sidecar(kind="spm", model="../../etc/passwd", vocab_size=300))
+side("bad_kind", 0, sidecar(kind="wordpiece"))
+side("bad_vocab", 0, sidecar(vocab_size=2 ** 31))
+side("bad_negative_count", 0, sidecar(train={"tokens": -1, "bytes": 76}))
+side("bad_deep", 0, deep)
+
+
+def varint(v):
+    out = b""
+    while True:
+        b, v = v & 0x7F, v >> 7
+        out += bytes([b | (0x80 if v else 0)])
+        if not v:
+            return out
+
+
+def piece(text, ptype=1, score=0.0):
+    body = b"\x0a" + varint(len(text)) + text + b"\x15" + struct.pack("<f", score)
+    if ptype != 1:
+        body += b"\x18" + varint(ptype)
+    return b"\x0a" + varint(len(body)) + body
+
+
+# A SentencePiece ModelProto as train_bpe writes it, in miniature: <unk>, the 256 byte pieces,
+# merges with U+2581 for spaces, and a trainer_spec field the reader skips.
+model = piece(b"<unk>", 2) + b"".join(piece(b"<0x%02X>" % i, 6) for i in range(256))
+model += b"".join(piece(w.encode(), 1, -i) for i, w in enumerate(
+    ["th", "the", "\u2581the", "\u2581and", "ing", "\u2581of", "\u2581\u2581", "LORD", "\u2581God"]))
+model += b"\x12" + varint(6) + b"\x08\x01\x10\x02\x18\x03"
+put("fuzz_tokenizer_sidecar", "valid_model", b"\x01" + model)
+put("fuzz_tokenizer_sidecar", "bad_model_truncated", b"\x01" + model[:777])
+put("fuzz_tokenizer_sidecar", "bad_model_huge_length", b"\x01\x0a\xff\xff\xff\xff\x0f")
+put("fuzz_tokenizer_sidecar", "bad_model_wire_type", b"\x01\x0f\x00")
