@@ -1006,7 +1006,9 @@ void Trainer::finish(bool stopped_early) {
       std::snprintf(val_text, sizeof val_text, "%.4f nats/token = %.4f nats/byte", final_val,
                     final_val / bytes_per_token_);
     else
-      std::snprintf(val_text, sizeof val_text, "%.4f nats/token (bytes per token unknown: no sidecar, or no tokenizer model beside the dataset)", final_val);
+      std::snprintf(val_text, sizeof val_text,
+                    "%.4f nats/token (bytes per token unknown: no sidecar, or no tokenizer model beside the dataset)",
+                    final_val);
     const std::string budget_text =
         opts_.time_budget_s > 0 ? str_cat(" (training steps ", format_budget(train_s_), " of the ",
                                           format_budget(opts_.time_budget_s), " budget)")
