@@ -12,7 +12,8 @@
 #     vocabulary) are refused naming both fingerprints; a sidecar whose bytes were multiplied by
 #     1000, a model file swapped beside the dataset, a fingerprint of another kind are refused;
 #  class 5: a .bin truncated under a running train (a clear error, a checkpoint, exit 1; not
-#     SIGBUS), a .bin or .idx replaced by a file of the same size, found at --resume;
+#     SIGBUS; resumed from that checkpoint the run equals an uninterrupted one bit for bit), a .bin
+#     or .idx replaced by a file of the same size, found at --resume;
 #  class 6: a 1.2 MB .idx whose 100,000 sequences all point at the same 1 MB (refused at once),
 #     sequences out of order, and SIGTERM during the token check of a 3 GB dataset (ends in < 1 s).
 # Usage: hostile_data.sh MOETRAIN [KJV_TEXT] [--markdown]
@@ -220,7 +221,10 @@ the next batch, then a checkpoint and exit 1 (it was SIGBUS, rc 135, and no chec
 records the data's size, sampled checksum and mtime; --resume refuses data replaced under the same name."
 "$bin" tokenize --input "$kjv" --output "$dir/K" --tokenizer bytes --quiet
 cp "$dir/K.bin" "$dir/K.bin.orig"
-"$bin" "${train_common[@]}" --data "$dir/K" --steps 100000 --checkpoint.every 100000 --out "$dir/runK" 2> "$dir/runK.err" &
+# A flat learning rate (--min-lr = --lr, no warm-up): the schedule does not depend on --steps, so a
+# resumed run can be compared with an uninterrupted one of another length.
+flat=(--lr 0.003 --min-lr 0.003 --warmup 0)
+"$bin" "${train_common[@]}" "${flat[@]}" --data "$dir/K" --steps 100000 --checkpoint.every 100000 --out "$dir/runK" 2> "$dir/runK.err" &
 trainer=$!
 pids+=("$trainer")
 for _ in $(seq 600); do
@@ -238,9 +242,22 @@ if [ "$rc" -eq 1 ] && [ "$(printf '%s\n' "$err" | grep -c .)" -eq 1 ] &&
    printf '%s' "$err" | grep -qF "checkpoint $dir/runK/checkpoints/$ck"; then
   ok "a .bin truncated under a running train: rc 1, $ck written: ${err//$dir/T}"
   row "a .bin truncated under a running train (checkpoint written, exit 1)" "$err" \
-    "${train_common[@]}" --data "$dir/K" --steps 100000 --out "$dir/runK" "&& truncate -s 100000 T/K.bin"
+    "${train_common[@]}" "${flat[@]}" --data "$dir/K" --steps 100000 --out "$dir/runK" "&& truncate -s 100000 T/K.bin"
 else
   bad "a .bin truncated under a running train: rc=$rc checkpoint=$ck stderr=${err:0:600}"
+fi
+# The checkpoint written at the error is exact: resumed on the restored .bin (a copy of runK), the
+# run reaches the same loss bit for bit as one that was never interrupted.
+cp "$dir/K.bin.orig" "$dir/K.bin"
+n=$(( ${ck#step-} + 5 ))
+cp -r "$dir/runK" "$dir/runK2"
+"$bin" "${train_common[@]}" "${flat[@]}" --data "$dir/K" --steps "$n" --out "$dir/runK2" --resume latest 2> /dev/null
+"$bin" "${train_common[@]}" "${flat[@]}" --data "$dir/K" --steps "$n" --out "$dir/runK_straight"
+last_loss() { tail -1 "$1/metrics.jsonl" | "$py" -c "import json,sys; print(json.loads(sys.stdin.read())['loss'])"; }
+if [ "$(last_loss "$dir/runK2")" = "$(last_loss "$dir/runK_straight")" ]; then
+  ok "resumed from the truncation's checkpoint: step $n's loss equals an uninterrupted run's"
+else
+  bad "resumed from the truncation's checkpoint: loss $(last_loss "$dir/runK2") at step $n, uninterrupted $(last_loss "$dir/runK_straight")"
 fi
 # Resuming on a .bin of the same size with other bytes (the text reversed), then on an .idx of
 # the same size with two documents' lengths swapped.

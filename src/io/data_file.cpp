@@ -33,6 +33,17 @@ DataFile::~DataFile() {
 
 int DataFile::release() { return std::exchange(fd_, -1); }
 
+namespace {
+const volatile std::sig_atomic_t* g_stop_flag = nullptr;
+}  // namespace
+
+void set_stop_flag(const volatile std::sig_atomic_t* flag) { g_stop_flag = flag; }
+
+void check_stop(const std::string& what) {
+  if (g_stop_flag && *g_stop_flag)
+    throw Error(str_cat(what, ": stopped by a signal (SIGTERM/SIGINT) during setup; nothing was trained or written"));
+}
+
 const char* file_kind(mode_t m) {
   if (S_ISDIR(m)) return "a directory";
   if (S_ISFIFO(m)) return "a FIFO (named pipe)";

@@ -10,6 +10,7 @@
 #pragma once
 #include <sys/types.h>
 
+#include <csignal>
 #include <cstdint>
 #include <string>
 
@@ -63,6 +64,13 @@ DataFile open_in_folder(const std::string& dir, const std::string& name, const s
 // holds, so that a symlinked config.json or manifest.json reaches its reader and is refused there
 // instead of being taken for absent (or followed by a check that follows links).
 bool entry_exists(const std::string& path);
+
+// Loops that read data and can run for more than a second (a dataset's sequences and tokens, a
+// large text file, a checkpoint's shard checksums) poll this flag (the trainer's SIGTERM/SIGINT
+// flag, set by train::install_stop_handlers; issue 42, class 6): once it is set, check_stop throws
+// moe::Error "<what>: stopped by a signal (SIGTERM/SIGINT) during setup; ...". Null: never stops.
+void set_stop_flag(const volatile std::sig_atomic_t* flag);
+void check_stop(const std::string& what);
 
 // "a FIFO (named pipe)", "a character device", ... for a st_mode that is not a regular file.
 const char* file_kind(mode_t mode);

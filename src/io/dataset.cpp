@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "io/data_file.h"
 #include "io/fingerprint.h"
 
 namespace moe::io {
@@ -42,6 +43,7 @@ ByteCorpus ByteCorpus::load(const std::string& path, size_t block_bytes) {
       throw Error(str_cat("dataset ", path, ": a stream of more than ", limit,
                           " bytes (it does not end); save the data to a file first"));
     }
+    check_stop(str_cat("dataset ", path));  // a large file takes seconds
     const size_t want = std::min(chunk.size(), limit - c.bytes_.size());
     ssize_t r = ::read(fd, chunk.data(), want);
     if (r < 0) {

@@ -48,16 +48,7 @@ IndexHeader parse_header(const uint8_t* p, size_t size, const std::string& file)
   return h;
 }
 
-const volatile std::sig_atomic_t* g_stop_flag = nullptr;
-
 }  // namespace
-
-void set_stop_flag(const volatile std::sig_atomic_t* flag) { g_stop_flag = flag; }
-
-void check_stop(const std::string& what) {
-  if (g_stop_flag && *g_stop_flag)
-    throw Error(str_cat(what, ": stopped by a signal (SIGTERM/SIGINT) during setup; nothing was trained or written"));
-}
 
 size_t dtype_item_size(uint8_t code) {
   switch (code) {

@@ -21,7 +21,6 @@
 // The .idx is mapped; the .bin is read with pread, window by window (issue 42, class 5): a .bin
 // truncated under a running job is an error naming it at the next read, never a SIGBUS.
 #pragma once
-#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -54,11 +53,7 @@ struct IndexHeader {
 };
 IndexHeader read_index_header(const std::string& idx_file);
 
-// Loops over a dataset's sequences and tokens that can run for more than a second poll this flag
-// (the trainer's SIGTERM/SIGINT flag, train::install_stop_handlers): once set, check_stop throws
-// moe::Error "<what>: stopped by a signal (SIGTERM/SIGINT) during setup". Null: never stops.
-void set_stop_flag(const volatile std::sig_atomic_t* flag);
-void check_stop(const std::string& what);
+// Loops over a dataset's sequences and tokens poll io::check_stop (io/data_file.h).
 
 // A read-only mapping of a whole file beside a dataset prefix (empty files map to nothing): opened
 // by io::open_data_file as a file inside a folder, so a symbolic link, FIFO or device is refused.

@@ -208,10 +208,11 @@ int open_shard(const std::string& dir, const std::string& shard, const ShardInfo
   return f.release();
 }
 
-uint64_t fd_checksum(int fd, const std::string& path) {
+uint64_t fd_checksum(int fd, const std::string& path, bool poll_stop) {
   uint64_t h = 1469598103934665603ull;
   std::vector<unsigned char> buf(1 << 20);
   for (;;) {
+    if (poll_stop) io::check_stop(path);  // a large model's shards take seconds (issue 42, class 6)
     const ssize_t n = ::read(fd, buf.data(), buf.size());
     if (n < 0 && errno == EINTR) continue;
     MOE_CHECK(n >= 0, path, ": read failed (", std::strerror(errno), ")");
@@ -243,7 +244,7 @@ void verify_shards(const std::string& dir, const Manifest& m) {
     uint64_t sum = 0;
     io::SafetensorsFile f;
     try {
-      sum = fd_checksum(fd, dir + "/" + name);
+      sum = fd_checksum(fd, dir + "/" + name, /*poll_stop=*/true);
       if (hex64(sum) == info.fnv1a64) f = io::SafetensorsFile::from_fd(fd, dir + "/" + name);
     } catch (...) {
       ::close(fd);

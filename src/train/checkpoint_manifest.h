@@ -70,8 +70,9 @@ int open_shard(const std::string& dir, const std::string& shard, const ShardInfo
 // valid safetensors file whose floats are all finite (and AdamW second moments >= 0).
 void verify_shards(const std::string& dir, const Manifest& m);
 
-// 64-bit FNV-1a of the bytes read from fd (to its end); errors name `path`.
-uint64_t fd_checksum(int fd, const std::string& path);
+// 64-bit FNV-1a of the bytes read from fd (to its end); errors name `path`. poll_stop: between
+// blocks, io::check_stop (verifying a checkpoint at setup; never while one is saved on SIGTERM).
+uint64_t fd_checksum(int fd, const std::string& path, bool poll_stop = false);
 std::string hex64(uint64_t v);
 
 }  // namespace moe::train
