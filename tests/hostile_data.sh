@@ -4,7 +4,8 @@
 # non-zero exit, no signal (exit < 128; the SIGTERM cases: 143 with a clear line, or 1 with one),
 # no hang (each command under `timeout`), and leaves every file that existed before as it was
 # (sha1 of each protected file compared).
-#  class 3: a second tokenize onto a prefix while one runs (refused naming the first one's pid);
+#  class 3: a second tokenize onto a prefix while one runs (refused naming the first one's pid),
+#     and a reader (eval) of that prefix meanwhile;
 #     a tokenize that fails after training its BPE (invalid UTF-8), or with an unusable model,
 #     leaves the dataset and its SentencePiece model untouched; SIGTERM/SIGINT during tokenize
 #     removes every temporary file; a lock file that is one of the inputs is refused;
@@ -126,6 +127,8 @@ for _ in $(seq 100); do
 done
 expect "second tokenize onto a prefix being written" "--output is in use by another moetrain run (pid $slow " \
   "$A_files" tokenize --input "$dir/b.txt" --output "$dir/C" --tokenizer bytes --quiet
+expect "eval on a dataset while tokenize writes it" "T/C: the dataset is being written (pid $slow " "$A_files" \
+  eval "$dir/runA" --data "$dir/C" --seq-len 32 --batch 2 --eval-batches 1
 kill -TERM "$slow"
 rc=0
 wait "$slow" || rc=$?
