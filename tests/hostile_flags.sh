@@ -220,6 +220,14 @@ flag --topo.ranks-per-node 2000000000 '--topo.ranks-per-node must be at most 655
 flag --pp.layers 2000000000 '--pp.layers must be at most 1.04858e+06'
 flag --time-budget 1e30 '--time-budget'
 
+gen() {  # gen FLAG VALUE PATTERN: moetrain generate on the good checkpoint
+  expect "\`generate $1 $2\`" "$3" "$good" generate "$good" --prompt "In the" "$1" "$2"
+}
+gen --temperature 1e30 '--temperature must be at most 1000'
+gen --temperature inf '--temperature must be at most 1000'
+gen --top-k 2000000000 '--top-k must be at most 1.67772e+07'
+gen --tokens 2000000000 '--tokens must be at most 1.67772e+07'
+
 fresh tb
 manifest "$dir/tb" 'm["time_budget_steps"] = 2000000000'
 expect "manifest: a tampered time budget (time_budget_steps 2e9) on --resume" \

@@ -17,6 +17,7 @@
 #include "model/decoder.h"
 #include "train/checkpoint.h"
 #include "train/run_memory.h"
+#include "train/value_ranges.h"
 
 namespace moe::train {
 namespace fs = std::filesystem;
@@ -166,10 +167,9 @@ int32_t sample_token(const std::vector<float>& logits, float temperature, int to
 
 void check_generate_options(const GenerateOptions& o) {
   MOE_CHECK(!o.prompt.empty(), "--prompt is empty: generation starts from at least one token");
-  MOE_CHECK(o.tokens >= 0, "--tokens must be >= 0, got ", o.tokens);
-  MOE_CHECK(std::isfinite(o.temperature) && o.temperature >= 0.0f,
-            "--temperature must be a finite number >= 0 (0 = greedy), got ", o.temperature);
-  MOE_CHECK(o.top_k >= 0, "--top-k must be >= 0 (0 = every token), got ", o.top_k);
+  check_value("--tokens", o.tokens);  // ranges: train/value_ranges.cpp
+  check_value("--temperature", o.temperature);
+  check_value("--top-k", o.top_k);
   parse_device(o.device, "--device");
 }
 

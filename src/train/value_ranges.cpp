@@ -49,6 +49,10 @@ const ValueRange kRanges[] = {
     {"--ep",                     -2147483648.0, kMaxDegree, false, false, ">= 1",                                  "ranks along one dimension"},
     {"--tp",                     -2147483648.0, kMaxDegree, false, false, ">= 1",                                  "ranks along one dimension"},
     {"--pp.layers",              -2147483648.0, 1 << 20, false, false, "a layer count >= 1 per stage",   "layers"},
+    // moetrain generate (train/generate.cpp).
+    {"--tokens",                 0,     1 << 24, false, false, ">= 0",                                    "2^24 new tokens"},
+    {"--temperature",            0,     1000,  false, false, "a finite number >= 0 (0 = greedy)",         "logits are divided by it: far above 1 every token is as likely"},
+    {"--top-k",                  0,     1 << 24, false, false, ">= 0 (0 = every token)",                  "vocabularies hold at most 2^24 tokens"},
     // What a checkpoint's manifest.json stores (train/checkpoint_manifest.cpp).
     {"field \"step\"",           0,     kMaxSteps, false, false, "an integer >= 0",                        "--steps is at most a billion"},
     {"field \"bad_steps\"",      0,     kMaxSteps, false, false, "an integer >= 0",                        "--steps is at most a billion"},
