@@ -60,7 +60,7 @@ std::unique_ptr<Corpus> open_corpus(const std::string& path, int vocab_size);
 
 // Bytes the loader keeps in this process's memory, for the run's memory estimate: the whole
 // file for text (it is read into memory); for an indexed dataset only its per-sequence tables
-// (the .bin and .idx are mmapped and paged in on demand, reclaimable page cache, not counted).
+// (the .idx is mmapped, the .bin read per window with pread: reclaimable page cache, not counted).
 double corpus_resident_bytes(const std::string& path);
 
 }  // namespace moe::io

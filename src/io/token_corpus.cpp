@@ -356,7 +356,7 @@ std::vector<int32_t> TokenCorpus::val_batches(int B, int T, int num_batches) con
 }
 
 double TokenCorpus::resident_bytes(const std::string& prefix) {
-  // At most one Piece (24 bytes) per sequence; the index and the tokens stay in mmapped pages.
+  // At most one Piece (24 bytes) per sequence; the index stays in mmapped pages, the tokens in the page cache.
   return static_cast<double>(sizeof(Piece)) * static_cast<double>(read_index_header(idx_path(prefix)).num_sequences);
 }
 

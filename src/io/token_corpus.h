@@ -1,5 +1,5 @@
 // A tokenized dataset (Megatron indexed dataset, io/indexed_dataset.h) as training data: split by
-// documents, windows drawn from the mmapped .bin, token ids checked against the model's vocabulary.
+// documents, windows read from the .bin (pread), token ids checked against the model's vocabulary.
 //
 // Split rule: document d (0-based, in index order) is validation when d % 20 == 19, training
 // otherwise. Each split is the concatenation of its documents in order (like Megatron's GPT
