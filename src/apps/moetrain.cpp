@@ -106,6 +106,8 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   t->add_option("--balance.threshold", o.balance.threshold,
                 "migrate a layer when its max/mean EP-rank load exceeds this (> 1)")->capture_default_str();
   t->add_option("--a2a", o.parallel.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase), rbd-halo (both)")->capture_default_str();
+  t->add_flag("--comm.overlap", o.parallel.comm_overlap,
+              "compute the shared experts while the token exchange is on the network (CPU; the same bits)");
   t->add_option("--topo.ranks-per-node", o.parallel.topo_ranks_per_node, "emulate nodes of this many ranks (0 = from the launcher)");
   t->add_option("--topo.nodes-per-group", o.parallel.topo_nodes_per_group, "emulate switch groups of this many nodes (0 = one group)");
   t->add_option("--checkpoint.dir", o.checkpoint.dir, "checkpoint folder (default <out>/checkpoints)");

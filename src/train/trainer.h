@@ -52,6 +52,7 @@ struct ParallelOptions {
   std::vector<int> pp_layers;   // explicit layers per stage (--pp.layers); empty = even split
   std::string schedule = "1f1b";  // pipeline schedule: 1f1b | gpipe
   bool zero1 = false;           // --zero1: AdamW state split over the ranks sharing each gradient
+  bool comm_overlap = false;    // --comm.overlap: shared experts beside the exchange (moe_layer.h)
 };
 
 struct BalanceOptions {
