@@ -26,6 +26,10 @@
 # `run` starts mpirun inside the switch namespace with the hostfile (n<i> slots=RANKS_PER_NODE),
 # the agent as plm_rsh_agent, TCP only (btl tcp,self; shared memory across namespaces that share
 # /dev/shm segfaulted, see NOTES.md A6) and both OOB and BTL restricted to the cluster's subnet.
+# Waiting ranks yield the CPU (mpi_yield_when_idle): every node's slots fit its "host", so Open MPI
+# would busy-poll, but all nodes share this machine's cores, and a polling rank then holds a core the
+# rank it waits for needs: with 4 ranks on 2 cores every exchange took 8, 16 or 24 ms (scheduler
+# slices) whatever its size; yielding, 0.3 ms at 256 KiB (docs/cluster.md).
 # Ranks are placed by slot (block: ranks 0..R-1 on n0, ...) as a real launcher would; each node's
 # orted sets OMPI_COMM_WORLD_LOCAL_SIZE, which moetrain's topology detection reads, so
 # --topo.ranks-per-node is not needed and must not be used on this path.
@@ -233,7 +237,7 @@ cmd_run() {
     "$mpirun" -np "$np" --hostfile "$dir/hostfile" --oversubscribe --map-by slot --bind-to none \
     --mca plm_rsh_agent "$dir/agent" --mca plm_rsh_no_tree_spawn 1 \
     --mca oob_tcp_if_include "$SUBNET" --mca btl_tcp_if_include "$SUBNET" --mca btl tcp,self \
-    -x OPENBLAS_NUM_THREADS=1 "$@"
+    --mca mpi_yield_when_idle 1 -x OPENBLAS_NUM_THREADS=1 "$@"
 }
 
 # Remove one cluster: its processes, namespaces (and so its links and qdiscs) and state folder.
