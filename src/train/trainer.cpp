@@ -537,7 +537,7 @@ Trainer::Trainer(const TrainOptions& opts, RunSetup& setup)
   pipe_mem_ = std::make_unique<MemTracker>(&model.total_memory());
   json parallel_json = {{"pp", grid_.dims.pp}, {"dp", grid_.dims.dp}, {"ep", grid_.dims.ep},
                         {"tp", grid_.dims.tp}, {"layers_per_stage", layers_per_stage_},
-                        {"micro_batches", M_}, {"a2a", opts.parallel.a2a}, {"batch_per_rank", B_}};
+                        {"micro_batches", M_}, {"a2a", comm::a2a_algorithm_name(setup.a2a)}, {"batch_per_rank", B_}};
   checkpointer_ = std::make_unique<Checkpointer>(grid_, cfg_, setup.ckpt_dir, opts.checkpoint.keep,
                                                  std::move(parallel_json));
   if (!setup.resume_path.empty()) {
@@ -636,6 +636,7 @@ void Trainer::print_header() const {
                blas.c_str(), res_.peak_gflops,
                setup_.bf16 && !cuda ? "oneDNN bf16" : peak_precision_.c_str(),
                peak_source_ == "measured" ? "" : str_cat(", given by ", peak_source_).c_str());
+  if (!setup_.a2a_auto_why.empty()) std::fprintf(stderr, "moetrain: --a2a auto: %s\n", setup_.a2a_auto_why.c_str());
   if (opts_.parallel.comm_overlap) {
     const char* why = grid_.dims.ep < 2                 ? "no effect: no token exchange (--ep 1)"
                       : cfg_.n_shared_experts == 0       ? "no effect: the model has no shared experts"

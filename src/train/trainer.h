@@ -45,7 +45,8 @@ struct DataOptions {
 
 struct ParallelOptions {
   parallel::ParallelDims dims;  // --pp --dp --ep --tp
-  std::string a2a = "flat";     // token exchange: flat | rbd | halo
+  std::string a2a = "flat";     // token exchange: flat | rbd | halo | rbd-halo | auto
+  std::string a2a_cluster;      // --cluster: the profile --a2a auto prices the exchanges with
   int topo_ranks_per_node = 0;  // force the topology (0 = from the launcher)
   int topo_nodes_per_group = 0;
   int micro_batches = 1;        // M: per-rank batch split into M micro-batches (gradient accumulation)
