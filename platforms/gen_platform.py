@@ -76,7 +76,36 @@ def platform(kind, nodes):
         "</platform>", ""])
 
 
+def netns_platform(nodes, rpn, rate_bps, loop_bps, lat_s):
+    """scripts/cluster.sh's cluster: NODES hosts of RPN ranks, each host's uplink (a veth pair with
+    tbf on both ends) at RATE bits/s each way (SPLITDUPLEX), the bridge a non-blocking switch
+    (FATPIPE at the uplink's rate: the cap of one flow), ranks of one node over that namespace's
+    loopback TCP (LOOP bytes/s per flow). No CPU: the real cluster's ranks share 2 cores."""
+    up = rate_bps / 8
+    return "\n".join([
+        '<?xml version="1.0"?>',
+        '<!DOCTYPE platform SYSTEM "https://simgrid.org/simgrid.dtd">',
+        '<platform version="4.1">',
+        f'<!-- scripts/cluster.sh-like, {nodes} nodes x {rpn} ranks, uplinks {rate_bps:.6g} bit/s: platforms/gen_platform.py -->',
+        f'<cluster id="netns" prefix="node" suffix="" radical="0-{nodes - 1}" speed="1Gf" core="{rpn}" '
+        f'bw="{up:.6g}Bps" lat="{lat_s:.6g}s" sharing_policy="SPLITDUPLEX" '
+        f'bb_bw="{up:.6g}Bps" bb_lat="{lat_s:.6g}s" bb_sharing_policy="FATPIPE" '
+        f'loopback_bw="{loop_bps:.6g}Bps" loopback_lat="{lat_s:.6g}s"/>',
+        "</platform>", ""])
+
+
 def main(argv):
+    if len(argv) >= 2 and argv[1] == "netns":
+        # gen_platform.py netns NODES OUT.xml RATE_BITS_PER_S RANKS_PER_NODE [LOOP_BYTES_PER_S LAT_S]
+        if len(argv) not in (6, 8):
+            sys.exit("usage: gen_platform.py netns NODES OUT.xml RATE_BITS_PER_S RANKS_PER_NODE [LOOP_BPS LAT_S]")
+        nodes, rate, rpn = int(argv[2]), float(argv[4]), int(argv[5])
+        loop, lat = (float(argv[6]), float(argv[7])) if len(argv) == 8 else (2e9, 30e-6)
+        with open(argv[3], "w") as f:
+            f.write(netns_platform(nodes, rpn, rate, loop, lat))
+        with open(argv[3].removesuffix(".xml") + ".hosts", "w") as f:
+            f.write("".join(f"node{n}:{rpn}\n" for n in range(nodes)))
+        return
     if len(argv) != 4 or argv[1] not in PLATFORMS:
         sys.exit("usage: gen_platform.py frontier|dgx-h100 NODES OUT.xml (also writes OUT.hosts)")
     try:

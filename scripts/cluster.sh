@@ -9,6 +9,8 @@
 #   scripts/cluster.sh down [--name NAME | --all-ours]
 #   scripts/cluster.sh check-clean [--name NAME]
 #   scripts/cluster.sh list
+#   scripts/cluster.sh link [--name NAME] NODE up|down    (a cut uplink; faults)
+#   scripts/cluster.sh rate [--name NAME] NODE R|unlimited  (a node's uplink rate, both directions)
 #
 # Layout of cluster ID (ID: 1-8 of [a-z0-9], random unless --name):
 #   namespaces   moetrain-ID-sw (the switch, where mpirun runs: the "login node")
@@ -26,6 +28,10 @@
 # `run` starts mpirun inside the switch namespace with the hostfile (n<i> slots=RANKS_PER_NODE),
 # the agent as plm_rsh_agent, TCP only (btl tcp,self; shared memory across namespaces that share
 # /dev/shm segfaulted, see NOTES.md A6) and both OOB and BTL restricted to the cluster's subnet.
+# Waiting ranks yield the CPU (mpi_yield_when_idle): every node's slots fit its "host", so Open MPI
+# would busy-poll, but all nodes share this machine's cores, and a polling rank then holds a core the
+# rank it waits for needs: with 4 ranks on 2 cores every exchange took 8, 16 or 24 ms (scheduler
+# slices) whatever its size; yielding, 0.3 ms at 256 KiB (docs/cluster.md).
 # Ranks are placed by slot (block: ranks 0..R-1 on n0, ...) as a real launcher would; each node's
 # orted sets OMPI_COMM_WORLD_LOCAL_SIZE, which moetrain's topology detection reads, so
 # --topo.ranks-per-node is not needed and must not be used on this path.
@@ -233,7 +239,7 @@ cmd_run() {
     "$mpirun" -np "$np" --hostfile "$dir/hostfile" --oversubscribe --map-by slot --bind-to none \
     --mca plm_rsh_agent "$dir/agent" --mca plm_rsh_no_tree_spawn 1 \
     --mca oob_tcp_if_include "$SUBNET" --mca btl_tcp_if_include "$SUBNET" --mca btl tcp,self \
-    -x OPENBLAS_NUM_THREADS=1 "$@"
+    --mca mpi_yield_when_idle 1 -x OPENBLAS_NUM_THREADS=1 "$@"
 }
 
 # Remove one cluster: its processes, namespaces (and so its links and qdiscs) and state folder.
@@ -298,6 +304,51 @@ cmd_check_clean() {
   return "$left"
 }
 
+# The cluster's state file, sourced; NODE checked against it.
+load_node() {
+  local id="$1" node="$2" dir
+  dir=$(state_dir "$id")
+  [ -f "$dir/state" ] || die "cluster '$id' has no state file ($dir/state)"
+  # shellcheck disable=SC1091
+  . "$dir/state"
+  [[ "$node" =~ ^[0-9]+$ && "$node" -lt "$NODES" ]] || die "node '$node': cluster $id has nodes 0..$((NODES - 1))"
+}
+
+# Both ends of node NODE's uplink up or down (a cut cable: nothing passes either way).
+cmd_link() {
+  local id="" args=()
+  while [ $# -gt 0 ]; do
+    case "$1" in --name) id="$2"; shift 2;; *) args+=("$1"); shift;; esac
+  done
+  [ ${#args[@]} -eq 2 ] || die "link: want NODE up|down"
+  local node="${args[0]}" state="${args[1]}"
+  [[ "$state" = up || "$state" = down ]] || die "link: state '$state' is not up or down"
+  id=$(pick_id "$id"); load_node "$id" "$node"
+  ip -n "$PREFIX-$id-n$node" link set "mt$id-n$node" "$state"
+  ip -n "$PREFIX-$id-sw" link set "mt$id-s$node" "$state"
+  say "cluster $id: node $node's uplink $state"
+}
+
+# Node NODE's uplink rate, both directions, while the cluster runs (tbf replaced or removed).
+cmd_rate() {
+  local id="" args=()
+  while [ $# -gt 0 ]; do
+    case "$1" in --name) id="$2"; shift 2;; *) args+=("$1"); shift;; esac
+  done
+  [ ${#args[@]} -eq 2 ] || die "rate: want NODE R|unlimited"
+  local node="${args[0]}" rate="${args[1]}"
+  id=$(pick_id "$id"); load_node "$id" "$node"
+  local ns="$PREFIX-$id-n$node" sw="$PREFIX-$id-sw"
+  if [ "$rate" = unlimited ]; then
+    tc -n "$ns" qdisc del dev "mt$id-n$node" root 2>/dev/null || true
+    tc -n "$sw" qdisc del dev "mt$id-s$node" root 2>/dev/null || true
+  else
+    rate_bps "$rate" >/dev/null
+    shape "$ns" "mt$id-n$node" "$rate"; shape "$sw" "mt$id-s$node" "$rate"
+  fi
+  say "cluster $id: node $node's uplink at $rate"
+}
+
 cmd_list() {
   local id
   for id in $(our_ids); do
@@ -307,7 +358,7 @@ cmd_list() {
   done
 }
 
-[ $# -ge 1 ] || { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 sub="$1"; shift
 case "$sub" in
   up) cmd_up "$@";;
@@ -315,7 +366,9 @@ case "$sub" in
   down) cmd_down "$@";;
   check-clean) cmd_check_clean "$@";;
   list) cmd_list "$@";;
+  link) cmd_link "$@";;
+  rate) cmd_rate "$@";;
   can) if why=$(can_netns); then echo "yes"; else echo "no: $why"; exit 77; fi;;
-  -h|--help|help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//';;
-  *) die "unknown command '$sub' (up, run, down, check-clean, list)";;
+  -h|--help|help) sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//';;
+  *) die "unknown command '$sub' (up, run, down, check-clean, list, link, rate, can)";;
 esac

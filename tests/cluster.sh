@@ -9,7 +9,13 @@
 #   3. flat at 1M on B: #wrong 0, a tbf qdisc on each uplink, and the time no lower than the link
 #      allows (half the inter-node bytes through one 200 Mbit/s uplink, with a 2x margin: a bound,
 #      not a timing race). The ratio to A is printed, not asserted.
-#   4. down both; check-clean; the host's own links and hostname are what they were.
+#   4. training across nodes: 10 steps of EP 2 x DP 2 on A equal the same layout on one host (nodes
+#      emulated with --topo.ranks-per-node 2) bit for bit (weights and every logged loss), and one
+#      process (global batch 8) to 1e-6 relative at every step (tests/parity.sh's bound).
+#   5. down both; check-clean; the host's own links and hostname are what they were.
+#   6. the link-cut fault (tests/cluster_faults.sh cut, a cluster of its own): every rank ends within
+#      --comm.timeout + 10 s naming the operation and the ranks not heard from; the last checkpoint
+#      resumes to the uninterrupted run's weights bit for bit.
 # Exits 77 (SKIPPED) with the reason where namespaces cannot be made (not root, no iproute2, a
 # sandbox without CAP_NET_ADMIN) or there is no mpirun; never fails for that.
 # Usage: tests/cluster.sh MOETRAIN [SOURCE_DIR]
@@ -84,6 +90,32 @@ for m in bad:
 sys.exit(1 if bad else 0)
 EOF
 
+# Training across the nodes against the same layout on one host and against one process.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+train=(train --preset test-moe --steps 10 --seq-len 32 --eval-every 0 --eval-batches 1 --quiet --lr 3e-3 --warmup 5)
+"$CLUSTER" run --name "$A" -- "$MOETRAIN" "${train[@]}" --batch 2 --ep 2 --dp 2 --out "$work/cluster" \
+  > "$work/cluster.log" 2>&1 || { cat "$work/cluster.log"; fail "EP 2 x DP 2 training on cluster $A"; }
+mpirun --oversubscribe --bind-to none -np 4 "$MOETRAIN" "${train[@]}" --batch 2 --ep 2 --dp 2 \
+  --topo.ranks-per-node 2 --out "$work/host" > "$work/host.log" 2>&1 || { cat "$work/host.log"; fail "the same layout on one host"; }
+"$MOETRAIN" "${train[@]}" --batch 8 --out "$work/one" > "$work/one.log" 2>&1 || { cat "$work/one.log"; fail "one process"; }
+cmp -s "$work/cluster/model.safetensors" "$work/host/model.safetensors" ||
+  fail "EP 2 x DP 2: the weights trained across the cluster differ from the same layout on one host"
+python3 - "$work" <<'PY' || fail "training across nodes"
+import json, sys
+w = sys.argv[1]
+def losses(run):
+    return [json.loads(l) for l in open(f"{w}/{run}/metrics.jsonl") if '"step_time_s"' in l]
+c, h, o = losses("cluster"), losses("host"), losses("one")
+assert len(c) == len(h) == len(o) == 10, (len(c), len(h), len(o))
+worst = 0
+for a, b, r in zip(c, h, o):
+    for k in ("loss", "ce_loss", "aux_loss", "grad_norm"):
+        assert a[k] == b[k], f"step {a['step']} {k}: cluster {a[k]!r} != one host {b[k]!r}"
+        worst = max(worst, abs(a[k] - r[k]) / max(abs(r[k]), 1e-30))
+assert worst <= 1e-6, f"cluster against one process: worst relative difference {worst:.2e} > 1e-6"
+print(f"training across nodes: EP 2 x DP 2, 10 steps: bit-identical to one host's; one process within {worst:.1e}")
+PY
+
 # Down (from here the EXIT trap has nothing left to do) and nothing of ours left.
 "$CLUSTER" down --name "$A"
 "$CLUSTER" down --name "$B"
@@ -93,4 +125,5 @@ ip netns list | grep -E "^moetrain-($A|$B)-" && fail "namespaces left"
 [ "$(ip -o link show | awk -F': ' '{print $2}' | sort)" = "$host_links_before" ] ||
   fail "the host's links changed: $(ip -o link show | awk -F': ' '{print $2}' | tr '\n' ' ')"
 [ "$(hostname 2>/dev/null || cat /proc/sys/kernel/hostname)" = "$host_name_before" ] || fail "the host's hostname changed"
-echo "PASS: cluster_smoke (2 nodes x 2 ranks, unlimited and 200mbit; nothing left)"
+"$SRC/tests/cluster_faults.sh" "$MOETRAIN" "$SRC" cut || fail "the link-cut fault"
+echo "PASS: cluster_smoke (2 nodes x 2 ranks, unlimited and 200mbit; training across nodes; link cut; nothing left)"

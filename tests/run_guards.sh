@@ -117,7 +117,8 @@ left="$(ls "$work/hf" | grep -v '^\.moetrain\.lock$' | tr '\n' ' ')"
   && ok "and the sharded export over a single-file one removes model.safetensors" || bad "export stale single file"
 
 # 6. A stopped rank ends the job within --comm.timeout, naming a waiting rank, the op and the group
-# (a collective names the group's world ranks, a receive its peer, a wait-all its peers).
+# (a collective names the group's world ranks, a receive its peer, a wait-all its peers), and the
+# stopped rank itself: the only one whose heartbeat stopped.
 "${mpi[@]}" -np 4 "$bin" "${common[@]}" --steps 100000 --ep 2 --pp 2 --micro-batches 2 --comm.timeout 10 --out "$work/stall" \
   >"$work/stall.log" 2>&1 &
 mp=$!
@@ -133,7 +134,7 @@ else
   rc=$?
   dt=$((SECONDS - t0))
   kill -CONT "$victim" 2>/dev/null
-  [ "$rc" -ne 0 ] && [ "$dt" -le 30 ] && grep -q "moetrain: error (rank [0-9] of 4, pid [0-9]* on .*): no progress for 1[0-9].[0-9] s in MPI_.* on group rank [0-9] of [0-9].* (--comm.timeout 10): a peer is stalled or has died; ending the job" "$work/stall.log" \
+  [ "$rc" -ne 0 ] && [ "$dt" -le 30 ] && grep -q "moetrain: error (rank [0-9] of 4, pid [0-9]* on .*): no progress for 1[0-9].[0-9] s in MPI_.* on group rank [0-9] of [0-9].* (--comm.timeout 10): a peer is stalled or has died; no heartbeat from world rank(s) 2 for [0-9.]* s (cut off, stopped or dead); ending the job" "$work/stall.log" \
     && ! grep -q "(rank 2 of 4" "$work/stall.log" \
     && ok "kill -STOP on rank 2 of 4: job ended $dt s later (--comm.timeout 10), rc=$rc: $(grep -m1 'no progress' "$work/stall.log" | cut -c1-150)" \
     || bad "stopped rank: rc=$rc after $dt s; $(cat "$work/stall.log")"

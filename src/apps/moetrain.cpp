@@ -105,7 +105,12 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
                 "expert migration (Piper): every N steps, rebalance the EP ranks' loads (0 = never)")->capture_default_str();
   t->add_option("--balance.threshold", o.balance.threshold,
                 "migrate a layer when its max/mean EP-rank load exceeds this (> 1)")->capture_default_str();
-  t->add_option("--a2a", o.parallel.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase), rbd-halo (both)")->capture_default_str();
+  t->add_option("--a2a", o.parallel.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase), rbd-halo (both), "
+                "or auto: the one the planner prices lowest on --cluster's profile")->capture_default_str();
+  t->add_option("--cluster", o.parallel.a2a_cluster,
+                "cluster profile for --a2a auto: a `moetrain calibrate` file (measured on these nodes) or a preset");
+  t->add_flag("--comm.overlap", o.parallel.comm_overlap,
+              "compute the shared experts while the token exchange is on the network (CPU; the same bits)");
   t->add_option("--topo.ranks-per-node", o.parallel.topo_ranks_per_node, "emulate nodes of this many ranks (0 = from the launcher)");
   t->add_option("--topo.nodes-per-group", o.parallel.topo_nodes_per_group, "emulate switch groups of this many nodes (0 = one group)");
   t->add_option("--checkpoint.dir", o.checkpoint.dir, "checkpoint folder (default <out>/checkpoints)");

@@ -5,7 +5,8 @@
 //     step_time_s, elapsed_s (wall time since the process began training; absent in older files:
 //     the step times are summed instead), bubble_fraction, time_s {pipeline, compute, bubble,
 //     grad_sync, optimizer, all_to_all}, a2a_bytes {same_rank, intra_node, inter_node,
-//     inter_group}, stages [{stage, layers, compute_s, bubble_s, all_to_all_s, step_s,
+//     inter_group}, a2a_rank_s [each world rank's exchange seconds] with ranks_per_node,
+//     stages [{stage, layers, compute_s, bubble_s, all_to_all_s, step_s,
 //     activation_peak_bytes, total_peak_bytes, max_in_flight}], expert_loads [[tokens per expert]
 //     per MoE layer], expert_loads_layers [layer index of each], val_loss on evaluation steps.
 //     A non-finite loss is written as null (a skipped step).
@@ -58,6 +59,8 @@ constexpr size_t kMaxLoadValues = size_t{1} << 24;
 // The heatmap draws at most this many cells (rows = layer x expert, columns = time buckets).
 constexpr size_t kMaxHeatmapCells = 120000;
 constexpr int kMaxHeatmapColumns = 60;
+// Per-rank lists (a2a_rank_s) longer than this are refused.
+constexpr size_t kMaxRanks = 1 << 16;
 constexpr const char* kLinkClasses[4] = {"same_rank", "intra_node", "inter_node", "inter_group"};
 
 struct StageRec {
@@ -81,6 +84,8 @@ struct Rec {
   std::vector<StageRec> stages;
   std::vector<float> loads;  // [layer][expert] flattened; empty when absent or not kept
   std::vector<Migration> migrations;  // after this step, by layer (a resumed run's later record wins)
+  std::vector<double> a2a_rank;  // each world rank's exchange seconds (a2a_rank_s); may be empty
+  int ranks_per_node = 0;        // of the run's topology (0: not logged)
 };
 
 struct Run {
@@ -275,6 +280,19 @@ Run read_metrics(const std::string& path, bool in_folder) {
       r.t_opt = number(*t, "optimizer", where);
       r.t_a2a = number(*t, "all_to_all", where);
       r.t_bubble = number(*t, "bubble", where);
+    }
+    if (auto ar = j.find("a2a_rank_s"); ar != j.end() && !ar->is_null()) {
+      MOE_CHECK(ar->is_array() && ar->size() <= kMaxRanks, where, ": \"a2a_rank_s\" must be a list of at most ",
+                kMaxRanks, " numbers");
+      for (const json& v : *ar) {
+        MOE_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0 && v.get<double>() < 1e7,
+                  where, ": \"a2a_rank_s\" holds ", io::excerpt(v), ", not a number of seconds in [0, 1e7)");
+        r.a2a_rank.push_back(v.get<double>());
+      }
+      if (j.contains("ranks_per_node")) {
+        r.ranks_per_node = integer(j, "ranks_per_node", where);
+        MOE_CHECK(r.ranks_per_node >= 1, where, ": \"ranks_per_node\" must be >= 1");
+      }
     }
     if (auto b = j.find("a2a_bytes"); b != j.end())
       for (int c = 0; c < 4; ++c) r.bytes[c] = number(*b, kLinkClasses[c], where);
@@ -588,6 +606,37 @@ void section_step_time(Page& pg, const std::vector<const Rec*>& rs) {
                              fmt_seconds(mean(o)), "; all-to-all of the slowest stage ", fmt_seconds(mean(a2a)), ".")));
 }
 
+// Each rank's own exchange time (a2a_rank_s): a rank behind a slow link waits longest, and so do
+// the ranks of its node. Steps whose rank count differs from the last step's are left out.
+void section_a2a_ranks(Page& pg, const std::vector<const Rec*>& rs) {
+  size_t n = 0;
+  int rpn = 0;
+  for (const Rec* r : rs)
+    if (!r->a2a_rank.empty()) n = r->a2a_rank.size(), rpn = r->ranks_per_node;
+  if (n < 2) return;
+  std::vector<std::vector<double>> per(n);
+  for (const Rec* r : rs)
+    if (r->a2a_rank.size() == n)
+      for (size_t q = 0; q < n; ++q) per[q].push_back(r->a2a_rank[q]);
+  std::vector<double> means(n);
+  for (size_t q = 0; q < n; ++q) means[q] = mean(per[q]);
+  std::vector<double> sorted = means;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[n / 2];
+  std::vector<std::vector<std::string>> rows;
+  for (size_t q = 0; q < n; ++q) {
+    const double mx = *std::max_element(per[q].begin(), per[q].end());
+    rows.push_back({std::to_string(q), rpn > 0 ? std::to_string(q / rpn) : "n/a", fmt_seconds(means[q]),
+                    fmt_seconds(mx), median > 0 ? fmt(means[q] / median, "%.2fx") : "n/a"});
+  }
+  pg.p("Each rank's own time inside the token exchange, per step (a rank behind a slow link, and the ranks "
+       "that wait for it, stand out):");
+  pg.table({"rank", "node", "mean per step", "max", "of the median rank"}, rows);
+  const size_t slow = static_cast<size_t>(std::max_element(means.begin(), means.end()) - means.begin());
+  pg.p(svg::escape(str_cat("Slowest: rank ", slow, rpn > 0 ? str_cat(" (node ", slow / rpn, ")") : std::string(),
+                           ", ", fmt(median > 0 ? means[slow] / median : NAN, "%.2fx"), " the median rank's exchange time.")));
+}
+
 void section_a2a(Page& pg, const std::vector<const Rec*>& rs) {
   pg.h2("all-to-all", "All-to-all");
   std::vector<double> step, share;
@@ -626,6 +675,7 @@ void section_a2a(Page& pg, const std::vector<const Rec*>& rs) {
     rows.push_back({kLinkClasses[c], fmt_bytes(total[c] / n), fmt_bytes(total[c]), sum > 0 ? fmt(100 * total[c] / sum, "%.1f%%") : "n/a"});
   pg.table({"link class", "mean per step", "whole run", "share"}, rows);
   pg.p(svg::escape(str_cat("Mean all-to-all share of the step: ", fmt(mean(share), "%.1f%%"), ".")));
+  section_a2a_ranks(pg, rs);
 }
 
 void section_expert_load(Page& pg, const Run& run, const std::vector<const Rec*>& rs, const std::string& run_dir) {

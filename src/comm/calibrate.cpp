@@ -96,21 +96,23 @@ std::vector<CommMeasurement> measure_a2a(const Group& world, const Topology& top
   return out;
 }
 
-CommMeasurement measure_p2p(const Group& world, double min_bytes, double max_bytes, int iters) {
+CommMeasurement measure_p2p(const Group& world, double min_bytes, double max_bytes, int iters, int stride) {
+  MOE_CHECK(stride >= 1, "calibrate: p2p stride ", stride, " must be >= 1");
   CommMeasurement m;
   m.op = "p2p";
   m.world = world.size();
   m.group = 2;
   m.ranks_per_node = 0;
   const int me = world.rank();
-  const int peer = (me % 2 == 0) ? me + 1 : me - 1;
+  const bool first = (me / stride) % 2 == 0;
+  const int peer = first ? me + stride : me - stride;
   const bool active = peer < world.size();
   for (double b : sizes(min_bytes, max_bytes)) {
     const int64_t n = static_cast<int64_t>(b / 4);
     std::vector<float> buf(static_cast<size_t>(n), 1.0f);
     double t = timed(world, iters, [&] {
       if (!active) return;
-      if (me % 2 == 0) {
+      if (first) {
         world.send(buf.data(), n, peer, 7);
         world.recv(buf.data(), n, peer, 8);
       } else {

@@ -27,8 +27,10 @@ struct CommMeasurement {
 std::vector<CommMeasurement> measure_a2a(const Group& world, const Topology& topo, int group,
                                          const std::vector<std::string>& algos, double min_bytes,
                                          double max_bytes, int hidden, int topk, int iters);
-// Pairs (2i, 2i+1) exchange one message each way; the time of one direction.
-CommMeasurement measure_p2p(const Group& world, double min_bytes, double max_bytes, int iters);
+// Pairs (r, r + stride) for r whose r / stride is even exchange one message each way; the time of
+// one direction. stride 1: neighbours (2i, 2i+1); stride = ranks per node: rank j of node 2i with
+// rank j of node 2i+1, every pair across a node boundary at once.
+CommMeasurement measure_p2p(const Group& world, double min_bytes, double max_bytes, int iters, int stride = 1);
 CommMeasurement measure_allreduce(const Group& world, int group, double min_bytes, double max_bytes,
                                   int iters);
 

@@ -64,6 +64,9 @@ void wait_all(std::vector<Request>& reqs);
 // costs two clock reads and an uncontended lock. `stop_flag` (the trainer's SIGTERM/SIGINT flag)
 // shortens the patience: once it is set, a wait that is still blocked `stop_grace_s` after the
 // request ends the job too, so a stop request is never held up by a stalled peer.
+// While it lives, the watchdogs also send each other UDP heartbeats, so the line names the ranks
+// this rank no longer hears from (a cut link, a dead node) apart from ranks alive but elsewhere.
+// Collective over MPI_COMM_WORLD when MPI is running (the heartbeat addresses are exchanged).
 // Only one may be alive at a time; seconds <= 0 is refused (construct none to have no timeout).
 class CommTimeout {
  public:

@@ -47,8 +47,8 @@ void check_sizes(const char* who, int N, int H, int F) {
 
 }  // namespace
 
-void swiglu_mlp_forward(float* y, float* g, float* u, float* h, const float* x, const MlpWeights& w,
-                        int N, int H, int F, bool accumulate) {
+void swiglu_mlp_forward_up(float* g, float* u, float* h, const float* x, const MlpWeights& w, int N,
+                           int H, int F) {
   check_sizes("swiglu_mlp_forward", N, H, F);
   if (N == 0) return;
   {
@@ -57,12 +57,22 @@ void swiglu_mlp_forward(float* y, float* g, float* u, float* h, const float* x, 
     linear_forward(g, x, w.gate, N, H, F);
     linear_forward(u, x, w.up, N, H, F);
   }
-  {
-    PartTimer t(&MlpStepTimes::swiglu);
-    swiglu_forward(h, g, u, static_cast<size_t>(N) * F);
-  }
+  PartTimer t(&MlpStepTimes::swiglu);
+  swiglu_forward(h, g, u, static_cast<size_t>(N) * F);
+}
+
+void swiglu_mlp_forward_down(float* y, const float* h, const MlpWeights& w, int N, int H, int F,
+                             bool accumulate) {
+  check_sizes("swiglu_mlp_forward", N, H, F);
+  if (N == 0) return;
   PartTimer t(&MlpStepTimes::down);
   linear_forward(y, h, w.down, N, F, H, accumulate);
+}
+
+void swiglu_mlp_forward(float* y, float* g, float* u, float* h, const float* x, const MlpWeights& w,
+                        int N, int H, int F, bool accumulate) {
+  swiglu_mlp_forward_up(g, u, h, x, w, N, H, F);
+  swiglu_mlp_forward_down(y, h, w, N, H, F, accumulate);
 }
 
 MlpStepTimes* set_mlp_step_times(MlpStepTimes* times) {

@@ -32,9 +32,15 @@ struct MlpStepTimes {
 // Installs the recorder of this thread (nullptr: none); returns the previous one.
 MlpStepTimes* set_mlp_step_times(MlpStepTimes* times);
 
-// y = mlp(x) (y += when accumulate)
+// y = mlp(x) (y += when accumulate): swiglu_mlp_forward_up, then swiglu_mlp_forward_down.
 void swiglu_mlp_forward(float* y, float* g, float* u, float* h, const float* x, const MlpWeights& w,
                         int N, int H, int F, bool accumulate = false);
+// Its two halves, for a caller that runs them apart (a MoE layer's shared experts beside its token
+// exchange): g, u = x·gate^T, x·up^T and h = silu(g)·u; then y (+)= h·down^T.
+void swiglu_mlp_forward_up(float* g, float* u, float* h, const float* x, const MlpWeights& w, int N,
+                           int H, int F);
+void swiglu_mlp_forward_down(float* y, const float* h, const MlpWeights& w, int N, int H, int F,
+                             bool accumulate);
 // dx += ... (dx = ... when !accumulate_dx: dx need not be initialised), dw += ... ; scratch holds
 // 2·N·F floats.
 void swiglu_mlp_backward(float* dx, const MlpGrads& dw, const float* dy, const float* x,

@@ -104,7 +104,8 @@ const std::vector<NamedStep>& named_steps() {
       {"combine'", &S::combine_bwd, nullptr}, {"experts'", &S::experts_bwd, nullptr},
       {"  down' gemms", nullptr, &P::down_bwd}, {"  swiglu'", nullptr, &P::swiglu_bwd},
       {"  gate+up' gemms", nullptr, &P::gate_up_bwd}, {"dispatch'", &S::dispatch_bwd, nullptr},
-      {"route'", &S::route_bwd, nullptr}};
+      {"route'", &S::route_bwd, nullptr},     {"shared beside a2a", &S::overlap_work, nullptr},
+      {"a2a hidden", &S::a2a_hidden, nullptr}};
   return steps;
 }
 double step_seconds(const MoeStepTimes& t, const NamedStep& s) {

@@ -25,6 +25,11 @@ struct MoeStepTimes {
   double route_bwd = 0, dispatch_bwd = 0, experts_bwd = 0, combine_bwd = 0, shared_bwd = 0,
          buffers_bwd = 0;
   kernels::MlpStepTimes expert_parts;
+  // --comm.overlap (moe_layer.h): the shared experts' work done on a second thread beside the
+  // token exchange, and the exchange time it hid (per overlap window, the smaller of the window's
+  // exchange wall time and the work's). Neither is in forward()/backward(), which are the calling
+  // thread's time; what of the work the exchange did not cover is in shared and shared'.
+  double overlap_work = 0, a2a_hidden = 0;
   double forward() const { return route + layout + buffers + dispatch + experts + combine + shared; }
   double backward() const {
     return route_bwd + dispatch_bwd + experts_bwd + combine_bwd + shared_bwd + buffers_bwd;

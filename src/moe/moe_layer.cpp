@@ -8,8 +8,12 @@
 // (R kept rows, or E·C when padded).
 #include "moe/moe_layer.h"
 
+#include <algorithm>
+#include <functional>
 #include <memory>
+#include <optional>
 
+#include "core/background.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "moe/bench_moe_layer.h"
@@ -113,6 +117,37 @@ void validate(const MoeConfig& cfg, int T, int num_seqs) {
             "moe layer: the capacity-padded baseline runs on the CPU only");
 }
 
+// --comm.overlap applies: an exchange to hide, shared experts to hide it with, and host compute
+// (on a GPU the kernels are already asynchronous; the staged exchange would serialise behind them).
+bool overlaps_shared(const MoeConfig& cfg) {
+  return cfg.ep && cfg.ep->exchange && cfg.ep->overlap_shared && cfg.shared_ffn > 0 &&
+         !kernels::cuda_active();
+}
+
+// One overlap window: the shared-expert work on a second thread while the caller exchanges.
+// close() waits for it and books the figures (when a recorder is installed): the work's own time,
+// the exchange time it hid, and the caller's wait for it in `wait_field` (shared or shared').
+class OverlapWindow {
+ public:
+  OverlapWindow(std::function<void()> work, double MoeStepTimes::*wait_field)
+      : wait_field_(wait_field), t0_(now_seconds()), work_(std::move(work)) {}
+  void close() {
+    const double a2a = now_seconds() - t0_;  // the caller's side: the exchange and its bookkeeping
+    const double t1 = now_seconds();
+    const double work = work_.join();
+    if (g_step_times) {
+      g_step_times->*wait_field_ += now_seconds() - t1;
+      g_step_times->overlap_work += work;
+      g_step_times->a2a_hidden += std::min(a2a, work);
+    }
+  }
+
+ private:
+  double MoeStepTimes::*wait_field_;
+  double t0_;
+  BackgroundWork work_;
+};
+
 }  // namespace
 
 MoeStepTimes* set_moe_step_times(MoeStepTimes* times) {
@@ -144,6 +179,23 @@ void moe_forward(float* y, MoeActivations& act, const float* x, const MoeWeights
   }
   const std::unique_ptr<TokenDispatcher> dispatcher = make_token_dispatcher(cfg);
   const int F = cfg.ffn;
+  auto shared_buffers = [&] {
+    ensure_buffer(act.shared_g, static_cast<size_t>(T) * Fs, tracker);
+    ensure_buffer(act.shared_u, static_cast<size_t>(T) * Fs, tracker);
+    ensure_buffer(act.shared_h, static_cast<size_t>(T) * Fs, tracker);
+  };
+  // --comm.overlap: 6a (the shared experts' gate, up and SwiGLU) beside step 3 (the exchange). Its
+  // buffers are allocated first: the work beside the exchange must not allocate.
+  std::optional<OverlapWindow> overlap;
+  if (overlaps_shared(cfg)) {
+    {
+      StepTimer st(&MoeStepTimes::buffers);
+      shared_buffers();
+    }
+    overlap.emplace([&] { kernels::swiglu_mlp_forward_up(act.shared_g.data(), act.shared_u.data(),
+                                                         act.shared_h.data(), x, w.shared, T, H, Fs); },
+                    &MoeStepTimes::shared);
+  }
   {  // 3. dispatch: token rows to their experts' segments (expert parallelism: the counts, then
      //    the row exchange). Communicates only under expert parallelism.
     StepTimer st(&MoeStepTimes::dispatch);
@@ -162,6 +214,7 @@ void moe_forward(float* y, MoeActivations& act, const float* x, const MoeWeights
     StepTimer st(&MoeStepTimes::dispatch);
     dispatcher->dispatch(act.x_rows.data(), x, act);
   }
+  if (overlap) overlap->close();
   {  // 4. experts: grouped SwiGLU over the (local) expert segments. Local (no communication).
     StepTimer st(&MoeStepTimes::experts);
     ExpertPartsTimer parts;
@@ -174,14 +227,15 @@ void moe_forward(float* y, MoeActivations& act, const float* x, const MoeWeights
     StepTimer st(&MoeStepTimes::combine);
     dispatcher->combine(y, act.y_rows.data(), act);
   }
-  // 6. shared experts on every token: y += shared(x). Local (replicated in the EP group).
+  // 6. shared experts on every token: y += shared(x). Local (replicated in the EP group). After
+  //    combine, whether or not 6a ran beside the exchange: y's sums keep their order.
   if (Fs > 0) {
     StepTimer st(&MoeStepTimes::shared);
-    ensure_buffer(act.shared_g, static_cast<size_t>(T) * Fs, tracker);
-    ensure_buffer(act.shared_u, static_cast<size_t>(T) * Fs, tracker);
-    ensure_buffer(act.shared_h, static_cast<size_t>(T) * Fs, tracker);
-    kernels::swiglu_mlp_forward(y, act.shared_g.data(), act.shared_u.data(), act.shared_h.data(),
-                                x, w.shared, T, H, Fs, /*accumulate=*/true);
+    if (!overlap) shared_buffers();
+    if (!overlap)
+      kernels::swiglu_mlp_forward_up(act.shared_g.data(), act.shared_u.data(), act.shared_h.data(),
+                                     x, w.shared, T, H, Fs);
+    kernels::swiglu_mlp_forward_down(y, act.shared_h.data(), w.shared, T, H, Fs, /*accumulate=*/true);
   } else {
     act.shared_g.release();
     act.shared_u.release();
@@ -200,13 +254,21 @@ void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_g
   MOE_CHECK(cfg.padded == (act.padded_layout.E == E), "moe_backward: cfg.padded=", cfg.padded,
             " does not match the layout the forward built");
 
-  // 6'. shared experts: dx += shared'(dy). Local.
+  // 6'. shared experts: dx += shared'(dy). Local. With --comm.overlap it runs beside 5' (combine''s
+  //     exchange), which writes neither dx nor the shared experts' gradients: the same bits.
+  std::optional<Scratch> shared_scratch;
+  std::optional<OverlapWindow> overlap;
   if (Fs > 0) {
     StepTimer st(&MoeStepTimes::shared_bwd);
-    Scratch scratch(2 * static_cast<size_t>(T) * Fs, cfg.scratch_tracker);
-    kernels::swiglu_mlp_backward(dx, grads.shared, dy, x, act.shared_g.data(),
-                                 act.shared_u.data(), act.shared_h.data(), w.shared, T, H, Fs,
-                                 scratch.data());
+    shared_scratch.emplace(2 * static_cast<size_t>(T) * Fs, cfg.scratch_tracker);
+    auto shared_bwd = [&, scratch = shared_scratch->data()] {
+      kernels::swiglu_mlp_backward(dx, grads.shared, dy, x, act.shared_g.data(), act.shared_u.data(),
+                                   act.shared_h.data(), w.shared, T, H, Fs, scratch);
+    };
+    if (overlaps_shared(cfg))
+      overlap.emplace(shared_bwd, &MoeStepTimes::shared_bwd);
+    else
+      shared_bwd();
   }
 
   const std::unique_ptr<TokenDispatcher> dispatcher = make_token_dispatcher(cfg);
@@ -243,6 +305,8 @@ void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_g
     StepTimer st(&MoeStepTimes::combine_bwd);
     dispatcher->combine_backward(dy_rows, dweight, dy, act);
   }
+  if (overlap) overlap->close();
+  shared_scratch.reset();
   // 4'. experts': dx_rows, expert weight gradients. Local.
   {
     StepTimer st(&MoeStepTimes::experts_bwd);

@@ -33,6 +33,11 @@ struct ExpertParallel {
   // (the exchange's fold key): then moving experts between ranks never changes the math. Off, the
   // sum follows the network (per rank, then per node), as rbd's in-network sums need.
   bool placement_independent_sum = false;
+  // --comm.overlap (Megatron-Core's shared-expert overlap): on the CPU, the shared experts run on
+  // a second thread while this rank's dispatch exchange is on the network (forward: their gate,
+  // up and SwiGLU; the down product still adds after combine, so every sum keeps its order), and
+  // all of shared' beside combine''s exchange. The bits do not change.
+  bool overlap_shared = false;
   int num_local_experts(int E) const { return E / size; }
 };
 

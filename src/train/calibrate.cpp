@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -450,6 +451,9 @@ void run_calibrate(const CalibrateOptions& o) {
     std::vector<comm::CommMeasurement> ms;
     say("p2p, all-reduce, all-to-all ...");
     ms.push_back(comm::measure_p2p(world, 4096, big, iters));
+    std::optional<comm::CommMeasurement> inter;
+    if (o.ranks_per_node == 0 && topo.num_nodes() > 1 && topo.num_nodes() % 2 == 0)
+      inter = comm::measure_p2p(world, 4096, big, iters, topo.ranks_per_node);
     for (int g = 2; g <= n; ++g) {
       if (n % g != 0) continue;
       ms.push_back(comm::measure_allreduce(world, g, 4096, o.quick ? 1 << 20 : 64 << 20, iters));
@@ -466,8 +470,16 @@ void run_calibrate(const CalibrateOptions& o) {
         p.intra_node = {bw, lat};
       }
       p.inter_node = p.inter_group = {bw, lat};
-      p.nic_bandwidth = bw;
-      p.ranks_per_node = std::max(p.ranks_per_node, o.ranks_per_node > 0 ? o.ranks_per_node : n);
+      // Real nodes (the launcher's, not emulated ones): the links between them are measured apart,
+      // rank j of one node with rank j of the next, all pairs at once (each node's uplink is shared).
+      if (inter) {
+        const double ilat = inter->seconds.front(), ibw = inter->bytes.back() / inter->seconds.back();
+        p.inter_node = p.inter_group = {ibw, ilat};
+        say(str_cat("between nodes: ", ibw * 1e-6, " MB/s per rank and direction, ", ilat * 1e6,
+                    " us per message; inside a node: ", bw * 1e-6, " MB/s, ", lat * 1e6, " us"));
+      }
+      p.nic_bandwidth = p.inter_node.bandwidth;
+      p.ranks_per_node = std::max(p.ranks_per_node, o.ranks_per_node > 0 ? o.ranks_per_node : topo.ranks_per_node);
       p.nodes = std::max(p.nodes, n / std::max(1, topo.ranks_per_node));
       p.fast_domain_nodes = std::max(p.fast_domain_nodes, p.nodes);
     }

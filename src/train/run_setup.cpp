@@ -6,7 +6,9 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <tuple>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -21,6 +23,8 @@
 #include "kernels/gemm_bf16_cpu.h"
 #include "kernels/peak_rate.h"
 #include "parallel/parallel_dims.h"
+#include "plan/cluster.h"
+#include "plan/time_model.h"
 #include "train/checkpoint.h"
 #include "train/checkpointer.h"
 #include "train/run_memory.h"
@@ -60,6 +64,43 @@ void resolve_auto_precision(RunSetup& r, const TrainOptions& opts) {
   r.precision = r.bf16 ? "bf16" : "fp32";
 }
 
+// --a2a auto: of the four exchanges, the one the planner's cost model (plan/time_model.h, the
+// figures `moetrain plan` charges) prices lowest for one MoE layer's micro-batch of this run:
+// dispatch and combine forward, their adjoints backward, and the plan; on --cluster's profile (its
+// measured curves where `moetrain calibrate` wrote them for this world and group, else its link
+// model), with the run's own topology. Returns the choice and the header's reason.
+std::pair<comm::A2aAlgorithm, std::string> choose_a2a(const TrainOptions& opts, const model::ModelConfig& cfg,
+                                                      const comm::Topology& topo, int world) {
+  const parallel::ParallelDims& d = opts.parallel.dims;
+  if (d.ep < 2 || cfg.num_moe_layers() == 0)
+    return {comm::A2aAlgorithm::kFlat, "flat: no token exchange in this layout"};
+  plan::ClusterProfile c = plan::resolve_cluster(opts.parallel.a2a_cluster);
+  c.ranks_per_node = topo.ranks_per_node;  // the run's own nodes, whatever the profile was made on
+  const double tokens = static_cast<double>(opts.data.batch) / opts.parallel.micro_batches * opts.data.seq_len / d.tp;
+  const double pairs = tokens * cfg.num_experts_per_tok;
+  const double bytes = pairs * cfg.hidden_size * sizeof(float);
+  const bool measured = c.find_comm("a2a", "flat", world, d.ep, std::min(world, c.ranks_per_node)) != nullptr;
+  std::string why;
+  comm::A2aAlgorithm best = comm::A2aAlgorithm::kFlat;
+  double best_s = INFINITY;
+  for (comm::A2aAlgorithm a : {comm::A2aAlgorithm::kFlat, comm::A2aAlgorithm::kRbd, comm::A2aAlgorithm::kHalo,
+                               comm::A2aAlgorithm::kRbdHalo}) {
+    const std::string name = comm::a2a_algorithm_name(a);
+    const double s = 4 * plan::a2a_seconds(c, name, world, d.ep, d.tp, bytes, cfg.num_experts_per_tok, pairs) +
+                     plan::a2a_plan_seconds(c, name, world, d.ep, d.tp, pairs);
+    MOE_CHECK(std::isfinite(s) && s >= 0, "--a2a auto: the profile ", c.name, " prices ", name, " at ", s,
+              " s; is it a calibrated profile?");
+    char ms[32];
+    std::snprintf(ms, sizeof ms, "%.3g ms", s * 1e3);
+    why += str_cat(why.empty() ? "" : ", ", name, " ", ms);
+    if (s < best_s * (1 - 1e-9)) best_s = s, best = a;  // a tie keeps the simpler exchange
+  }
+  return {best, str_cat(comm::a2a_algorithm_name(best), ": the planner prices one MoE layer's micro-batch (",
+                        static_cast<long long>(tokens), " tokens x k ", cfg.num_experts_per_tok, ", H ", cfg.hidden_size,
+                        ") at ", why, " on ", topo.describe(), " with ", c.name,
+                        measured ? " (its measured all-to-all curves)" : " (its link model)")};
+}
+
 }  // namespace
 
 std::unique_ptr<RunSetup> setup_run(const TrainOptions& opts) {
@@ -92,13 +133,20 @@ std::unique_ptr<RunSetup> setup_run(const TrainOptions& opts) {
   std::string& resume_path = r.resume_path;
   try {
     validate_options(opts);
-    r.a2a = comm::parse_a2a_algorithm(opts.parallel.a2a);
+    MOE_CHECK(opts.parallel.a2a_cluster.empty() || opts.parallel.a2a == "auto", "--cluster ",
+              opts.parallel.a2a_cluster, " is the profile --a2a auto prices the exchanges with; with --a2a ",
+              opts.parallel.a2a, " nothing reads it");
+    MOE_CHECK(opts.parallel.a2a != "auto" || !opts.parallel.a2a_cluster.empty(),
+              "--a2a auto needs --cluster PROFILE (a `moetrain calibrate` file measured on these nodes, or a preset) "
+              "to price the exchanges with");
+    if (opts.parallel.a2a != "auto") r.a2a = comm::parse_a2a_algorithm(opts.parallel.a2a);
     r.comm_backend = comm::parse_comm_backend(opts.device.comm_backend, "--comm.backend");
     r.schedule = parallel::parse_schedule(opts.parallel.schedule);
     r.recompute = model::parse_recompute(opts.model.recompute);
     r.bf16 = opts.device.precision == "bf16";
     r.precision = r.bf16 ? "bf16" : "fp32";
-    comm::Topology::detect(world.size(), opts.parallel.topo_ranks_per_node, opts.parallel.topo_nodes_per_group);
+    const comm::Topology topo =
+        comm::Topology::detect(world.size(), opts.parallel.topo_ranks_per_node, opts.parallel.topo_nodes_per_group);
     // The device: usable here (a CUDA build and a GPU), and a layout the GPU path has.
     r.device = parse_device(opts.device.name, "--device");
     const Device device = r.device;
@@ -130,6 +178,7 @@ std::unique_ptr<RunSetup> setup_run(const TrainOptions& opts) {
     MOE_CHECK(opts.balance.migrate_every == 0 || opts.parallel.dims.ep > 1, "--balance.migrate-every ", opts.balance.migrate_every,
               " needs expert parallelism (--ep > 1): with --ep ", opts.parallel.dims.ep, " every expert is on every rank");
     parallel::split_layers(cfg, opts.parallel.dims.pp, opts.parallel.pp_layers);
+    if (opts.parallel.a2a == "auto") std::tie(r.a2a, r.a2a_auto_why) = choose_a2a(opts, cfg, topo, world.size());
     if (opts.data.path.empty() && !fs::exists(data_path))
       throw Error(str_cat(data_path, ": built-in corpus not found; run scripts/setup.sh first"));
     // A FIFO would block the open, a device never ends: only a regular file, checked by stat.

@@ -36,6 +36,7 @@ struct RunSetup {
   std::string resume_path;                         // the checkpoint to resume ("" = a fresh run)
   // The options' enumerated values, parsed.
   comm::A2aAlgorithm a2a = comm::A2aAlgorithm::kFlat;
+  std::string a2a_auto_why;                        // --a2a auto: what was chosen and why ("" otherwise)
   comm::CommBackendRequest comm_backend = comm::CommBackendRequest::kAuto;  // decided with the grid
   parallel::Schedule schedule = parallel::Schedule::k1F1B;
   model::Recompute recompute = model::Recompute::kNone;

@@ -173,7 +173,7 @@ json moe_times_json(const mixture::MoeStepTimes& t) {
 // steps, the rest of forward + backward (attention, dense GEMMs, norms, embedding, loss), the
 // gradient sync and the optimizer.
 void print_profile(const mixture::MoeStepTimes& moe, double compute, double opt, double sync,
-                   double steps) {
+                   double steps, double a2a) {
   const double moe_s = moe.forward() + moe.backward();
   auto line = [&](const char* name, double s) {
     std::fprintf(stderr, "  %-22s %9.3f s %6.1f%%\n", name, s, steps > 0 ? 100.0 * s / steps : 0.0);
@@ -182,6 +182,10 @@ void print_profile(const mixture::MoeStepTimes& moe, double compute, double opt,
   line("MoE layers", moe_s);
   for (const auto& [name, ms] : mixture::moe_step_times_ms(moe)) line(("  " + name).c_str(), ms * 1e-3);
   line("  expert GEMMs", moe.expert_parts.gemm());
+  // The exchange (inside dispatch, combine and their adjoints): all of its wall time, and what of
+  // it no computation covered (--comm.overlap hides some behind the shared experts).
+  line("  all-to-all", a2a);
+  line("  all-to-all exposed", a2a - moe.a2a_hidden);
   line("rest of fwd+bwd", compute - moe_s);
   line("grad sync", sync);
   line("optimizer", opt);
@@ -246,8 +250,10 @@ void set_first(float* x, float value) {
 }
 
 // Per-stage figures of a step: the worst rank of each stage (collective over the world).
+// a2a_by_rank: each world rank's own exchange seconds (a slow node shows in its ranks').
 std::vector<StageStats> gather_stage_stats(const parallel::Grid& grid, const parallel::PipelineTimes& pt,
-                                           double a2a_seconds, model::Model& model) {
+                                           double a2a_seconds, model::Model& model,
+                                           std::vector<double>& a2a_by_rank) {
   const int kStat = 7;
   std::vector<double> mine = {pt.compute_s, pt.wait_s, a2a_seconds, pt.total_s,
                               static_cast<double>(model.activation_memory().peak()),
@@ -259,9 +265,11 @@ std::vector<StageStats> gather_stage_stats(const parallel::Grid& grid, const par
   else
     everyone = mine;
   std::vector<StageStats> stages(grid.dims.pp);
+  a2a_by_rank.assign(grid.world.size(), 0.0);
   for (int r = 0; r < grid.world.size(); ++r) {
     StageStats& st = stages[parallel::coords_of(grid.dims, r).pp];
     const double* v = everyone.data() + static_cast<size_t>(r) * kStat;
+    a2a_by_rank[r] = v[2];
     st.compute_s = std::max(st.compute_s, v[0]);
     st.bubble_s = std::max(st.bubble_s, v[1]);
     st.a2a_s = std::max(st.a2a_s, v[2]);
@@ -349,6 +357,8 @@ struct StepOutcome {
   StepBalance balance;
   std::vector<StageStats> stages;
   double a2a_s = 0, bubble = 0;       // the worst stage's
+  std::vector<double> a2a_by_rank;    // each world rank's exchange seconds
+  double own_a2a_s = 0;               // this rank's
 };
 
 // The run once its setup passed: the grid, the device, the model and its optimizer, the data and
@@ -424,7 +434,7 @@ class Trainer {
   int step0_ = 0, bad_steps_ = 0, bad_in_a_row_ = 0, good_steps_ = 0, steps_run_ = 0, bad_steps_at_start_ = 0;
   double t_start_ = 0, ema_tps_ = 0;
   mixture::MoeStepTimes profile_moe_;  // --profile: totals over the run
-  double profile_compute_ = 0, profile_opt_ = 0, profile_sync_ = 0, profile_steps_ = 0;
+  double profile_compute_ = 0, profile_opt_ = 0, profile_sync_ = 0, profile_steps_ = 0, profile_a2a_ = 0;
 };
 
 Trainer::Trainer(const TrainOptions& opts, RunSetup& setup)
@@ -476,6 +486,7 @@ Trainer::Trainer(const TrainOptions& opts, RunSetup& setup)
   };
   // Experts that may move are summed in logical order (train/migration.h): the math stays the same.
   ep_ctx_.placement_independent_sum = opts.balance.migrate_every > 0;
+  ep_ctx_.overlap_shared = opts.parallel.comm_overlap;
   tp_ctx_ = {&grid_.tp, grid_.me.tp, grid_.dims.tp};
   model_ = std::make_unique<model::Model>(cfg_, opts.model.moe, D_ > 1 || grid_.dims.tp > 1 ? &ep_ctx_ : nullptr,
                                           stage_, setup.recompute, &tp_ctx_);
@@ -521,7 +532,7 @@ Trainer::Trainer(const TrainOptions& opts, RunSetup& setup)
   pipe_mem_ = std::make_unique<MemTracker>(&model.total_memory());
   json parallel_json = {{"pp", grid_.dims.pp}, {"dp", grid_.dims.dp}, {"ep", grid_.dims.ep},
                         {"tp", grid_.dims.tp}, {"layers_per_stage", layers_per_stage_},
-                        {"micro_batches", M_}, {"a2a", opts.parallel.a2a}, {"batch_per_rank", B_}};
+                        {"micro_batches", M_}, {"a2a", comm::a2a_algorithm_name(setup.a2a)}, {"batch_per_rank", B_}};
   checkpointer_ = std::make_unique<Checkpointer>(grid_, cfg_, setup.ckpt_dir, opts.checkpoint.keep,
                                                  std::move(parallel_json));
   if (!setup.resume_path.empty()) {
@@ -620,6 +631,14 @@ void Trainer::print_header() const {
                blas.c_str(), res_.peak_gflops,
                setup_.bf16 && !cuda ? "oneDNN bf16" : peak_precision_.c_str(),
                peak_source_ == "measured" ? "" : str_cat(", given by ", peak_source_).c_str());
+  if (!setup_.a2a_auto_why.empty()) std::fprintf(stderr, "moetrain: --a2a auto: %s\n", setup_.a2a_auto_why.c_str());
+  if (opts_.parallel.comm_overlap) {
+    const char* why = grid_.dims.ep < 2                 ? "no effect: no token exchange (--ep 1)"
+                      : cfg_.n_shared_experts == 0       ? "no effect: the model has no shared experts"
+                      : cuda                             ? "no effect on CUDA (the staged exchange shares the compute stream)"
+                                                         : "the shared experts run beside each MoE layer's exchange";
+    std::fprintf(stderr, "moetrain: --comm.overlap: %s\n", why);
+  }
   if (opts_.device.precision == "auto")
     std::fprintf(stderr, "moetrain: --precision auto: %s (%s)\n", setup_.precision.c_str(),
                  setup_.auto_fp32_peak > 0
@@ -764,7 +783,8 @@ StepOutcome Trainer::step(int step) {
   s.balance = balance_step(model, opts_, grid, moe_layer_ids_, flat_loads, step, total_steps_, s.skipped,
                            {model.params(), opt_->m().data(), opt_->v().data()}, root_ && opts_.progress, tty_);
   if (grid.world.size() > 1) grid.world.allreduce_sum(s.bytes.data(), static_cast<int64_t>(s.bytes.size()));
-  s.stages = gather_stage_stats(grid, s.pipe, traffic_.seconds, model);
+  s.own_a2a_s = traffic_.seconds;
+  s.stages = gather_stage_stats(grid, s.pipe, traffic_.seconds, model, s.a2a_by_rank);
   for (const StageStats& st : s.stages) {
     s.a2a_s = std::max(s.a2a_s, st.a2a_s);
     s.bubble = std::max(s.bubble, st.step_s > 0 ? st.bubble_s / st.step_s : 0.0);
@@ -843,6 +863,8 @@ void Trainer::log(int step, const StepOutcome& s, double vl) {
               {"time_s",
                {{"pipeline", s.pipe.total_s}, {"compute", s.pipe.compute_s}, {"bubble", s.pipe.wait_s},
                 {"grad_sync", s.sync_s}, {"optimizer", s.optimizer_s}, {"all_to_all", s.a2a_s}}},
+              {"a2a_rank_s", s.a2a_by_rank},
+              {"ranks_per_node", grid_.topo.ranks_per_node},
               {"a2a_bytes",
                {{"same_rank", s.bytes[0]}, {"intra_node", s.bytes[1]}, {"inter_node", s.bytes[2]},
                 {"inter_group", s.bytes[3]}}},
@@ -936,6 +958,7 @@ TrainResult Trainer::run() {
       profile_opt_ += s.optimizer_s;
       profile_sync_ += s.sync_s;
       profile_steps_ += s.seconds;
+      profile_a2a_ += s.own_a2a_s;
     }
     const bool last = step + 1 == total_steps_;
     double vl = NAN;
@@ -994,7 +1017,7 @@ void Trainer::finish(bool stopped_early) {
   res_.tokens_per_s = static_cast<double>(B_global_) * T_ * ran / res_.seconds;
   res_.mfu = flops_per_step_ * ran / res_.seconds / (res_.peak_gflops * 1e9 * grid_.world.size());
 
-  if (opts_.profile && root_) print_profile(profile_moe_, profile_compute_, profile_opt_, profile_sync_, profile_steps_);
+  if (opts_.profile && root_) print_profile(profile_moe_, profile_compute_, profile_opt_, profile_sync_, profile_steps_, profile_a2a_);
   if (root_) model::save_config(cfg_, opts_.out_dir + "/config.json");
   checkpointer_->write_weights(*model_, layers_per_stage_, opts_.out_dir + "/model.safetensors");
   if (opts_.progress && root_) {

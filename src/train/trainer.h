@@ -45,13 +45,15 @@ struct DataOptions {
 
 struct ParallelOptions {
   parallel::ParallelDims dims;  // --pp --dp --ep --tp
-  std::string a2a = "flat";     // token exchange: flat | rbd | halo
+  std::string a2a = "flat";     // token exchange: flat | rbd | halo | rbd-halo | auto
+  std::string a2a_cluster;      // --cluster: the profile --a2a auto prices the exchanges with
   int topo_ranks_per_node = 0;  // force the topology (0 = from the launcher)
   int topo_nodes_per_group = 0;
   int micro_batches = 1;        // M: per-rank batch split into M micro-batches (gradient accumulation)
   std::vector<int> pp_layers;   // explicit layers per stage (--pp.layers); empty = even split
   std::string schedule = "1f1b";  // pipeline schedule: 1f1b | gpipe
   bool zero1 = false;           // --zero1: AdamW state split over the ranks sharing each gradient
+  bool comm_overlap = false;    // --comm.overlap: shared experts beside the exchange (moe_layer.h)
 };
 
 struct BalanceOptions {
