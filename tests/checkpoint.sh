@@ -57,9 +57,13 @@ cmp -s "$work/ref1/model.safetensors" "$work/res1/model.safetensors" && ok "resu
 
 # 2. kill -9 at random moments, resume until done.
 latest_step() {  # the newest complete checkpoint's step, 0 if none
-  local d
-  d=$(ls "$1/checkpoints" 2>/dev/null | grep '^step-[0-9]*$' | sed 's/step-//' | sort -n | tail -1)
-  echo "${d:-0}"
+  # (bash alone, no pipeline: the kill loop polls it while a run does a step every ~20 ms)
+  local d best=0 n
+  for d in "$1"/checkpoints/step-*; do
+    n=${d##*/step-}
+    [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -gt "$best" ] && best=$n
+  done
+  echo "$best"
 }
 kill_loop() {  # kill_loop NAME NP WHO ARGS...   WHO: all | rank
   local name="$1" np="$2" who="$3"
@@ -83,15 +87,19 @@ kill_loop() {  # kill_loop NAME NP WHO ARGS...   WHO: all | rank
       # then a random fraction of a step more.
       local target=$(( $(latest_step "$out") + 2 + RANDOM % 5 ))
       local waited=0
-      while kill -0 "$pid" 2>/dev/null && [ "$(latest_step "$out")" -lt "$target" ] && [ "$waited" -lt 600 ]; do
-        sleep 0.1; waited=$((waited + 1))
+      while kill -0 "$pid" 2>/dev/null && [ "$(latest_step "$out")" -lt "$target" ] && [ "$waited" -lt 6000 ]; do
+        sleep 0.01; waited=$((waited + 1))
       done
       if [ $((tries % 2)) -eq 0 ]; then
         # every second kill aims at a checkpoint being written: as soon as a step-N.tmp folder
-        # exists (busy polling; the write takes milliseconds)
-        local t_poll=$SECONDS
+        # exists (busy polling; the write takes milliseconds). On a loaded machine the poll can
+        # miss every write: three steps on, the kill lands anyway (so the run never ends first).
+        local t_poll=$SECONDS polls=0
         while kill -0 "$pid" 2>/dev/null && ! compgen -G "$out/checkpoints/*.tmp" >/dev/null &&
-              [ $((SECONDS - t_poll)) -lt 60 ]; do :; done
+              [ $((SECONDS - t_poll)) -lt 60 ]; do
+          polls=$((polls + 1))
+          if [ $((polls % 500)) -eq 0 ] && [ "$(latest_step "$out")" -ge $((target + 3)) ]; then break; fi
+        done
       else
         sleep "0.0$((RANDOM % 10))"
       fi
@@ -119,15 +127,15 @@ kill_loop() {  # kill_loop NAME NP WHO ARGS...   WHO: all | rank
 }
 # (longer runs, so that four kills land before the end)
 mid_write_total=0
-common=("${common[@]}" --steps 40)
-"$bin" "${common[@]}" --batch 8 --out "$work/ref1-40"
-mpi -np 4 "$bin" "${common[@]}" --batch 4 --ep 2 --pp 2 --out "$work/ref4-40"
+common=("${common[@]}" --steps 80)
+"$bin" "${common[@]}" --batch 8 --out "$work/ref1"
+mpi -np 4 "$bin" "${common[@]}" --batch 4 --ep 2 --pp 2 --out "$work/ref4"
 kill_loop kill-1rank 1 all --batch 8
-compare "kill -9 (single process) at random moments + resume: bit for bit" "$work/ref1-40" "$work/kill-1rank" 0
+compare "kill -9 (single process) at random moments + resume: bit for bit" "$work/ref1" "$work/kill-1rank" 0
 kill_loop kill-one-of-4 4 rank --batch 4 --ep 2 --pp 2
-compare "kill -9 of one rank of 4 + resume: bit for bit" "$work/ref4-40" "$work/kill-one-of-4" 0
+compare "kill -9 of one rank of 4 + resume: bit for bit" "$work/ref4" "$work/kill-one-of-4" 0
 kill_loop kill-all-4 4 all --batch 4 --ep 2 --pp 2
-compare "kill -9 of the whole 4-rank job + resume: bit for bit" "$work/ref4-40" "$work/kill-all-4" 0
+compare "kill -9 of the whole 4-rank job + resume: bit for bit" "$work/ref4" "$work/kill-all-4" 0
 [ "$mid_write_total" -ge 1 ] && ok "$mid_write_total kill(s) landed while a checkpoint was being written; every resume found a valid one" \
   || bad "no kill landed while a checkpoint was being written"
 common=("${common[@]}" --steps $STEPS)

@@ -8,7 +8,7 @@
 # 1.5e-7 (grad_norm of pp2ep2dp2 at a later step), 4.5e-9 at step 1; others ~1e-8.
 # Runs named BASE@VARIANT must be bit-identical (all of those and final weights) to every other variant
 # of the same BASE: the four token exchanges (flat/rbd/halo/rbd-halo), the two pipeline schedules
-# (1f1b/gpipe), the three recompute modes (none/moe/full). A run named X.NAME is compared with the
+# (1f1b/gpipe), the three recompute modes (none/moe/full), --comm.overlap on and off. A run named X.NAME is compared with the
 # one-process run single.X (another global batch); others with single.
 # Suite noaux: DeepSeek-V3's aux-loss-free balancing (test-moe-noaux): the selection bias moves after
 # every step by the global loads, so its final value (the checkpoint manifest's router_bias) must be
@@ -46,6 +46,8 @@ case "$suite" in
     # rbd-halo differs from rbd only across nodes: the multi-node layouts.
     run "ep4-2nodes@rbd-halo" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 2 --a2a rbd-halo
     run "ep8-4nodes@rbd-halo" 8 "${m[@]}" --batch 1 --ep 8 --topo.ranks-per-node 2 --a2a rbd-halo
+    # --comm.overlap: the shared experts beside the exchange change no bit.
+    run "ep4-2nodes@overlap" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 2 --a2a rbd --comm.overlap
     run "dp2@flat" 2 "${m[@]}" --batch 4 --dp 2
     ;;
   pp)  # global batch 8 in 4 micro-batches; a 4-layer model so that PP=4 has a layer per stage
@@ -93,7 +95,7 @@ JSON
     m=(--config "$work/skew.json" --balance.migrate-every 5)
     run single 1 --config "$work/skew.json" --batch 8
     run "ep4mig@on" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 4 --balance.threshold 1.05
-    run "ep4mig@off" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 4 --balance.threshold 1e9
+    run "ep4mig@off" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 4 --balance.threshold 1e6
     run "ep4mig@rbd" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 2 --balance.threshold 1.05 --a2a rbd
     run "ep4mig@halo" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 2 --balance.threshold 1.05 --a2a halo
     run "ep4mig@rbd-halo" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 2 --balance.threshold 1.05 \
