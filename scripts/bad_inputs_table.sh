@@ -12,6 +12,10 @@ out="$root/docs/bad_inputs.md"
 mkdir -p "$root/docs"
 rows="$(OPENBLAS_NUM_THREADS=1 "$root/tests/cli_errors.sh" "$bin" --markdown)"
 hostile="$(OPENBLAS_NUM_THREADS=1 "$root/tests/hostile_files.sh" "$bin" --markdown)"
+# Issue 42's classes: datasets and tokenizers (3-6), then what was left from the second pass and
+# absurd ranges (7-8); each script prints its own "## Class N" sections and tables.
+data_classes="$(OPENBLAS_NUM_THREADS=1 "$root/tests/hostile_data.sh" "$bin" --markdown)"
+flag_classes="$(OPENBLAS_NUM_THREADS=1 "$root/tests/hostile_flags.sh" "$bin" --markdown)"
 {
   echo "# Bad input: what moetrain says"
   echo
@@ -40,6 +44,16 @@ hostile="$(OPENBLAS_NUM_THREADS=1 "$root/tests/hostile_files.sh" "$bin" --markdo
   echo '| case | command | error printed |'
   echo '|---|---|---|'
   printf '%s\n' "$hostile"
+  echo
+  echo "# Hardening, third pass (issue 42)"
+  echo
+  echo "Rows of \\`tests/hostile_data.sh\\` (ctest \\`hostile_data\\`, classes 3-6) and \\`tests/hostile_flags.sh\\`"
+  echo "(ctest \\`hostile_flags\\`, classes 7-8). Classes 1 and 2 (files read outside their folder,"
+  echo "outputs that would clobber an input or a device) are rows of the hostile-files table above."
+  echo
+  printf '%s\n' "$data_classes"
+  echo
+  printf '%s\n' "$flag_classes"
 } > "$out.tmp"
 mv "$out.tmp" "$out"
 echo "wrote $out ($(printf '%s\n' "$rows" | tail -n +3 | wc -l) cases)"
