@@ -62,8 +62,8 @@ import json, os, statistics, sys
 out, rows = sys.argv[1], sys.argv[2:]
 prof = json.load(open(os.path.join(out, "profile.json")))
 print(f"# profile: {prof['ranks_per_node']} ranks/node, {prof['nodes']} nodes; inter-node "
-      f"{prof['inter_node']['bandwidth'] / 1e6:.1f} MB/s, {prof['inter_node']['latency'] * 1e6:.0f} us; intra-node "
-      f"{prof['intra_node']['bandwidth'] / 1e6:.0f} MB/s, {prof['intra_node']['latency'] * 1e6:.0f} us")
+      f"{prof['links']['inter_node']['bandwidth'] / 1e6:.1f} MB/s, {prof['links']['inter_node']['latency'] * 1e6:.0f} us; intra-node "
+      f"{prof['links']['intra_node']['bandwidth'] / 1e6:.0f} MB/s, {prof['links']['intra_node']['latency'] * 1e6:.0f} us")
 print(f"\n| layout | pp dp ep mb a2a | predicted a2a | measured a2a | err | predicted step | measured step | err |")
 print("|---|---|---|---|---|---|---|---|")
 bad = 0

@@ -161,9 +161,18 @@ double hop_between_nodes(const ClusterProfile& c, int nodes, int flows) {
 
 }  // namespace
 
+// A measured all-reduce curve (calibrate: groups of adjacent ranks) prices a group that spans as
+// many nodes as those did; a group strided across nodes that the measured ones stayed inside (data
+// parallelism over EP groups that fill a node) takes the link model, with the measured links.
+static const CommCurve* allreduce_curve(const ClusterProfile& c, int world, int group, int stride) {
+  const int rpn = std::min(world, c.ranks_per_node);
+  if (nodes_spanned(group, stride, rpn) != nodes_spanned(group, 1, rpn)) return nullptr;
+  return c.find_comm("allreduce", "", world, group, 0);
+}
+
 double allreduce_seconds(const ClusterProfile& c, int world, int group, int stride, double bytes) {
   if (group <= 1 || bytes <= 0) return 0;
-  if (const CommCurve* cc = c.find_comm("allreduce", "", world, group, 0)) return cc->seconds.time_at(bytes);
+  if (const CommCurve* cc = allreduce_curve(c, world, group, stride)) return cc->seconds.time_at(bytes);
   const int rpn = std::min(world, c.ranks_per_node);
   const int nodes = nodes_spanned(group, stride, rpn);
   // Ring over the group's ranks in rank order, every group of this kind at once: 2(g−1) steps,
@@ -180,7 +189,7 @@ double allreduce_seconds(const ClusterProfile& c, int world, int group, int stri
 
 double gradient_allreduce_seconds(const ClusterProfile& c, int world, int group, int stride, double bytes) {
   if (group <= 1 || bytes <= 0) return 0;
-  if (c.find_comm("allreduce", "", world, group, 0)) return allreduce_seconds(c, world, group, stride, bytes);
+  if (allreduce_curve(c, world, group, stride)) return allreduce_seconds(c, world, group, stride, bytes);
   const int rpn = std::min(world, c.ranks_per_node);
   // Two levels (comm/two_level.h) where the group has the same members on each node, several:
   // ring reduce-scatter and all-gather inside the node, and between them a ring all-reduce of
