@@ -458,6 +458,12 @@ TEST(PlanRouting, ImbalanceFromMeasuredLoads) {
   // time: per layer busiest / mean: 40/25, 20/20, 20/20, 30/20 -> mean 1.275.
   EXPECT_NEAR(im.time, (1.6 + 1 + 1 + 1.5) / 4, 1e-12);
   EXPECT_EQ(plan::routing_imbalance(s, 1).memory, 1.0);
+  // ep = 4 in nodes of 2 ranks: nodes hold experts {0,1} and {2,3}; per layer the busiest node's
+  // rows / mean: 40/25, 1, 1, 30/20, as ep = 2's ranks (and the ranks' own: 30/12.5, 1, 1, 20/10).
+  const plan::Imbalance nodes = plan::routing_imbalance(s, 4, 2);
+  EXPECT_NEAR(nodes.node_time, (1.6 + 1 + 1 + 1.5) / 4, 1e-12);
+  EXPECT_NEAR(nodes.time, (2.4 + 1 + 1 + 2.0) / 4, 1e-12);
+  EXPECT_EQ(plan::routing_imbalance(s, 4).node_time, plan::routing_imbalance(s, 4).time);
 }
 
 TEST(PlanLayout, ParseAndShapeErrorsNameTheNumbers) {

@@ -55,6 +55,9 @@ struct MemoryOptions {
   double capacity_factor = 1.25;
   double routing_imbalance = 1.0;   // rows the busiest expert rank holds / the balanced mean (memory)
   double time_imbalance = 1.0;      // the same, averaged over steps and layers (time model)
+  // The all-to-all's: the busiest rank's (time_imbalance) inside a node, where each rank has its
+  // own links; the busiest node's when the EP group spans nodes, whose ranks share the node's.
+  double a2a_imbalance = 1.0;
   double reserved_bytes = 0;        // runtime, allocator
 };
 

@@ -74,14 +74,15 @@ RoutingStats read_routing_stats(const std::string& path) {
   return s;
 }
 
-Imbalance routing_imbalance(const RoutingStats& s, int ep) {
+Imbalance routing_imbalance(const RoutingStats& s, int ep, int node_ranks) {
   Imbalance im;
   if (ep <= 1 || s.steps.empty()) return im;
   MOE_CHECK(s.experts % ep == 0, s.source, ": ep(", ep, ") does not divide the ", s.experts,
             " experts of the expert loads");
   const balance::LayerPlacement place = balance::LayerPlacement::contiguous(s.experts, ep);
-  double time_sum = 0;
+  double time_sum = 0, node_sum = 0;
   int time_n = 0;
+  const int g = node_ranks >= 1 && ep % node_ranks == 0 ? node_ranks : 1;
   for (const auto& step : s.steps) {
     std::vector<double> step_rows(ep, 0.0);  // summed over the step's layers (memory)
     for (const auto& layer : step) {
@@ -90,12 +91,16 @@ Imbalance routing_imbalance(const RoutingStats& s, int ep) {
       if (total <= 0) continue;
       time_sum += balance::imbalance(place, layer);
       ++time_n;
+      std::vector<double> node(ep / g, 0.0);
+      for (int r = 0; r < ep; ++r) node[r / g] += rows[r];
+      node_sum += *std::max_element(node.begin(), node.end()) / (total / static_cast<double>(node.size()));
       for (int r = 0; r < ep; ++r) step_rows[r] += rows[r];
     }
     const double total = std::accumulate(step_rows.begin(), step_rows.end(), 0.0);
     if (total > 0) im.memory = std::max(im.memory, *std::max_element(step_rows.begin(), step_rows.end()) / (total / ep));
   }
   im.time = time_n > 0 ? time_sum / time_n : 1.0;
+  im.node_time = time_n > 0 ? node_sum / time_n : 1.0;
   return im;
 }
 

@@ -22,12 +22,15 @@ RoutingStats read_routing_stats(const std::string& metrics_path);
 struct Imbalance {
   double memory = 1.0;  // max over steps of (busiest rank's rows summed over layers) / mean
   double time = 1.0;    // mean over steps and layers of (busiest rank's rows) / mean
+  // The same for the busiest node: groups of `node_ranks` contiguous ranks (1: = time). An
+  // exchange across nodes waits on the node whose shared links carry the most rows.
+  double node_time = 1.0;
 };
 // For an EP group of `ep` ranks in the placement the loads imply: the contiguous one
 // (balance::LayerPlacement::contiguous, rank r holds experts [r·E/ep, (r+1)·E/ep)), as moetrain
 // train starts every run; balance::imbalance gives each layer's busiest rank / mean. Layers
 // without load are skipped. Throws naming both when ep does not divide the experts.
-Imbalance routing_imbalance(const RoutingStats& stats, int ep);
+Imbalance routing_imbalance(const RoutingStats& stats, int ep, int node_ranks = 1);
 
 // The loads must come from a model with the same routed-expert count: otherwise every
 // per-rank sum is of another model's experts. Throws one line naming the file and both counts.

@@ -75,11 +75,14 @@ MemoryOptions layout_options(const ClusterProfile& c, const Layout& l, const Tra
   MemoryOptions mo = memory_options(c, shape.precision, l.zero1);
   if (l.ep > 1) {
     if (routing) {
-      const Imbalance im = routing_imbalance(*routing, l.ep);
+      // Ranks of the EP group per node, as plan/time_model.cpp's a2a_seconds counts them.
+      const int r_n = std::max(1, std::min(l.ep, c.ranks_per_node / std::max(1, l.tp)));
+      const Imbalance im = routing_imbalance(*routing, l.ep, r_n);
       mo.routing_imbalance = im.memory;
       mo.time_imbalance = im.time;
+      mo.a2a_imbalance = r_n < l.ep ? im.node_time : im.time;
     } else {
-      mo.routing_imbalance = mo.time_imbalance = imbalance;
+      mo.routing_imbalance = mo.time_imbalance = mo.a2a_imbalance = imbalance;
     }
   }
   return mo;

@@ -58,6 +58,7 @@ LayerOps layer_ops(const PlanModel& m, int l, const Layout& lay, const RankShape
     const double E = m.experts, El = E / lay.ep, F = m.moe_ffn;
     // Rows of the busiest rank (the others wait for it at the combine).
     o.rows = mo.padded || lay.ep == 1 ? a.rows : Nm * m.top_k * mo.time_imbalance;
+    o.a2a_rows = mo.padded || lay.ep == 1 ? a.rows : Nm * m.top_k * mo.a2a_imbalance;
     const double r = o.rows / El;  // rows per local expert
     add_linear(o.ffn_fwd, o.ffn_bwd, Nm, H, E);  // router
     add_linear(o.ffn_fwd, o.ffn_bwd, r, H, F, El * (m.expert_matrices - 1));  // gate (+ up)

@@ -378,12 +378,12 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& lay, const TrainSh
       const double ffn_tp = o.moe ? 0 : tp_comm;
       const double ffn_f = ffn_seconds(o, m, l, lay, rs, T, mo, c, ef, false) + ffn_tp;
       const double ffn_b = ffn_seconds(o, m, l, lay, rs, T, mo, c, eb, true) + ffn_tp;
-      const double a2a = o.moe ? a2a_seconds(c, lay.a2a, world, lay.ep, tp, o.rows * H * mo.act_bytes, m.top_k, o.rows) : 0;
+      const double a2a = o.moe ? a2a_seconds(c, lay.a2a, world, lay.ep, tp, o.a2a_rows * H * mo.act_bytes, m.top_k, o.a2a_rows) : 0;
       w.fwd_compute += attn_f + ffn_f + rf * o.dropped;
       w.bwd_compute += attn_b + ffn_b + rb * o.dropped;
       // The plan, then dispatch + combine; backward reuses the plan, a recomputed forward plans
       // again (model.cpp reruns moe_forward).
-      const double plan = o.moe ? a2a_plan_seconds(c, lay.a2a, world, lay.ep, tp, o.rows) : 0;
+      const double plan = o.moe ? a2a_plan_seconds(c, lay.a2a, world, lay.ep, tp, o.a2a_rows) : 0;
       w.fwd_comm += 2 * a2a + plan;
       w.bwd_comm += 2 * a2a;
       if (lay.recompute == "full") {
