@@ -212,6 +212,19 @@ expect batch-vs-micro '`--batch` not divisible by `--micro-batches`' \
   '--batch 2 is not divisible by --micro-batches 4' "${common[@]}" --micro-batches 4 --out "$dir/o30"
 expect bad-a2a 'unknown `--a2a`' \
   "unknown all-to-all algorithm 'ring'" "${common[@]}" --a2a ring --out "$dir/o31"
+expect global-and-batch '`--global-batch` with `--batch`' \
+  '--global-batch 8 and --batch 2: give one (--batch is per data rank, --global-batch over all 1)' \
+  "${common[@]}" --global-batch 8 --out "$dir/o90"
+expect global-batch-zero '`--global-batch 0`' \
+  '--global-batch 0 must be a positive multiple of the data ranks (ep 1 x dp 1 = 1)' \
+  train --steps 2 --seq-len 16 --eval-batches 1 --quiet --data "$dir/text.txt" --global-batch 0 --out "$dir/o91"
+expect a2a-auto-no-cluster '`--a2a auto` without `--cluster`' \
+  '--a2a auto needs --cluster PROFILE' "${common[@]}" --a2a auto --out "$dir/o92"
+expect cluster-without-auto '`--cluster` without `--a2a auto`' \
+  '--cluster frontier is the profile --a2a auto prices the exchanges with; with --a2a flat nothing reads it' \
+  "${common[@]}" --cluster frontier --out "$dir/o93"
+expect a2a-auto-bad-profile '`--a2a auto --cluster` of a file that is not there' \
+  'nope.json' "${common[@]}" --a2a auto --cluster "$dir/nope.json" --out "$dir/o94"
 expect bad-recompute 'unknown `--recompute`' \
   'some' "${common[@]}" --recompute some --out "$dir/o32"
 expect bad-schedule 'unknown `--pp.schedule`' \

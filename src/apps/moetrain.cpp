@@ -72,7 +72,11 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
       "train for this long (e.g. 300, 90s, 5m, 1.5h): seconds of training steps, not counting "
       "evaluations and checkpoints; the step count and its cosine schedule are chosen from the "
       "warm-up steps' median time");
-  t->add_option("--batch", o.data.batch, "sequences per step")->capture_default_str();
+  t->add_option("--batch", o.data.batch,
+                "sequences per step per data rank (the global batch is batch x ep x dp; TP ranks share theirs)")
+      ->capture_default_str();
+  t->add_option("--global-batch", o.data.global_batch,
+                "sequences per step over all data ranks (Megatron's global batch): sets --batch to it / (ep x dp)");
   t->add_option("--seq-len", o.data.seq_len, "tokens per sequence")->capture_default_str();
   t->add_option("--seed", o.data.seed, "seed for weights and data order")->capture_default_str()->check(kNonNegativeInteger);
   t->add_option("--lr", o.optim.lr, "peak learning rate")->capture_default_str();
@@ -355,6 +359,18 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (app.got_subcommand("train")) {
+      // --global-batch: the per-data-rank --batch it implies (no MPI needed; every rank agrees).
+      if (app.get_subcommand("train")->count("--global-batch") > 0) {
+        const int data_ranks = train_opts.parallel.dims.ep * train_opts.parallel.dims.dp;
+        const int g = train_opts.data.global_batch;
+        if (app.get_subcommand("train")->count("--batch") > 0)
+          throw Error(str_cat("--global-batch ", g, " and --batch ", train_opts.data.batch,
+                              ": give one (--batch is per data rank, --global-batch over all ", data_ranks, ")"));
+        if (g < 1 || data_ranks < 1 || g % data_ranks != 0)
+          throw Error(str_cat("--global-batch ", g, " must be a positive multiple of the data ranks (ep ",
+                              train_opts.parallel.dims.ep, " x dp ", train_opts.parallel.dims.dp, " = ", data_ranks, ")"));
+        train_opts.data.batch = g / data_ranks;
+      }
       comm::MpiRuntime mpi(&argc, &argv);
       try {
         train_opts.progress = !quiet;

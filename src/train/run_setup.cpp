@@ -72,9 +72,9 @@ void resolve_auto_precision(RunSetup& r, const TrainOptions& opts) {
 std::pair<comm::A2aAlgorithm, std::string> choose_a2a(const TrainOptions& opts, const model::ModelConfig& cfg,
                                                       const comm::Topology& topo, int world) {
   const parallel::ParallelDims& d = opts.parallel.dims;
+  plan::ClusterProfile c = plan::resolve_cluster(opts.parallel.a2a_cluster);  // a bad profile is an error anyway
   if (d.ep < 2 || cfg.num_moe_layers() == 0)
     return {comm::A2aAlgorithm::kFlat, "flat: no token exchange in this layout"};
-  plan::ClusterProfile c = plan::resolve_cluster(opts.parallel.a2a_cluster);
   c.ranks_per_node = topo.ranks_per_node;  // the run's own nodes, whatever the profile was made on
   const double tokens = static_cast<double>(opts.data.batch) / opts.parallel.micro_batches * opts.data.seq_len / d.tp;
   const double pairs = tokens * cfg.num_experts_per_tok;
