@@ -8,13 +8,8 @@
 #   scripts/cluster_overlap.sh [OUT]      (default out/cluster_overlap; about 3 minutes)
 # Environment: RATE (200mbit), ROUNDS (3), STEPS (12), BATCH (8 per rank), SEQ (64).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-out="$(realpath -m "${1:-$root/out/cluster_overlap}")"
+source "$(dirname "$0")/cluster_lib.sh" cluster_overlap "${1:-}"  # root, out, bin, cluster
 RATE="${RATE:-200mbit}"; ROUNDS="${ROUNDS:-3}"; STEPS="${STEPS:-12}"; BATCH="${BATCH:-8}"; SEQ="${SEQ:-64}"
-bin="$root/build/moetrain"
-[ -x "$bin" ] || "$root/scripts/build.sh" >/dev/null
-cluster="$root/scripts/cluster.sh"
-why=$("$cluster" can) || { echo "cluster_overlap: cannot make network namespaces here (${why#no: })" >&2; exit 77; }
 rm -rf "$out"; mkdir -p "$out"
 name="co$$"; name="${name:0:8}"
 trap '"$cluster" down --name "$name" >/dev/null 2>&1 || true' EXIT

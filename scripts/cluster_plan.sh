@@ -10,13 +10,8 @@
 #   scripts/cluster_plan.sh [OUT]     (default out/cluster_plan; about 5 minutes)
 # Environment: RATE (200mbit), STEPS (12), MODEL (tiny), SEQ (128), GLOBAL_BATCH (16).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-out="$(realpath -m "${1:-$root/out/cluster_plan}")"
+source "$(dirname "$0")/cluster_lib.sh" cluster_plan "${1:-}"  # root, out, bin, cluster
 RATE="${RATE:-200mbit}"; STEPS="${STEPS:-12}"; MODEL="${MODEL:-tiny}"; SEQ="${SEQ:-128}"; GB="${GLOBAL_BATCH:-16}"
-bin="$root/build/moetrain"
-[ -x "$bin" ] || "$root/scripts/build.sh" >/dev/null
-cluster="$root/scripts/cluster.sh"
-why=$("$cluster" can) || { echo "cluster_plan: cannot make network namespaces here (${why#no: })" >&2; exit 77; }
 export OPENBLAS_NUM_THREADS=1
 rm -rf "$out"; mkdir -p "$out"
 name="cp$$"; name="${name:0:8}"

@@ -12,16 +12,11 @@
 # (build-smpi; built if missing), NO_SIMGRID=1 to skip the model.
 # Needs root and network namespaces (scripts/cluster.sh can); builds build/moetrain if missing.
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-out="$(realpath -m "${1:-$root/out/cluster_study}")"
+source "$(dirname "$0")/cluster_lib.sh" cluster_study "${1:-}"  # root, out, bin, cluster
 ROUNDS="${ROUNDS:-3}"; NODES="${NODES:-2 4}"; RATES="${RATES:-100mbit 200mbit 1gbit unlimited}"
 read -r BMIN BMAX BFAC <<< "${SIZES:-256K 16M 4}"
 ITERS="${ITERS:-5}"; RPN=2
 SMPI_BUILD="${SMPI_BUILD:-$root/build-smpi}"
-bin="$root/build/moetrain"
-[ -x "$bin" ] || "$root/scripts/build.sh" >/dev/null
-cluster="$root/scripts/cluster.sh"
-why=$("$cluster" can) || { echo "cluster_study: cannot make network namespaces here (${why#no: })" >&2; exit 77; }
 mkdir -p "$out/raw"
 live=""
 trap 'for c in $live; do "$cluster" down --name "$c" >/dev/null 2>&1 || true; done' EXIT

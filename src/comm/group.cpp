@@ -968,16 +968,16 @@ Request Group::post(bool is_recv, int dtype, void* data, int64_t count, int peer
   const char* op = is_recv ? "MPI_Irecv" : "MPI_Isend";
   check_peer(peer, op);
   int n = to_int(count, op);
+  Request q;
+  q.is_recv_ = is_recv;
+  q.dtype_ = dtype;
+  q.count_ = n;
+  q.peer_ = peer;
+  q.tag_ = tag;
+  q.rank_ = rank_;
+  q.size_ = size_;
+  q.peer_world_ = world_ranks_[peer];
   if (local_) {
-    Request q;
-    q.is_recv_ = is_recv;
-    q.dtype_ = dtype;
-    q.count_ = n;
-    q.peer_ = peer;
-    q.tag_ = tag;
-    q.rank_ = rank_;
-    q.size_ = size_;
-    q.peer_world_ = world_ranks_[peer];
     if (!is_recv) {
       local_send(*local_, dtype, data, n, tag);  // complete: copied
     } else if (!local_take(*local_, dtype, data, n, tag, op)) {
@@ -999,18 +999,9 @@ Request Group::post(bool is_recv, int dtype, void* data, int64_t count, int peer
   int rc = is_recv ? MPI_Irecv(buf, n, mpi_type(dtype), peer, tag, unpack<MPI_Comm>(comm_), &r)
                    : MPI_Isend(buf, n, mpi_type(dtype), peer, tag, unpack<MPI_Comm>(comm_), &r);
   if (rc != MPI_SUCCESS) fail(op, rc, rank_, size_, peer, tag);
-  Request q;
   q.stage_ = std::move(stage);
   q.handle_ = pack(r);
   q.active_ = true;
-  q.is_recv_ = is_recv;
-  q.dtype_ = dtype;
-  q.count_ = n;
-  q.peer_ = peer;
-  q.tag_ = tag;
-  q.rank_ = rank_;
-  q.size_ = size_;
-  q.peer_world_ = world_ranks_[peer];
   return q;
 }
 

@@ -358,7 +358,6 @@ struct StepOutcome {
   std::vector<StageStats> stages;
   double a2a_s = 0, bubble = 0;       // the worst stage's
   std::vector<double> a2a_by_rank;    // each world rank's exchange seconds
-  double own_a2a_s = 0;               // this rank's
 };
 
 // The run once its setup passed: the grid, the device, the model and its optimizer, the data and
@@ -783,7 +782,6 @@ StepOutcome Trainer::step(int step) {
   s.balance = balance_step(model, opts_, grid, moe_layer_ids_, flat_loads, step, total_steps_, s.skipped,
                            {model.params(), opt_->m().data(), opt_->v().data()}, root_ && opts_.progress, tty_);
   if (grid.world.size() > 1) grid.world.allreduce_sum(s.bytes.data(), static_cast<int64_t>(s.bytes.size()));
-  s.own_a2a_s = traffic_.seconds;
   s.stages = gather_stage_stats(grid, s.pipe, traffic_.seconds, model, s.a2a_by_rank);
   for (const StageStats& st : s.stages) {
     s.a2a_s = std::max(s.a2a_s, st.a2a_s);
@@ -958,7 +956,7 @@ TrainResult Trainer::run() {
       profile_opt_ += s.optimizer_s;
       profile_sync_ += s.sync_s;
       profile_steps_ += s.seconds;
-      profile_a2a_ += s.own_a2a_s;
+      profile_a2a_ += s.a2a_by_rank[grid_.world.rank()];
     }
     const bool last = step + 1 == total_steps_;
     double vl = NAN;
