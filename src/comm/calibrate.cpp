@@ -41,6 +41,29 @@ double timed(const Group& world, int iters, Op op) {
   return sum / iters;
 }
 
+// Like timed(), for an operation that training runs between stretches of compute: each
+// iteration first leaves the network idle for as long as the previous one took (at least 1 ms),
+// sleeping, then times `op`. Back to back, a rate-limited link stays saturated: its queue fills,
+// TCP loses packets and its congestion window, and a MiB-sized exchange took 1.3-1.6x the link's
+// time on the namespace cluster, where training's exchanges (expert GEMMs between them) ran at
+// the link's time (docs/cluster.md). On an idle shared-memory node the gap changes nothing.
+template <class Op>
+double timed_with_gaps(const Group& world, int iters, Op op) {
+  op();  // warm-up
+  double sum = 0, last = 1e-3;
+  for (int i = 0; i < iters; ++i) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::max(1e-3, last)));
+    world.barrier();
+    const double t0 = now_seconds();
+    op();
+    double dt = now_seconds() - t0;
+    world.allreduce_max(&dt, 1);
+    sum += dt;
+    last = dt;
+  }
+  return sum / iters;
+}
+
 }  // namespace
 
 void quiet_barrier() {
@@ -78,18 +101,22 @@ std::vector<CommMeasurement> measure_a2a(const Group& world, const Topology& top
       const A2aRouting r = make_a2a_routing(E, k, "uniform", T, group,
                                             derive_rng(17, static_cast<uint64_t>(world.rank()) * 64 + out.size()));
       std::vector<float> src(static_cast<size_t>(T) * H, 1.0f), back(src.size()), recv;
-      // One dispatch (plan + rows out) and one combine (rows back, summed): the time of one
-      // all-to-all is half of it.
+      // One dispatch (plan + rows out) and one combine (rows back, summed), each timed after an
+      // idle gap as in training, where the experts run between them: one all-to-all is their mean.
       const int n_iters = bytes > (1 << 20) ? std::max(3, iters / 2) : iters;
-      const double t = timed(world, n_iters, [&] {
-        ExchangePlan plan = ex.plan(T, static_cast<int>(r.src_row.size()), r.src_row.data(), r.dst.data(),
-                                    r.tag.data(), r.value.data());
-        recv.resize(static_cast<size_t>(plan.num_recv) * H);
-        ex.multicast(plan, src.data(), recv.data(), H);
+      const ExchangePlan plan = ex.plan(T, static_cast<int>(r.src_row.size()), r.src_row.data(),
+                                        r.dst.data(), r.tag.data(), r.value.data());
+      recv.resize(static_cast<size_t>(plan.num_recv) * H);
+      const double dispatch = timed_with_gaps(world, n_iters, [&] {
+        ExchangePlan p = ex.plan(T, static_cast<int>(r.src_row.size()), r.src_row.data(), r.dst.data(),
+                                 r.tag.data(), r.value.data());
+        ex.multicast(p, src.data(), recv.data(), H);
+      });
+      const double combine = timed_with_gaps(world, n_iters, [&] {
         ex.reduce(plan, recv.data(), back.data(), H);
       });
       m.bytes.push_back(static_cast<double>(T) * k * H * 4);
-      m.seconds.push_back(t / 2);
+      m.seconds.push_back((dispatch + combine) / 2);
     }
     out.push_back(m);
   }

@@ -19,7 +19,8 @@ struct CommMeasurement {
   int world = 0, group = 0, ranks_per_node = 0;
   std::vector<double> bytes;    // per rank (a2a: flat dispatch bytes tokens·k·H·4)
   std::vector<double> seconds;  // mean of the per-iteration maximum over ranks (a2a: one of
-                                // dispatch and combine: half of plan + multicast + reduce)
+                                // dispatch and combine: the mean of plan + multicast and reduce,
+                                // each timed after an idle gap as long as the last one took)
 };
 
 // Collective over `world`. Groups of `group` adjacent ranks (group divides world.size()); uniform
