@@ -17,7 +17,8 @@
 # k=4, no aux loss) over 50 steps. EP4 migrating every 5 steps is bit-identical to the same run whose
 # threshold never triggers (@off), with flat, rbd, halo and rbd-halo (2 emulated nodes), and after a stop and
 # resume across migrations (the placement comes back from the manifest); EP2 x DP2 migrates too.
-# Usage: parity.sh SUITE MOETRAIN CORPUS WORKDIR      SUITE: ep | pp | noaux | migrate
+# Suite v3: DeepSeek-V3's architecture (multi-head latent attention, MTP) on EP, DP, TP and PP.
+# Usage: parity.sh SUITE MOETRAIN CORPUS WORKDIR      SUITE: ep | pp | noaux | migrate | v3
 set -euo pipefail
 suite="$1"
 bin="$2"
@@ -109,6 +110,21 @@ JSON
 p='$work/ep4mig@resume/metrics.jsonl'; l=open(p).readlines()[:20]; open(p,'w').writelines(l)"
     run "ep4mig@resume" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 4 --balance.threshold 1.05 \
       --checkpoint.every 20 --resume latest
+    ;;
+  v3)  # DeepSeek-V3's architecture (test-v3: MLA, sigmoid routing with the selection bias in
+       # groups, a multi-token-prediction module): global batch 8; EP, DP, TP and the recompute
+       # modes as one process. PP (the MTP module needs the first stage's embedding) runs test-mla.
+    m=(--preset test-v3)
+    run single 1 "${m[@]}" --batch 8
+    run "ep2@flat" 2 "${m[@]}" --batch 4 --ep 2 --topo.ranks-per-node 2
+    run "ep4-2nodes@rbd" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 2 --a2a rbd
+    run "ep4-2nodes@flat" 4 "${m[@]}" --batch 2 --ep 4 --topo.ranks-per-node 2
+    run "ep2dp2@none" 4 "${m[@]}" --batch 2 --ep 2 --dp 2
+    run "ep2dp2@full" 4 "${m[@]}" --batch 2 --ep 2 --dp 2 --recompute full
+    run "tp2@flat" 2 "${m[@]}" --batch 8 --tp 2
+    run "tp2ep2@flat" 4 "${m[@]}" --batch 4 --tp 2 --ep 2
+    run single.mla 1 --preset test-mla --micro-batches 2 --batch 8
+    run "mla.pp2ep2@1f1b" 4 --preset test-mla --micro-batches 2 --batch 4 --pp 2 --ep 2
     ;;
   *) echo "unknown suite $suite" >&2; exit 2 ;;
 esac

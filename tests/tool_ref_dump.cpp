@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
                          {"total_steps", oc.total_steps}, {"beta1", oc.beta1},
                          {"beta2", oc.beta2},  {"eps", oc.eps},
                          {"weight_decay", oc.weight_decay}, {"grad_clip", oc.grad_clip},
-                         {"gemm_precision", precision}};
+                         {"gemm_precision", precision},
+                         {"mtp_weight", m.mtp_weight()}};
     std::ofstream(dir + "/train.json") << tj.dump(2) << "\n";
 
     Rng rng(7);
@@ -105,12 +106,13 @@ int main(int argc, char** argv) {
     std::vector<float> logits(m.logits(), m.logits() + static_cast<size_t>(B) * T * cfg.vocab_size);
     m.backward();
     float loss = static_cast<float>(lp.total), ce = static_cast<float>(lp.ce),
-          aux = static_cast<float>(lp.aux);
+          aux = static_cast<float>(lp.aux), mtp = static_cast<float>(lp.mtp);
     io::SafetensorsWriter ew;
     ew.add_f32("logits", {B, T, cfg.vocab_size}, logits.data());
     ew.add_f32("loss", {1}, &loss);
     ew.add_f32("ce_loss", {1}, &ce);
     ew.add_f32("aux_loss", {1}, &aux);
+    if (m.has_mtp()) ew.add_f32("mtp_loss", {1}, &mtp);
     std::vector<float> grads(m.grads(), m.grads() + m.num_params());
     for (const model::ParamSpec& s : m.layout().specs())
       ew.add_f32("grad." + s.name, s.shape, grads.data() + s.offset);

@@ -101,6 +101,10 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   t->add_option("--pp.layers", o.parallel.pp_layers, "layers per pipeline stage, e.g. 5,4,4,3 (default: even)")->delimiter(',');
   t->add_option("--pp.schedule", o.parallel.schedule, "pipeline schedule: 1f1b or gpipe")->capture_default_str();
   t->add_option("--recompute", o.model.recompute, "activation checkpointing: none, moe or full")->capture_default_str();
+  t->add_option("--mtp.weight", o.model.mtp_weight,
+                "multi-token prediction's loss weight lambda (configs with num_nextn_predict_layers 1)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0f, 100.0f));
   t->add_option_function<float>(
       "--balance.bias-rate", [&o](const float& v) { o.balance.bias_rate = v; },
       "aux-loss-free balancing (topk_method noaux_tc): bias step gamma (default: the config's "

@@ -2,6 +2,7 @@
 #include "kernels/rope.h"
 #include "kernels/element_math.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 
@@ -27,6 +28,40 @@ RopeTable make_rope_table(int max_pos, int head_dim, double theta) {
       size_t k = static_cast<size_t>(p) * t.half + i;
       t.cos[k] = static_cast<float>(std::cos(angle));
       t.sin[k] = static_cast<float>(std::sin(angle));
+    }
+  }
+  return t;
+}
+
+RopeTable make_yarn_rope_table(int max_pos, int head_dim, double theta, const YarnParams& y) {
+  RopeTable t = make_rope_table(0, head_dim, theta);  // checks the arguments
+  MOE_CHECK(max_pos >= 0 && y.factor >= 1.0 && y.original_max_pos > 0 && y.beta_fast > y.beta_slow &&
+                y.beta_slow > 0.0,
+            "make_yarn_rope_table: factor ", y.factor, ", original_max_pos ", y.original_max_pos,
+            ", beta_fast ", y.beta_fast, ", beta_slow ", y.beta_slow);
+  const double d = head_dim, pi = 3.14159265358979323846;
+  // The dimension whose wavelength makes `rotations` turns over the original context.
+  auto correction_dim = [&](double rotations) {
+    return d * std::log(y.original_max_pos / (rotations * 2 * pi)) / (2 * std::log(theta));
+  };
+  const double low = std::max(std::floor(correction_dim(y.beta_fast)), 0.0);
+  double high = std::min(std::ceil(correction_dim(y.beta_slow)), d - 1);
+  if (high == low) high += 0.001;
+  auto mscale = [&](double m) { return y.factor <= 1.0 ? 1.0 : 0.1 * m * std::log(y.factor) + 1.0; };
+  const double amp = mscale(y.mscale) / mscale(y.mscale_all_dim);
+  t.max_pos = max_pos;
+  t.cos.resize(static_cast<size_t>(max_pos) * t.half);
+  t.sin.resize(static_cast<size_t>(max_pos) * t.half);
+  for (int i = 0; i < t.half; ++i) {
+    const double extra = std::pow(theta, -2.0 * i / head_dim), inter = extra / y.factor;
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    const double keep = 1.0 - ramp;  // the share of the unscaled (extrapolated) frequency
+    const double inv_freq = inter * (1.0 - keep) + extra * keep;
+    for (int p = 0; p < max_pos; ++p) {
+      const double angle = p * inv_freq;
+      const size_t k = static_cast<size_t>(p) * t.half + i;
+      t.cos[k] = static_cast<float>(std::cos(angle) * amp);
+      t.sin[k] = static_cast<float>(std::sin(angle) * amp);
     }
   }
   return t;

@@ -16,6 +16,16 @@ struct RopeTable {
   mutable Buffer<float> dev_cos, dev_sin;
 };
 RopeTable make_rope_table(int max_pos, int head_dim, double theta);
+// YaRN (DeepSeek-V3's rope_scaling "yarn", as in HF modeling_deepseek): inverse frequency i is
+// theta^(-2i/d) blended with it divided by `factor` by a linear ramp over the dimensions between
+// the correction range of beta_fast and beta_slow rotations at original_max_pos; cos and sin are
+// multiplied by mscale(factor, mscale) / mscale(factor, mscale_all_dim), with
+// mscale(f, m) = 0.1·m·ln(f) + 1 for f > 1, else 1.
+struct YarnParams {
+  double factor = 1.0, mscale = 1.0, mscale_all_dim = 0.0, beta_fast = 32.0, beta_slow = 1.0;
+  int original_max_pos = 4096;
+};
+RopeTable make_yarn_rope_table(int max_pos, int head_dim, double theta, const YarnParams& y);
 
 // Throws naming `who` when B, T, n_head or head_dim do not fit the table.
 void check_rope_args(const RopeTable& table, int B, int T, int n_head, int head_dim, const char* who);

@@ -81,8 +81,27 @@ static void check_sizes(const ModelConfig& c, const std::string& src) {
   };
   const int64_t embed = mul(V, H, "vocab_size * hidden_size");
   int64_t total = add(mul(2, embed, "2 * vocab_size * hidden_size"), H, "the embedding + head parameters");
-  const int64_t attention = add(mul(4 * H, H, "4 * hidden_size * hidden_size"), 2 * H,
-                                "the attention parameters of a layer");
+  int64_t attention = 0;
+  if (c.uses_mla()) {
+    // q (through its latent or not), kv_a and its norm, kv_b, o_proj, the two layer norms.
+    const int64_t nh = c.num_attention_heads, rq = c.q_lora_rank, rkv = c.kv_lora_rank;
+    const int64_t qk = mul(nh, c.qk_head_dim(), "num_attention_heads * qk head dim");
+    const int64_t q = rq > 0 ? add(add(mul(H, rq, "hidden_size * q_lora_rank"), rq, "q_a"),
+                                   mul(rq, qk, "q_lora_rank * heads * qk head dim"), "the query's parameters")
+                             : mul(H, qk, "hidden_size * heads * qk head dim");
+    const int64_t kv = add(mul(H, rkv + c.qk_rope_head_dim, "hidden_size * (kv_lora_rank + qk_rope_head_dim)"),
+                           add(rkv, mul(rkv, mul(nh, c.qk_nope_head_dim + c.v_head_dim,
+                                                 "heads * (qk_nope_head_dim + v_head_dim)"),
+                                        "kv_lora_rank * heads * (qk_nope_head_dim + v_head_dim)"),
+                               "kv_b"),
+                           "the key and value parameters");
+    const int64_t o = mul(H, mul(nh, c.v_head_dim, "heads * v_head_dim"), "hidden_size * heads * v_head_dim");
+    attention = add(add(add(q, kv, "the attention parameters of a layer"), o,
+                        "the attention parameters of a layer"), 2 * H, "the attention parameters of a layer");
+  } else {
+    attention = add(mul(4 * H, H, "4 * hidden_size * hidden_size"), 2 * H,
+                    "the attention parameters of a layer");
+  }
   int64_t tensors = 3;
   const int moe_layers = c.num_moe_layers();
   const int dense_layers = c.num_hidden_layers - moe_layers;
@@ -125,6 +144,50 @@ static void validate_groups(const ModelConfig& c, const std::string& src) {
             ") leaves 1 expert per group, but noaux_tc scores a group by its top 2 experts");
 }
 
+// Multi-head latent attention's dimensions, and the YaRN fields it reads.
+static void validate_mla(const ModelConfig& c, const std::string& src) {
+  auto positive = [&](const char* name, long long v) {
+    MOE_CHECK(v > 0, src, ": \"", name, "\" must be positive for ", c.model_type, ", got ", v);
+  };
+  positive("kv_lora_rank", c.kv_lora_rank);
+  positive("qk_rope_head_dim", c.qk_rope_head_dim);
+  positive("v_head_dim", c.v_head_dim);
+  MOE_CHECK(c.q_lora_rank >= 0, src, ": \"q_lora_rank\" must be >= 0 (0 or null: no query latent), got ",
+            c.q_lora_rank);
+  MOE_CHECK(c.qk_nope_head_dim >= 0, src, ": \"qk_nope_head_dim\" must be >= 0, got ", c.qk_nope_head_dim);
+  MOE_CHECK(c.qk_rope_head_dim % 2 == 0, src, ": \"qk_rope_head_dim\" = ", c.qk_rope_head_dim,
+            " must be even for rotary embeddings");
+  // Bounded so that per-head products below stay far from overflow (V3: 128, 64, 128).
+  for (auto [name, v] : {std::pair<const char*, int>{"qk_nope_head_dim", c.qk_nope_head_dim},
+                         {"qk_rope_head_dim", c.qk_rope_head_dim}, {"v_head_dim", c.v_head_dim}})
+    MOE_CHECK(v <= 4096, src, ": \"", name, "\" = ", v, " exceeds 4096");
+  const ModelConfig::RopeScaling& r = c.rope_scaling;
+  if (r.type.empty()) return;
+  MOE_CHECK(r.type == "yarn", src, ": rope_scaling type ", io::quoted(r.type, 64),
+            " is not supported (supported: yarn, or rope_scaling null)");
+  MOE_CHECK(std::isfinite(r.factor) && r.factor >= 1.0, src, ": rope_scaling.factor must be >= 1, got ", r.factor);
+  for (auto [name, v] : {std::pair<const char*, double>{"mscale", r.mscale}, {"mscale_all_dim", r.mscale_all_dim},
+                         {"beta_fast", r.beta_fast}, {"beta_slow", r.beta_slow}})
+    MOE_CHECK(std::isfinite(v) && v >= 0.0, src, ": rope_scaling.", name, " must be a number >= 0, got ", v);
+  MOE_CHECK(r.beta_fast > r.beta_slow && r.beta_slow > 0.0, src, ": rope_scaling needs beta_fast (",
+            r.beta_fast, ") > beta_slow (", r.beta_slow, ") > 0");
+  MOE_CHECK(r.original_max_position_embeddings > 0, src,
+            ": rope_scaling.original_max_position_embeddings must be positive, got ",
+            r.original_max_position_embeddings);
+}
+
+// YaRN's attention temperature: 0.1·m·ln(factor) + 1 for factor > 1 (HF yarn_get_mscale).
+static double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+
+double ModelConfig::softmax_scale() const {
+  double s = 1.0 / std::sqrt(static_cast<double>(qk_head_dim()));
+  if (rope_scaling.type == "yarn" && rope_scaling.mscale_all_dim != 0.0) {
+    const double m = yarn_mscale(rope_scaling.factor, rope_scaling.mscale_all_dim);
+    s *= m * m;
+  }
+  return s;
+}
+
 int ModelConfig::num_moe_layers() const {
   int n = 0;
   for (int i = 0; i < num_hidden_layers; ++i) n += is_moe_layer(i) ? 1 : 0;
@@ -135,8 +198,9 @@ void ModelConfig::validate(const std::string& src) const {
   auto positive = [&](const char* name, long long v) {
     MOE_CHECK(v > 0, src, ": \"", name, "\" must be positive, got ", v);
   };
-  MOE_CHECK(model_type == "deepseek", src, ": model_type ", io::quoted(model_type, 64),
-            " is not supported for training (supported: deepseek)");
+  MOE_CHECK(model_type == "deepseek" || model_type == "deepseek_v2" || model_type == "deepseek_v3", src,
+            ": model_type ", io::quoted(model_type, 64),
+            " is not supported for training (supported: deepseek, deepseek_v2, deepseek_v3)");
   positive("vocab_size", vocab_size);
   positive("hidden_size", hidden_size);
   positive("num_hidden_layers", num_hidden_layers);
@@ -146,10 +210,22 @@ void ModelConfig::validate(const std::string& src) const {
   // layers below (and in check_sizes) short.
   MOE_CHECK(num_hidden_layers <= kMaxTensors / 9, src, ": \"num_hidden_layers\" = ",
             num_hidden_layers, " gives more than ", kMaxTensors, " named tensors");
-  MOE_CHECK(hidden_size % num_attention_heads == 0, src, ": hidden_size (", hidden_size,
-            ") is not divisible by num_attention_heads (", num_attention_heads, ")");
-  MOE_CHECK(head_dim() % 2 == 0, src, ": head_dim = hidden_size / num_attention_heads = ", head_dim(),
-            " must be even for rotary embeddings");
+  if (uses_mla()) {
+    validate_mla(*this, src);
+  } else {
+    MOE_CHECK(hidden_size % num_attention_heads == 0, src, ": hidden_size (", hidden_size,
+              ") is not divisible by num_attention_heads (", num_attention_heads, ")");
+    MOE_CHECK(head_dim() % 2 == 0, src, ": head_dim = hidden_size / num_attention_heads = ", head_dim(),
+              " must be even for rotary embeddings");
+    MOE_CHECK(kv_lora_rank == 0 && q_lora_rank == 0, src, ": kv_lora_rank / q_lora_rank (multi-head "
+              "latent attention) need model_type deepseek_v2 or deepseek_v3, not ", io::quoted(model_type, 64));
+    MOE_CHECK(rope_scaling.type.empty(), src, ": rope_scaling is read for deepseek_v2 / deepseek_v3 only");
+  }
+  MOE_CHECK(num_nextn_predict_layers == 0 || num_nextn_predict_layers == 1, src,
+            ": \"num_nextn_predict_layers\" = ", num_nextn_predict_layers,
+            " is not supported (multi-token prediction of depth 0 or 1)");
+  MOE_CHECK(num_nextn_predict_layers == 0 || model_type == "deepseek_v3", src,
+            ": num_nextn_predict_layers (multi-token prediction) needs model_type deepseek_v3");
   MOE_CHECK(n_routed_experts >= 0, src, ": \"n_routed_experts\" must be >= 0, got ", n_routed_experts);
   MOE_CHECK(first_k_dense_replace >= 0, src, ": \"first_k_dense_replace\" must be >= 0, got ",
             first_k_dense_replace);
@@ -220,6 +296,28 @@ ModelConfig config_from_json(const json& j, const std::string& src) {
               src, ": field \"moetrain_tokenizer_fingerprint\" must be a tokenizer fingerprint "
               "(<kind>-<vocab>-<16 hex digits>), got ", io::excerpt(j.at("moetrain_tokenizer_fingerprint")));
   }
+  if (c.uses_mla()) {
+    read_field(j, "kv_lora_rank", c.kv_lora_rank, true, src);
+    read_field(j, "qk_nope_head_dim", c.qk_nope_head_dim, true, src);
+    read_field(j, "qk_rope_head_dim", c.qk_rope_head_dim, true, src);
+    read_field(j, "v_head_dim", c.v_head_dim, true, src);
+    read_field(j, "q_lora_rank", c.q_lora_rank, false, src);  // null: no query latent (V2-Lite)
+    if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+      MOE_CHECK(it->is_object(), src, ": field \"rope_scaling\" must be an object or null, got ", io::excerpt(*it));
+      const std::string sub = src + ": rope_scaling";
+      ModelConfig::RopeScaling& r = c.rope_scaling;
+      // "type" (DeepSeek's own configs) or "rope_type" (newer transformers)
+      read_field(*it, it->contains("rope_type") ? "rope_type" : "type", r.type, true, sub);
+      read_field(*it, "factor", r.factor, true, sub);
+      read_field(*it, "mscale", r.mscale, false, sub);
+      read_field(*it, "mscale_all_dim", r.mscale_all_dim, false, sub);
+      read_field(*it, "beta_fast", r.beta_fast, false, sub);
+      read_field(*it, "beta_slow", r.beta_slow, false, sub);
+      read_field(*it, "original_max_position_embeddings", r.original_max_position_embeddings, false, sub);
+      MOE_CHECK(!r.type.empty(), sub, ": \"type\" must name the scaling (yarn)");
+    }
+  }
+  read_field(j, "num_nextn_predict_layers", c.num_nextn_predict_layers, false, src);
   if (c.n_routed_experts > 0) {
     // These are required exactly when the model has MoE layers.
     read_field(j, "moe_intermediate_size", c.moe_intermediate_size, true, src);
@@ -275,6 +373,26 @@ json config_to_json(const ModelConfig& c) {
   if (c.n_group != 1 || c.topk_group != 1) {
     j["n_group"] = c.n_group;
     j["topk_group"] = c.topk_group;
+  }
+  if (c.uses_mla()) {
+    j["architectures"] = {c.model_type == "deepseek_v3" ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM"};
+    j["q_lora_rank"] = c.q_lora_rank > 0 ? json(c.q_lora_rank) : json(nullptr);
+    j["kv_lora_rank"] = c.kv_lora_rank;
+    j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+    j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+    j["v_head_dim"] = c.v_head_dim;
+    j["rope_scaling"] = nullptr;
+    if (!c.rope_scaling.type.empty()) {
+      const ModelConfig::RopeScaling& r = c.rope_scaling;
+      j["rope_scaling"] = {{"type", r.type},
+                           {"factor", r.factor},
+                           {"mscale", r.mscale},
+                           {"mscale_all_dim", r.mscale_all_dim},
+                           {"beta_fast", r.beta_fast},
+                           {"beta_slow", r.beta_slow},
+                           {"original_max_position_embeddings", r.original_max_position_embeddings}};
+    }
+    if (c.model_type == "deepseek_v3") j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
   }
   // The tokenizer the model was trained with (issue 42, class 4), when known.
   if (!c.tokenizer_fingerprint.empty()) j["moetrain_tokenizer_fingerprint"] = c.tokenizer_fingerprint;
@@ -395,6 +513,63 @@ ModelConfig preset(const std::string& name) {
     c = preset("test-moe");
     c.num_hidden_layers = 4;
     return c;
+  } else if (name == "test-mla") {
+    // test-moe with DeepSeek-V2's multi-head latent attention: a query latent of 16, a key/value
+    // latent of 16, 8 nope + 4 rotary query/key columns and 8 value columns per head.
+    c = preset("test-moe");
+    c.model_type = "deepseek_v2";
+    c.q_lora_rank = 16;
+    c.kv_lora_rank = 16;
+    c.qk_nope_head_dim = 8;
+    c.qk_rope_head_dim = 4;
+    c.v_head_dim = 8;
+  } else if (name == "test-mla-noq") {
+    // test-mla without the query latent (V2-Lite), a value wider than the query (16 > 12: the
+    // padding on the other side), and YaRN scaling (factor 4, mscale_all_dim 1: the softmax scale
+    // and the rotary table both change).
+    c = preset("test-mla");
+    c.q_lora_rank = 0;
+    c.v_head_dim = 16;
+    c.rope_scaling.type = "yarn";
+    c.rope_scaling.factor = 4.0;
+    c.rope_scaling.mscale = 1.0;
+    c.rope_scaling.mscale_all_dim = 1.0;
+    c.rope_scaling.original_max_position_embeddings = 64;
+  } else if (name == "test-v3") {
+    // DeepSeek-V3 at test size: MLA, sigmoid routing with the selection bias in 4 groups (2 kept),
+    // and one multi-token-prediction module.
+    c = preset("test-mla");
+    c.model_type = "deepseek_v3";
+    c.scoring_func = "sigmoid";
+    c.topk_method = "noaux_tc";
+    c.norm_topk_prob = true;
+    c.routed_scaling_factor = 2.5f;
+    c.bias_update_speed = 0.01f;
+    c.seq_aux = true;
+    c.n_routed_experts = 16;
+    c.num_experts_per_tok = 4;
+    c.n_group = 4;
+    c.topk_group = 2;
+    c.num_nextn_predict_layers = 1;
+  } else if (name == "tiny-v3") {
+    // tiny with DeepSeek-V3's architecture: MLA (latents 64, heads of 32 nope + 16 rotary query/key
+    // columns and 32 value columns), sigmoid routing with the selection bias in 4 groups of 2 (2
+    // kept), the dense first layer, and multi-token prediction of depth 1.
+    c = preset("tiny");
+    c.model_type = "deepseek_v3";
+    c.q_lora_rank = 64;
+    c.kv_lora_rank = 64;
+    c.qk_nope_head_dim = 32;
+    c.qk_rope_head_dim = 16;
+    c.v_head_dim = 32;
+    c.scoring_func = "sigmoid";
+    c.topk_method = "noaux_tc";
+    c.norm_topk_prob = true;
+    c.routed_scaling_factor = 2.5f;
+    c.aux_loss_alpha = 0.0f;
+    c.n_group = 4;
+    c.topk_group = 2;
+    c.num_nextn_predict_layers = 1;
   } else if (name == "test-dense") {
     c.hidden_size = 32;
     c.num_hidden_layers = 2;
@@ -413,7 +588,8 @@ ModelConfig preset(const std::string& name) {
 std::vector<std::string> preset_names() {
   return {"tiny",           "tiny-noaux",     "test-moe",         "test-moe-seqaux",
           "test-moe-noaux", "test-moe-group", "test-moe-v2group", "test-moe4",
-          "test-dense"};
+          "test-dense",     "test-mla",       "test-mla-noq",     "test-v3",
+          "tiny-v3"};
 }
 
 ParamCounts count_params(const ModelConfig& c) {
@@ -424,7 +600,15 @@ ParamCounts count_params(const ModelConfig& c) {
   auto add = [&](int64_t a, int64_t b) { return add_or_throw<int64_t>(a, b, what); };
   ParamCounts p;
   p.total = p.active = add(mul(2, mul(V, H)), H);  // embedding, lm_head, final norm
-  const int64_t common = add(mul(4, mul(H, H)), mul(2, H));
+  int64_t common = add(mul(4, mul(H, H)), mul(2, H));  // q, k, v, o and the two norms
+  if (c.uses_mla()) {
+    const int64_t nh = c.num_attention_heads, rq = c.q_lora_rank, rkv = c.kv_lora_rank;
+    const int64_t qk = mul(nh, c.qk_head_dim());
+    const int64_t q = rq > 0 ? add(add(mul(H, rq), rq), mul(rq, qk)) : mul(H, qk);
+    const int64_t kv = add(add(mul(H, rkv + c.qk_rope_head_dim), rkv),
+                           mul(rkv, mul(nh, c.qk_nope_head_dim + c.v_head_dim)));
+    common = add(add(add(q, kv), mul(H, mul(nh, c.v_head_dim))), mul(2, H));
+  }
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     p.total = add(p.total, common);
     p.active = add(p.active, common);

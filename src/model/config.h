@@ -50,6 +50,40 @@ struct ModelConfig {
   // train --resume, eval and generate.
   std::string tokenizer_fingerprint;
 
+  // ---- DeepSeek-V2/V3 (model_type deepseek_v2 / deepseek_v3) ----
+  // Multi-head latent attention (MLA): queries through a low-rank latent of q_lora_rank (0 or
+  // null in config.json: one q_proj), keys and values through one shared latent of kv_lora_rank
+  // that kv_b_proj expands per head into qk_nope_head_dim key and v_head_dim value columns; the
+  // qk_rope_head_dim rotary key columns are one per token, shared by every head.
+  int q_lora_rank = 0;
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int qk_rope_head_dim = 0;
+  int v_head_dim = 0;
+  // rope_scaling {"type": "yarn", ...} (DeepSeek-V3's long-context extension): the rotary table's
+  // frequencies blended by YaRN's ramp, cos/sin times mscale / mscale_all_dim's, and the softmax
+  // scale times mscale_all_dim's squared. type "" = none (null in config.json).
+  struct RopeScaling {
+    std::string type;
+    double factor = 1.0;
+    double mscale = 1.0;
+    double mscale_all_dim = 0.0;
+    double beta_fast = 32.0;
+    double beta_slow = 1.0;
+    int original_max_position_embeddings = 4096;
+  } rope_scaling;
+  // Multi-token prediction (DeepSeek-V3): modules that predict token t+1+d from the main model's
+  // last hidden state and the embedding of token t+d. Depth 0 or 1 here.
+  int num_nextn_predict_layers = 0;
+
+  bool uses_mla() const { return model_type == "deepseek_v2" || model_type == "deepseek_v3"; }
+  // The width of one head's query and key, and of its value (MLA: nope + rope, and v_head_dim).
+  int qk_head_dim() const { return uses_mla() ? qk_nope_head_dim + qk_rope_head_dim : head_dim(); }
+  int value_head_dim() const { return uses_mla() ? v_head_dim : head_dim(); }
+  // The attention's softmax scale: 1/sqrt(qk_head_dim), times YaRN's mscale(factor,
+  // mscale_all_dim)^2 when rope_scaling asks for it.
+  double softmax_scale() const;
+
   int head_dim() const { return hidden_size / num_attention_heads; }
   bool is_moe_layer(int layer) const {
     return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;

@@ -14,6 +14,7 @@
 #include "kernels/gemm_bf16_cpu.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/swiglu_mlp.h"
+#include "model/mla_block.h"
 
 namespace moe::model {
 
@@ -27,13 +28,14 @@ struct Model::LayerActs {
   Buffer<float> x;          // [n,H] layer input (residual stream): always kept
   Buffer<float> ln1;        // [N,H] rmsnorm(x), gathered over TP (the q/k/v input)
   Buffer<float> rstd1;      // [n]
-  Buffer<float> q, k, v;    // [N,Ha] after rope (q, k)
+  Buffer<float> q, k, v;    // [N,Ha] after rope (q, k); multi-head latent attention: in `mla`
   Buffer<float> att;        // attention_saved_floats: row LSE [B,nh,T] + a copy of out [N,Ha]
   Buffer<float> attn_out;   // [N,Ha] heads concatenated, before o_proj
   Buffer<float> h;          // [n,H] x + attention
   Buffer<float> ln2;        // rmsnorm(h), the FFN input: [n,H] for MoE, gathered [N,H] for dense
   Buffer<float> rstd2;      // [n]
   Buffer<float> mlp_g, mlp_u, mlp_h;  // [N,I] dense SwiGLU
+  MlaActs mla;              // DeepSeek-V2/V3's attention (config.uses_mla())
   mx::MoeActivations moe;   // MoE layer
   std::vector<int32_t> topk_first;  // [N,k] routing of the first forward (checked on recompute)
   bool complete = false;    // everything backward needs is present
@@ -49,6 +51,14 @@ class Model::MicroBatch {
   size_t moe_dispatch_bytes = 0;                      // see Model::moe_dispatch_bytes
   int dropped = 0;
   Buffer<float> final_in, final_ln, final_rstd, logits, probs, losses;
+  // Multi-token prediction (Model::has_mtp()): the module's input rows, its block, its head.
+  std::unique_ptr<LayerActs> mtp_layer;             // the block (layer num_hidden_layers)
+  Buffer<float> mtp_e, mtp_en, mtp_rstd_e, mtp_hn, mtp_rstd_h;  // [n,H] embed(t+1), the norms
+  Buffer<float> mtp_out;                            // [n,H] the block's output (norm' reads it)
+  Buffer<float> mtp_ln, mtp_rstd, mtp_logits, mtp_probs, mtp_losses;
+  Buffer<int32_t> mtp_targets;                      // [n] token t+2 (0 where there is none)
+  std::vector<int> mtp_masked;                      // rows without a token t+2 (t = T-1)
+  float mtp_row_scale = 0.0f;                       // d(mtp loss)/d(a valid row's ce)
   LossParts loss;
   bool have = false;                                  // kept for backward
 };
@@ -148,15 +158,24 @@ Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::Expert
       layout_(config, ep ? ExpertShard::of(placement_, ep->rank) : ExpertShard{}, stage,
               tp_shard_of(config, tp)) {
   config_.validate();
+  MOE_CHECK(!has_mtp() || layout_.stage().embedding,
+            "multi-token prediction (num_nextn_predict_layers) with pipeline parallelism is not "
+            "supported: its module on the last stage reads the first stage's embedding");
   act_mem_.set_parent(&total_mem_);
   work_mem_.set_parent(&total_mem_);
   params_.resize(layout_.total(), &total_mem_, dev_);
   grads_.resize(layout_.total(), &total_mem_, dev_);
   w_ = bind_tensors(layout_, config_, params_.data());
   g_ = bind_tensors(layout_, config_, grads_.data());
-  rope_ = k::make_rope_table(config_.max_position_embeddings, config_.head_dim(), config_.rope_theta);
+  // Multi-head latent attention rotates its qk_rope_head_dim columns only (YaRN-scaled on request).
+  rope_ = config_.uses_mla() ? mla_rope_table(config_)
+                             : k::make_rope_table(config_.max_position_embeddings, config_.head_dim(),
+                                                  config_.rope_theta);
   if (config_.aux_free_balancing()) {
-    score_bias_.resize(static_cast<size_t>(config_.num_hidden_layers) * config_.n_routed_experts,
+    // The MTP block's row stays zero: its selection bias is not updated (train/score_bias.h
+    // balances the main layers).
+    score_bias_.resize(static_cast<size_t>(config_.num_hidden_layers + config_.num_nextn_predict_layers) *
+                           config_.n_routed_experts,
                        &total_mem_, dev_);
     score_bias_.zero();
   }
@@ -251,7 +270,11 @@ double Model::flops_per_token(int T) const {
   ParamCounts pc = count_params(config_);
   double n_active = static_cast<double>(pc.active) -
                     static_cast<double>(config_.vocab_size) * config_.hidden_size;  // lookup only
-  return 6.0 * n_active + 12.0 * config_.num_hidden_layers * config_.hidden_size * T;
+  // Scores and the weighted sum: 2·T·nh·(qk + v head widths) a token forward, 3x with backward
+  // (12·L·H·T when both widths are H/nh).
+  const double widths = static_cast<double>(config_.num_attention_heads) *
+                        (config_.qk_head_dim() + config_.value_head_dim());
+  return 6.0 * n_active + 6.0 * config_.num_hidden_layers * widths * T;
 }
 
 Model::Keep Model::keep_mode(int l) const {
@@ -295,7 +318,7 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
   const ModelConfig& c = config_;
   const LayerTensors& W = w_.layers[l];
   const int tp = tp_size(), N = B * T, n = N / tp, H = c.hidden_size, hd = c.head_dim();
-  const int nh = c.num_attention_heads / tp, Ha = nh * hd;  // this rank's heads, their width
+  const int nh = c.num_attention_heads / tp, Ha = nh * c.value_head_dim();  // this rank's heads, their width
   const int I = c.intermediate_size / tp;
   const size_t NH = static_cast<size_t>(N) * H, nH = static_cast<size_t>(n) * H;
   const size_t NA = static_cast<size_t>(N) * Ha, mine = nH * tp_rank();  // this shard's rows
@@ -305,19 +328,24 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
   a.rstd1.resize_for_overwrite(n, mem, dev_);
   k::rmsnorm_forward(a.ln1.data() + mine, a.rstd1.data(), a.x.data(), W.input_norm, n, H, c.rms_norm_eps);
   tp_allgather(a.ln1.data(), nH);
-  a.q.resize_for_overwrite(NA, mem, dev_);
-  a.k.resize_for_overwrite(NA, mem, dev_);
-  a.v.resize_for_overwrite(NA, mem, dev_);
-  const k::Bf16InputScope ln1_once(a.ln1.data(), NH);  // q, k and v read the same rows
-  k::linear_forward(a.q.data(), a.ln1.data(), W.q, N, H, Ha);
-  k::linear_forward(a.k.data(), a.ln1.data(), W.k, N, H, Ha);
-  k::linear_forward(a.v.data(), a.ln1.data(), W.v, N, H, Ha);
-  k::rope_forward(a.q.data(), rope_, B, T, nh, hd);
-  k::rope_forward(a.k.data(), rope_, B, T, nh, hd);
-  a.att.resize_for_overwrite(k::attention_saved_floats(B, T, nh, hd), mem, dev_);
   a.attn_out.resize_for_overwrite(NA, mem, dev_);
-  k::attention_forward(a.attn_out.data(), a.att.data(), a.q.data(), a.k.data(), a.v.data(), B, T,
-                       nh, hd);
+  if (c.uses_mla()) {
+    const k::Bf16InputScope ln1_once(a.ln1.data(), NH);  // q (or q_a) and kv_a read the same rows
+    mla_forward(a.mla, a.attn_out.data(), a.ln1.data(), W, c, nh, B, T, rope_, mem, &work_mem_, dev_);
+  } else {
+    a.q.resize_for_overwrite(NA, mem, dev_);
+    a.k.resize_for_overwrite(NA, mem, dev_);
+    a.v.resize_for_overwrite(NA, mem, dev_);
+    const k::Bf16InputScope ln1_once(a.ln1.data(), NH);  // q, k and v read the same rows
+    k::linear_forward(a.q.data(), a.ln1.data(), W.q, N, H, Ha);
+    k::linear_forward(a.k.data(), a.ln1.data(), W.k, N, H, Ha);
+    k::linear_forward(a.v.data(), a.ln1.data(), W.v, N, H, Ha);
+    k::rope_forward(a.q.data(), rope_, B, T, nh, hd);
+    k::rope_forward(a.k.data(), rope_, B, T, nh, hd);
+    a.att.resize_for_overwrite(k::attention_saved_floats(B, T, nh, hd), mem, dev_);
+    k::attention_forward(a.attn_out.data(), a.att.data(), a.q.data(), a.k.data(), a.v.data(), B, T,
+                         nh, hd);
+  }
   a.h.resize_for_overwrite(nH, mem, dev_);
   kernels::copy(a.h.data(), a.x.data(), a.h.size());
   row_parallel_add(a.h.data(), a.attn_out.data(), W.o, N, Ha, H);
@@ -329,7 +357,7 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
   if (moe) {
     kernels::fill_zero(out, nH);
     mx::moe_forward(out, a.moe, a.ln2.data(), moe_weights(W),
-                    moe_config(c, moe_options_, ep_, layer_placement(l), &work_mem_, layer_score_bias(l)),
+                    moe_config(c, moe_options_, layer_ep(l), layer_placement(l), &work_mem_, layer_score_bias(l)),
                     n, moe_sequences(B), mem);
     k::add_inplace(out, a.h.data(), nH);
   } else {
@@ -366,6 +394,7 @@ void Model::drop_activations(LayerActs& a, Keep keep) {
   for (Buffer<float>* b : {&a.ln1, &a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.attn_out, &a.h, &a.ln2,
                            &a.rstd2, &a.mlp_g, &a.mlp_u, &a.mlp_h})
     b->release();
+  for (Buffer<float>* b : a.mla.buffers()) b->release();
 }
 
 void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float loss_scale) {
@@ -373,7 +402,7 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
   const LayerTensors& W = w_.layers[l];
   const LayerTensors& G = g_.layers[l];
   const int tp = tp_size(), N = B * T, n = N / tp, H = c.hidden_size, hd = c.head_dim();
-  const int nh = c.num_attention_heads / tp, Ha = nh * hd;
+  const int nh = c.num_attention_heads / tp, Ha = nh * c.value_head_dim();
   const int I = c.intermediate_size / tp;
   const size_t NH = static_cast<size_t>(N) * H, nH = static_cast<size_t>(n) * H;
   const size_t NA = static_cast<size_t>(N) * Ha, mine = nH * tp_rank();
@@ -387,7 +416,7 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
     } else {
       MOE_CHECK(moe, "internal: layer ", l, " lost activations it cannot recompute");
       mx::moe_forward(out.data(), a.moe, a.ln2.data(), moe_weights(W),
-                      moe_config(c, moe_options_, ep_, layer_placement(l), &work_mem_, layer_score_bias(l)), n,
+                      moe_config(c, moe_options_, layer_ep(l), layer_placement(l), &work_mem_, layer_score_bias(l)), n,
                       moe_sequences(B), work);
       a.complete = true;
     }
@@ -410,7 +439,7 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
   Buffer<float> dln(moe ? nH : NH, work, dev_);
   // FFN branch: out = h + ffn(ln2(h)); dx holds d(out).
   if (moe) {
-    mx::MoeConfig cfg = moe_config(c, moe_options_, ep_, layer_placement(l), &work_mem_, layer_score_bias(l));
+    mx::MoeConfig cfg = moe_config(c, moe_options_, layer_ep(l), layer_placement(l), &work_mem_, layer_score_bias(l));
     cfg.workspace = &moe_work_;
     mx::moe_backward(dln.data(), moe_grads(G), dx, /*aux_grad=*/loss_scale, a.moe, a.ln2.data(),
                      moe_weights(W), cfg, n, moe_sequences(B));
@@ -424,21 +453,27 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
   k::rmsnorm_backward(dx, G.post_norm, dln.data() + (moe ? 0 : mine), a.h.data(), W.post_norm,
                       a.rstd2.data(), n, H);
   // Attention branch: h = x + o_proj(attn); dx now holds d(h).
-  Buffer<float> dattn(NA, work, dev_), dq(NA, work, dev_), dk(NA, work, dev_), dv(NA, work, dev_);
-  Buffer<float> att_scratch(k::attention_scratch_floats(T), work, dev_);
+  Buffer<float> dattn(NA, work, dev_);
   k::linear_backward(dattn.data(), G.o, gathered(dx), a.attn_out.data(), W.o, N, Ha, H);
-  k::attention_backward(dq.data(), dk.data(), dv.data(), dattn.data(), a.q.data(), a.k.data(),
-                        a.v.data(), a.att.data(), B, T, nh, hd, att_scratch.data());
-  k::rope_backward(dq.data(), rope_, B, T, nh, hd);
-  k::rope_backward(dk.data(), rope_, B, T, nh, hd);
   if (dln.size() == NH)
     dln.zero();
   else
     dln.resize(NH, work, dev_);
-  const k::Bf16InputScope ln1_once(a.ln1.data(), NH);
-  k::linear_backward(dln.data(), G.q, dq.data(), a.ln1.data(), W.q, N, H, Ha);
-  k::linear_backward(dln.data(), G.k, dk.data(), a.ln1.data(), W.k, N, H, Ha);
-  k::linear_backward(dln.data(), G.v, dv.data(), a.ln1.data(), W.v, N, H, Ha);
+  if (c.uses_mla()) {
+    const k::Bf16InputScope ln1_once(a.ln1.data(), NH);
+    mla_backward(dln.data(), G, dattn.data(), a.mla, a.ln1.data(), W, c, nh, B, T, rope_, work, dev_);
+  } else {
+    Buffer<float> dq(NA, work, dev_), dk(NA, work, dev_), dv(NA, work, dev_);
+    Buffer<float> att_scratch(k::attention_scratch_floats(T), work, dev_);
+    k::attention_backward(dq.data(), dk.data(), dv.data(), dattn.data(), a.q.data(), a.k.data(),
+                          a.v.data(), a.att.data(), B, T, nh, hd, att_scratch.data());
+    k::rope_backward(dq.data(), rope_, B, T, nh, hd);
+    k::rope_backward(dk.data(), rope_, B, T, nh, hd);
+    const k::Bf16InputScope ln1_once(a.ln1.data(), NH);
+    k::linear_backward(dln.data(), G.q, dq.data(), a.ln1.data(), W.q, N, H, Ha);
+    k::linear_backward(dln.data(), G.k, dk.data(), a.ln1.data(), W.k, N, H, Ha);
+    k::linear_backward(dln.data(), G.v, dv.data(), a.ln1.data(), W.v, N, H, Ha);
+  }
   tp_reduce_scatter(dln.data(), nH);
   k::rmsnorm_backward(dx, G.input_norm, dln.data() + mine, a.x.data(), W.input_norm, a.rstd1.data(), n, H);
 }
@@ -517,6 +552,8 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
         for (Buffer<float>* b : {&a->ln1, &a->rstd1, &a->q, &a->k, &a->v, &a->att, &a->attn_out,
                                  &a->h, &a->ln2, &a->rstd2, &a->mlp_g, &a->mlp_u, &a->mlp_h})
           b->set_tracker(mem);
+      if (km != Keep::kAll)
+        for (Buffer<float>* b : a->mla.buffers()) b->set_tracker(mem);
       mb.layers.push_back(std::move(a));
     }
   }
@@ -532,13 +569,109 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
     mb.losses.resize_for_overwrite(n, mem, dev_);
     loss.ce = k::cross_entropy_forward(mb.losses.data(), mb.probs.data(), mb.logits.data(),
                                        mb.targets.data(), n, V);
+    if (has_mtp() && keep) {
+      loss.mtp = mtp_forward(mb, tokens_BT1, mem);
+      loss.mtp_weight = mtp_weight_;
+      // The block's balance loss counts like any MoE layer's (its backward adds its gradient).
+      if (c.is_moe_layer(c.num_hidden_layers)) loss.aux += mb.mtp_layer->moe.aux_loss;
+    }
   } else {
     kernels::copy(x_out, x.data(), nH);
   }
-  loss.total = loss.ce + loss.aux;
+  loss.total = loss.ce + loss.aux + loss.mtp_weight * loss.mtp;
   mb.loss = loss;
   mb.have = keep;
   return loss;
+}
+
+double Model::mtp_forward(MicroBatch& mb, const int32_t* tokens_BT1, MemTracker* mem) {
+  // DeepSeek-V3's MTP module (depth 1) on this shard's rows r (token t of sequence b):
+  //   x' = block_L(eh_proj([enorm(embed(t+1)) | hnorm(h)])),  h = the main head's normed state
+  //   loss = mean over rows with a token t+2 of ce(lm_head(norm'(x')), t+2)
+  // The input h is the final-normed state the head reads (as vLLM's DeepSeek MTP reads the target
+  // model's output); embed and lm_head are the main model's (shared).
+  const ModelConfig& c = config_;
+  const int B = mb.B, T = mb.T, tp = tp_size(), n = B * T / tp, H = c.hidden_size, V = c.vocab_size;
+  const int L = c.num_hidden_layers;
+  const size_t nH = static_cast<size_t>(n) * H;
+  const MtpTensors& M = w_.mtp;
+  std::vector<int32_t> tg(n);
+  mb.mtp_masked.clear();
+  for (int i = 0; i < n; ++i) {
+    const int row = n * tp_rank() + i, b = row / T, t = row % T;
+    if (t + 1 < T) {
+      tg[i] = tokens_BT1[static_cast<size_t>(b) * (T + 1) + t + 2];  // checked as a target already
+    } else {
+      tg[i] = 0;
+      mb.mtp_masked.push_back(i);
+    }
+  }
+  mb.mtp_targets.resize(n, nullptr, dev_);
+  device_copy(dev_, mb.mtp_targets.data(), Device::kCpu, tg.data(), n * sizeof(int32_t));
+  // The module's input: embed(t+1) (the main targets) and the normed state, each normed again.
+  for (Buffer<float>* b : {&mb.mtp_e, &mb.mtp_en, &mb.mtp_hn}) b->resize_for_overwrite(nH, mem, dev_);
+  for (Buffer<float>* b : {&mb.mtp_rstd_e, &mb.mtp_rstd_h}) b->resize_for_overwrite(n, mem, dev_);
+  k::embedding_forward(mb.mtp_e.data(), mb.targets.data(), w_.embed, n, H);
+  k::rmsnorm_forward(mb.mtp_en.data(), mb.mtp_rstd_e.data(), mb.mtp_e.data(), M.enorm, n, H, c.rms_norm_eps);
+  k::rmsnorm_forward(mb.mtp_hn.data(), mb.mtp_rstd_h.data(), mb.final_ln.data(), M.hnorm, n, H,
+                     c.rms_norm_eps);
+  mb.mtp_layer = std::make_unique<LayerActs>();
+  LayerActs& a = *mb.mtp_layer;
+  a.x.resize_for_overwrite(nH, mem, dev_);
+  // eh_proj [H, 2H] over the concatenation, as two products into its column blocks.
+  k::gemm(false, true, n, H, H, 1.0f, mb.mtp_en.data(), H, M.eh_proj, 2 * H, 0.0f, a.x.data(), H);
+  k::gemm(false, true, n, H, H, 1.0f, mb.mtp_hn.data(), H, M.eh_proj + H, 2 * H, 1.0f, a.x.data(), H);
+  Buffer<float> out;
+  out.resize_for_overwrite(nH, mem, dev_);
+  layer_forward(L, a, out.data(), B, T, mem);  // every activation kept, whatever --recompute says
+  mb.mtp_ln.resize_for_overwrite(nH, mem, dev_);
+  mb.mtp_rstd.resize_for_overwrite(n, mem, dev_);
+  k::rmsnorm_forward(mb.mtp_ln.data(), mb.mtp_rstd.data(), out.data(), M.norm, n, H, c.rms_norm_eps);
+  mb.mtp_logits.resize_for_overwrite(static_cast<size_t>(n) * V, mem, dev_);
+  k::linear_forward(mb.mtp_logits.data(), mb.mtp_ln.data(), w_.lm_head, n, H, V);
+  mb.mtp_probs.resize_for_overwrite(static_cast<size_t>(n) * V, mem, dev_);
+  mb.mtp_losses.resize_for_overwrite(n, mem, dev_);
+  k::cross_entropy_forward(mb.mtp_losses.data(), mb.mtp_probs.data(), mb.mtp_logits.data(),
+                           mb.mtp_targets.data(), n, V);
+  std::vector<float> row_loss(n);
+  device_copy(Device::kCpu, row_loss.data(), dev_, mb.mtp_losses.data(), n * sizeof(float));
+  for (int i : mb.mtp_masked) row_loss[i] = 0.0f;
+  double sum = 0.0;
+  for (float v : row_loss) sum += v;
+  // Over the batch's B·(T-1) rows; a shard's part times tp, so the TP group's mean is the batch's.
+  const double rows = static_cast<double>(B) * (T - 1);
+  mb.mtp_row_scale = T > 1 ? static_cast<float>(tp / rows) : 0.0f;
+  mb.mtp_out = std::move(out);
+  return T > 1 ? sum * tp / rows : 0.0;
+}
+
+void Model::mtp_backward(MicroBatch& mb, float* d_final_ln, float loss_scale) {
+  const ModelConfig& c = config_;
+  const int B = mb.B, T = mb.T, n = B * T / tp_size(), H = c.hidden_size, V = c.vocab_size;
+  const int L = c.num_hidden_layers;
+  const size_t nH = static_cast<size_t>(n) * H;
+  const MtpTensors& M = w_.mtp;
+  const MtpTensors& MG = g_.mtp;
+  MemTracker* work = &work_mem_;
+  Buffer<float> dlogits(static_cast<size_t>(n) * V, work, dev_);
+  k::cross_entropy_backward(dlogits.data(), mb.mtp_probs.data(), mb.mtp_targets.data(), n, V,
+                            loss_scale * mtp_weight_ * mb.mtp_row_scale);
+  for (int i : mb.mtp_masked) k::fill_zero(dlogits.data() + static_cast<size_t>(i) * V, V);
+  Buffer<float> dln(nH, work, dev_), dx(nH, work, dev_);
+  k::linear_backward(dln.data(), g_.lm_head, dlogits.data(), mb.mtp_ln.data(), w_.lm_head, n, H, V);
+  k::rmsnorm_backward(dx.data(), MG.norm, dln.data(), mb.mtp_out.data(), M.norm, mb.mtp_rstd.data(), n, H);
+  layer_backward(L, *mb.mtp_layer, dx.data(), B, T, loss_scale);  // dx: d(block input)
+  Buffer<float> den(nH, work, dev_), dhn(nH, work, dev_);
+  // y = en · W[:, :H]^T + hn · W[:, H:]^T: dW blocks += dy^T · input, d(input) = dy · W block.
+  k::gemm(true, false, H, H, n, 1.0f, dx.data(), H, mb.mtp_en.data(), H, 1.0f, MG.eh_proj, 2 * H);
+  k::gemm(true, false, H, H, n, 1.0f, dx.data(), H, mb.mtp_hn.data(), H, 1.0f, MG.eh_proj + H, 2 * H);
+  k::gemm(false, false, n, H, H, 1.0f, dx.data(), H, M.eh_proj, 2 * H, 0.0f, den.data(), H);
+  k::gemm(false, false, n, H, H, 1.0f, dx.data(), H, M.eh_proj + H, 2 * H, 0.0f, dhn.data(), H);
+  Buffer<float> de(nH, work, dev_);
+  k::rmsnorm_backward(de.data(), MG.enorm, den.data(), mb.mtp_e.data(), M.enorm, mb.mtp_rstd_e.data(), n, H);
+  k::embedding_backward(g_.embed, de.data(), mb.targets.data(), n, H);
+  k::rmsnorm_backward(d_final_ln, MG.hnorm, dhn.data(), mb.final_ln.data(), M.hnorm, mb.mtp_rstd_h.data(),
+                      n, H);
 }
 
 void Model::backward(MicroBatch& mb, const float* dy_out, float* dx_in, float loss_scale) {
@@ -562,11 +695,15 @@ void Model::backward(MicroBatch& mb, const float* dy_out, float* dx_in, float lo
                               loss_scale / n);
     Buffer<float> dln(nH, work, dev_);
     k::linear_backward(dln.data(), g_.lm_head, dlogits.data(), mb.final_ln.data(), w_.lm_head, n, H, V);
+    if (mb.mtp_layer) mtp_backward(mb, dln.data(), loss_scale);
     k::rmsnorm_backward(dx.data(), g_.norm, dln.data(), mb.final_in.data(), w_.norm,
                         mb.final_rstd.data(), n, H);
     for (Buffer<float>* b :
-         {&mb.final_in, &mb.final_ln, &mb.final_rstd, &mb.logits, &mb.probs, &mb.losses})
+         {&mb.final_in, &mb.final_ln, &mb.final_rstd, &mb.logits, &mb.probs, &mb.losses, &mb.mtp_e,
+          &mb.mtp_en, &mb.mtp_rstd_e, &mb.mtp_hn, &mb.mtp_rstd_h, &mb.mtp_ln, &mb.mtp_rstd,
+          &mb.mtp_logits, &mb.mtp_probs, &mb.mtp_losses, &mb.mtp_out})
       b->release();
+    mb.mtp_layer.reset();
   } else {
     kernels::copy(dx.data(), dy_out, nH);
   }

@@ -44,9 +44,15 @@ struct TensorParallel {
 };
 
 struct LossParts {
-  double total = 0.0;  // ce + aux
+  double total = 0.0;  // ce + aux + mtp_weight · mtp
   double ce = 0.0;     // mean cross-entropy (nats per token); 0 on stages without the head
   double aux = 0.0;    // sum of this stage's MoE layers' alpha-scaled auxiliary losses
+  // Multi-token prediction (DeepSeek-V3): the MTP module's mean cross-entropy of token t+2 over
+  // the positions that have one (T-1 per sequence), unweighted; 0 without the module or when
+  // evaluating. Under tensor parallelism a shard's value is scaled so the group's mean is the
+  // batch's.
+  double mtp = 0.0;
+  double mtp_weight = 0.0;  // lambda of the total (Model::set_mtp_weight)
 };
 
 // How the MoE layers lay out their tokens (padding-free is the default).
@@ -148,6 +154,12 @@ class Model {
   const balance::Placement& placement() const { return placement_; }
   void set_placement(const balance::Placement& placement);
 
+  // Multi-token prediction's loss weight lambda (DeepSeek-V3: 0.3, then 0.1); the module trains
+  // when the config has num_nextn_predict_layers 1 and this stage holds the head.
+  void set_mtp_weight(float lambda) { mtp_weight_ = lambda; }
+  float mtp_weight() const { return mtp_weight_; }
+  bool has_mtp() const { return layout_.stage().head && config_.num_nextn_predict_layers > 0; }
+
   int tp_size() const { return tp_ ? tp_->size : 1; }
   int tp_rank() const { return tp_ ? tp_->rank : 0; }
 
@@ -165,9 +177,16 @@ class Model {
   enum class Keep { kAll, kNoMoe, kInput };
   Keep keep_mode(int layer) const;
   const float* layer_score_bias(int layer) const;  // null: no bias for this layer
-  const balance::LayerPlacement* layer_placement(int layer) const {  // null: no expert parallelism
-    return ep_ ? &placement_.layers[layer] : nullptr;
+  // null: no expert parallelism, or the MTP block (layer num_hidden_layers), which holds every expert
+  const balance::LayerPlacement* layer_placement(int layer) const {
+    return ep_ && layer < config_.num_hidden_layers ? &placement_.layers[layer] : nullptr;
   }
+  const mixture::ExpertParallel* layer_ep(int layer) const {
+    return layer < config_.num_hidden_layers ? ep_ : nullptr;
+  }
+  // The MTP module on mb's final hidden state (forward), and its gradient into d_final_ln.
+  double mtp_forward(MicroBatch& mb, const int32_t* tokens_BT1, MemTracker* mem);
+  void mtp_backward(MicroBatch& mb, float* d_final_ln, float loss_scale);
   // Layer l on a.x (already set): writes out [N,H]; `a` then holds every activation.
   void layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTracker* mem);
   // Releases what the keep mode does not keep (recomputed in backward).
@@ -197,7 +216,8 @@ class Model {
   MemTracker total_mem_, act_mem_, work_mem_;
   mixture::MoeBackwardWorkspace moe_work_;  // its MoE layers' backward temporaries (work_mem_)
   MicroBatchPtr whole_;  // state of the whole-model API
-  Buffer<float> score_bias_;  // [num_hidden_layers, E] on dev_ (noaux_tc only; rows of MoE layers)
+  Buffer<float> score_bias_;  // [num_hidden_layers + mtp, E] on dev_ (noaux_tc only; rows of MoE layers)
+  float mtp_weight_ = 0.3f;
 };
 
 }  // namespace moe::model

@@ -92,34 +92,69 @@ ParamLayout::ParamLayout(const ModelConfig& c, ExpertShard shard, StageSpec stag
             "stage layers [", stage_.first_layer, ", ", l_end, ") are outside the model's ",
             c.num_hidden_layers, " layers");
   if (stage_.embedding) add("model.embed_tokens.weight", {V, H}, true);
-  for (int l = stage_.first_layer; l < l_end; ++l) {
+  // Layer l's tensors. mtp: the multi-token-prediction block, whose experts every rank holds
+  // whole (not expert-parallel: is_expert false, summed over the data group like dense weights).
+  auto add_layer = [&](int l, bool mtp) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", {H}, false);
     // Heads split over TP: q, k, v by output rows, o_proj by input columns (Megatron's column- and
     // row-parallel linears); the same for the dense MLP's gate/up and down.
-    for (const char* m : {"q_proj", "k_proj", "v_proj"}) add(p + "self_attn." + m + ".weight", {H, H}, true, false, 0);
-    add(p + "self_attn.o_proj.weight", {H, H}, true, false, 1);
+    if (c.uses_mla()) {
+      // Multi-head latent attention: the latents replicated, the heads split (as q/k/v and o).
+      const int64_t nh = c.num_attention_heads, rq = c.q_lora_rank, rkv = c.kv_lora_rank;
+      const int64_t dqk = c.qk_head_dim(), dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
+      if (rq > 0) {
+        add(p + "self_attn.q_a_proj.weight", {rq, H}, true);
+        add(p + "self_attn.q_a_layernorm.weight", {rq}, false);
+        add(p + "self_attn.q_b_proj.weight", {nh * dqk, rq}, true, false, 0);
+      } else {
+        add(p + "self_attn.q_proj.weight", {nh * dqk, H}, true, false, 0);
+      }
+      add(p + "self_attn.kv_a_proj_with_mqa.weight", {rkv + dr, H}, true);
+      add(p + "self_attn.kv_a_layernorm.weight", {rkv}, false);
+      add(p + "self_attn.kv_b_proj.weight", {nh * (dn + dv), rkv}, true, false, 0);
+      add(p + "self_attn.o_proj.weight", {H, nh * dv}, true, false, 1);
+    } else {
+      for (const char* m : {"q_proj", "k_proj", "v_proj"}) add(p + "self_attn." + m + ".weight", {H, H}, true, false, 0);
+      add(p + "self_attn.o_proj.weight", {H, H}, true, false, 1);
+    }
     add(p + "post_attention_layernorm.weight", {H}, false);
     if (!c.is_moe_layer(l)) {
       add(p + "mlp.gate_proj.weight", {I, H}, true, false, 0);
       add(p + "mlp.up_proj.weight", {I, H}, true, false, 0);
       add(p + "mlp.down_proj.weight", {H, I}, true, false, 1);
-      continue;
+      return;
     }
     add(p + "mlp.gate.weight", {E, H}, true);
     // Stacked by projection, so each projection of all experts is one [E, ...] array.
-    const std::vector<int> held = shard_.experts(l, static_cast<int>(E));
+    std::vector<int> held;
+    if (mtp) {
+      for (int e = 0; e < E; ++e) held.push_back(e);
+    } else {
+      held = shard_.experts(l, static_cast<int>(E));
+    }
     for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
       bool down = std::string(m) == "down_proj";
       for (int e : held)
         add(p + "mlp.experts." + std::to_string(e) + "." + m + ".weight",
-            down ? std::vector<int64_t>{H, F} : std::vector<int64_t>{F, H}, true, true);
+            down ? std::vector<int64_t>{H, F} : std::vector<int64_t>{F, H}, true, !mtp);
     }
     if (Fs > 0) {
       add(p + "mlp.shared_experts.gate_proj.weight", {Fs, H}, true);
       add(p + "mlp.shared_experts.up_proj.weight", {Fs, H}, true);
       add(p + "mlp.shared_experts.down_proj.weight", {H, Fs}, true);
     }
+  };
+  for (int l = stage_.first_layer; l < l_end; ++l) add_layer(l, false);
+  if (stage_.head && c.num_nextn_predict_layers > 0) {
+    // The multi-token-prediction module (MtpTensors), named as DeepSeek-V3's layer L.
+    const int L = c.num_hidden_layers;
+    const std::string p = "model.layers." + std::to_string(L) + ".";
+    add(p + "enorm.weight", {H}, false);
+    add(p + "hnorm.weight", {H}, false);
+    add(p + "eh_proj.weight", {H, 2 * H}, true);
+    add_layer(L, true);
+    add(p + "shared_head.norm.weight", {H}, false);
   }
   if (stage_.head) {
     add("model.norm.weight", {H}, false);
@@ -142,14 +177,38 @@ ModelTensors bind_tensors(const ParamLayout& layout, const ModelConfig& c, float
     t.norm = at("model.norm.weight");
     t.lm_head = at("lm_head.weight");
   }
-  t.layers.resize(c.num_hidden_layers);
-  for (int l = st.first_layer; l < st.end_layer(c); ++l) {
+  t.layers.resize(c.num_hidden_layers + c.num_nextn_predict_layers);
+  const bool mtp = st.head && c.num_nextn_predict_layers > 0;
+  if (mtp) {
+    const std::string p = "model.layers." + std::to_string(c.num_hidden_layers) + ".";
+    t.mtp.enorm = at(p + "enorm.weight");
+    t.mtp.hnorm = at(p + "hnorm.weight");
+    t.mtp.eh_proj = at(p + "eh_proj.weight");
+    t.mtp.norm = at(p + "shared_head.norm.weight");
+  }
+  std::vector<int> bound;
+  for (int l = st.first_layer; l < st.end_layer(c); ++l) bound.push_back(l);
+  if (mtp) bound.push_back(c.num_hidden_layers);
+  for (int l : bound) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     LayerTensors& L = t.layers[l];
     L.input_norm = at(p + "input_layernorm.weight");
-    L.q = at(p + "self_attn.q_proj.weight");
-    L.k = at(p + "self_attn.k_proj.weight");
-    L.v = at(p + "self_attn.v_proj.weight");
+    if (c.uses_mla()) {
+      if (c.q_lora_rank > 0) {
+        L.q_a = at(p + "self_attn.q_a_proj.weight");
+        L.q_a_norm = at(p + "self_attn.q_a_layernorm.weight");
+        L.q_b = at(p + "self_attn.q_b_proj.weight");
+      } else {
+        L.q = at(p + "self_attn.q_proj.weight");
+      }
+      L.kv_a = at(p + "self_attn.kv_a_proj_with_mqa.weight");
+      L.kv_a_norm = at(p + "self_attn.kv_a_layernorm.weight");
+      L.kv_b = at(p + "self_attn.kv_b_proj.weight");
+    } else {
+      L.q = at(p + "self_attn.q_proj.weight");
+      L.k = at(p + "self_attn.k_proj.weight");
+      L.v = at(p + "self_attn.v_proj.weight");
+    }
     L.o = at(p + "self_attn.o_proj.weight");
     L.post_norm = at(p + "post_attention_layernorm.weight");
     if (!c.is_moe_layer(l)) {
@@ -159,7 +218,9 @@ ModelTensors bind_tensors(const ParamLayout& layout, const ModelConfig& c, float
       continue;
     }
     L.router = at(p + "mlp.gate.weight");
-    const std::vector<int> held = layout.shard().experts(l, c.n_routed_experts);
+    // The MTP block holds every expert in order; the others the shard's.
+    const std::vector<int> held = l == c.num_hidden_layers ? std::vector<int>{0}
+                                                           : layout.shard().experts(l, c.n_routed_experts);
     if (!held.empty()) {  // the stacked arrays start at the first slot's expert
       const std::string first = p + "mlp.experts." + std::to_string(held[0]) + ".";
       L.experts_gate = at(first + "gate_proj.weight");

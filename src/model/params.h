@@ -93,7 +93,16 @@ struct LayerTensors {
   float* q = nullptr;            // [H,H] ([H/tp,H] under tensor parallelism)
   float* k = nullptr;            // [H,H] ([H/tp,H])
   float* v = nullptr;            // [H,H] ([H/tp,H])
-  float* o = nullptr;            // [H,H] ([H,H/tp])
+  float* o = nullptr;            // [H,H] ([H,H/tp]); MLA: [H, nh·dv] ([H, nh·dv/tp])
+  // Multi-head latent attention (config.uses_mla(); q, k, v above are null, but q is q_proj when
+  // there is no query latent): heads split by rows of q/q_b and kv_b under TP, the latents'
+  // down-projections and norms replicated.
+  float* q_a = nullptr;          // [rq,H] (q_lora_rank > 0)
+  float* q_a_norm = nullptr;     // [rq]
+  float* q_b = nullptr;          // [nh·(dn+dr), rq]
+  float* kv_a = nullptr;         // [rkv+dr, H]: the kv latent's rows, then the rotary key's
+  float* kv_a_norm = nullptr;    // [rkv]
+  float* kv_b = nullptr;         // [nh·(dn+dv), rkv]
   float* post_norm = nullptr;    // [H]
   // dense layer
   float* mlp_gate = nullptr;     // [I,H] ([I/tp,H])
@@ -108,9 +117,22 @@ struct LayerTensors {
   float* shared_up = nullptr;    // [Fs,H]
   float* shared_down = nullptr;  // [H,Fs]
 };
+// DeepSeek-V3's multi-token prediction module (depth 1), on the stage that holds the head:
+//   x' = block(eh_proj([enorm(embed(t+1)) | hnorm(h)]));  logits' = lm_head(norm'(x'))
+// with the main model's embedding and head (shared, as in the V3 report). Named as DeepSeek-V3's
+// checkpoint names its layer num_hidden_layers: model.layers.L.{enorm,hnorm,eh_proj,
+// shared_head.norm} and the block's usual tensors (its routed experts held whole by every rank).
+struct MtpTensors {
+  float* enorm = nullptr;        // [H]
+  float* hnorm = nullptr;        // [H]
+  float* eh_proj = nullptr;      // [H, 2H]: columns [0,H) read the embedding, [H,2H) the state
+  float* norm = nullptr;         // [H] shared_head.norm
+};
 struct ModelTensors {
   float* embed = nullptr;        // [V,H]
+  // One entry per model layer, plus the MTP module's block at index num_hidden_layers.
   std::vector<LayerTensors> layers;
+  MtpTensors mtp;                // bound when the layout holds the MTP module
   float* norm = nullptr;         // [H]
   float* lm_head = nullptr;      // [V,H]
 };

@@ -490,6 +490,7 @@ Trainer::Trainer(const TrainOptions& opts, RunSetup& setup)
   model_ = std::make_unique<model::Model>(cfg_, opts.model.moe, D_ > 1 || grid_.dims.tp > 1 ? &ep_ctx_ : nullptr,
                                           stage_, setup.recompute, &tp_ctx_);
   model::Model& model = *model_;
+  model.set_mtp_weight(opts.model.mtp_weight);
   // noaux_tc: every MoE layer's selection bias, the same on every rank (train/score_bias.h).
   score_bias_ = std::make_unique<ScoreBias>(cfg_, opts.balance.bias_rate);
   // The exchange's staging rows (send/receive buffers, RBD pools, HALO rails) are workspace of
@@ -704,6 +705,8 @@ StepOutcome Trainer::step(int step) {
     model::LossParts lp = model.forward(*mbs_[m], micro_tokens(m), x_in, x_out, Bm_, T_);
     loss.ce += lp.ce / M_;
     loss.aux += lp.aux / M_;
+    loss.mtp += lp.mtp / M_;
+    loss.mtp_weight = lp.mtp_weight;
     dispatch_bytes = std::max(dispatch_bytes, static_cast<double>(model.moe_dispatch_bytes(*mbs_[m])));
     std::vector<int64_t> f;
     for (auto& l : model.expert_loads(*mbs_[m])) f.insert(f.end(), l.begin(), l.end());
@@ -731,13 +734,16 @@ StepOutcome Trainer::step(int step) {
   // on the last stage, each stage has its own layers' aux losses); loads and bytes summed.
   loss.ce = data_mean(grid, loss.ce);
   loss.aux = data_mean(grid, loss.aux);
+  loss.mtp = data_mean(grid, loss.mtp);
   if (grid.pp.size() > 1) {
-    double parts[2] = {loss.ce, loss.aux};
-    grid.pp.allreduce_sum(parts, 2);
+    double parts[4] = {loss.ce, loss.aux, loss.mtp, loss.mtp_weight};
+    grid.pp.allreduce_sum(parts, 4);
     loss.ce = parts[0];
     loss.aux = parts[1];
+    loss.mtp = parts[2];
+    loss.mtp_weight = parts[3];
   }
-  loss.total = loss.ce + loss.aux;
+  loss.total = loss.ce + loss.aux + loss.mtp_weight * loss.mtp;
   auto hook = [step](const std::vector<int>& steps) {
     return std::find(steps.begin(), steps.end(), step + 1) != steps.end();
   };
@@ -848,6 +854,7 @@ void Trainer::log(int step, const StepOutcome& s, double vl) {
               {"loss", loss.total},
               {"ce_loss", loss.ce},
               {"aux_loss", loss.aux},
+              {"mtp_loss", loss.mtp},
               {"lr", learning_rate(opt_->config(), step)},
               {"grad_norm", s.grad_norm},
               {"tokens", static_cast<long long>(B_global_) * T_},

@@ -30,6 +30,7 @@ struct ModelOptions {
   int vocab_size = 0;           // --vocab-size: overrides the preset's / config's (0 = keep it)
   model::MoeOptions moe;        // --capacity-factor, --padded
   std::string recompute = "none";  // activation checkpointing: none | moe | full
+  float mtp_weight = 0.3f;      // --mtp.weight: multi-token prediction's loss weight (DeepSeek-V3)
 };
 
 struct DataOptions {

@@ -188,8 +188,18 @@ class Config:
         self.rope_theta = float(d.get("rope_theta", 10000.0))
         self.rms_norm_eps = float(d.get("rms_norm_eps", 1e-6))
         self.tie_word_embeddings = bool(d.get("tie_word_embeddings", False))
+        # DeepSeek-V2/V3: multi-head latent attention (HF DeepseekV2Attention / DeepseekV3Attention).
+        self.mla = d.get("model_type") in ("deepseek_v2", "deepseek_v3")
+        self.q_lora_rank = int(d.get("q_lora_rank") or 0)
+        self.kv_lora_rank = int(d.get("kv_lora_rank") or 0)
+        self.qk_nope_head_dim = int(d.get("qk_nope_head_dim") or 0)
+        self.qk_rope_head_dim = int(d.get("qk_rope_head_dim") or 0)
+        self.v_head_dim = int(d.get("v_head_dim") or 0)
+        self.rope_scaling = d.get("rope_scaling")
+        self.mtp_depth = int(d.get("num_nextn_predict_layers") or 0)
+        self.mtp_weight = 0.0  # train.json's
         problems = []
-        if self.hidden_size % self.num_heads:
+        if self.hidden_size % self.num_heads and not self.mla:
             problems.append(f"hidden_size {self.hidden_size} is not a multiple of "
                             f"num_attention_heads {self.num_heads}")
         if self.num_kv_heads != self.num_heads:
@@ -207,8 +217,8 @@ class Config:
                             f"n_routed_experts {self.n_routed_experts}")
         if self.tie_word_embeddings:
             problems.append("tie_word_embeddings = true is not supported")
-        if d.get("rope_scaling"):
-            problems.append("rope_scaling is not supported")
+        if self.rope_scaling and not (self.mla and self.rope_scaling.get("type") == "yarn"):
+            problems.append("rope_scaling other than yarn (deepseek_v2/v3) is not supported")
         if d.get("attention_bias"):
             problems.append("attention_bias is not supported")
         if problems:
@@ -220,34 +230,65 @@ class Config:
         return (self.n_routed_experts is not None and self.n_routed_experts > 0
                 and i >= self.first_k_dense_replace and i % self.moe_layer_freq == 0)
 
+    def layer_shapes(self, shapes, i):
+        """Adds decoder layer i's {name: shape}."""
+        H, I = self.hidden_size, self.intermediate_size
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = [H]
+        if self.mla:
+            nh, rq, rkv = self.num_heads, self.q_lora_rank, self.kv_lora_rank
+            dn, dr, dv = self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
+            a = p + "self_attn."
+            if rq:
+                shapes[a + "q_a_proj.weight"] = [rq, H]
+                shapes[a + "q_a_layernorm.weight"] = [rq]
+                shapes[a + "q_b_proj.weight"] = [nh * (dn + dr), rq]
+            else:
+                shapes[a + "q_proj.weight"] = [nh * (dn + dr), H]
+            shapes[a + "kv_a_proj_with_mqa.weight"] = [rkv + dr, H]
+            shapes[a + "kv_a_layernorm.weight"] = [rkv]
+            shapes[a + "kv_b_proj.weight"] = [nh * (dn + dv), rkv]
+            shapes[a + "o_proj.weight"] = [H, nh * dv]
+        else:
+            for n in "qkvo":
+                shapes[p + f"self_attn.{n}_proj.weight"] = [H, H]
+        shapes[p + "post_attention_layernorm.weight"] = [H]
+        if self.is_moe_layer(i):
+            E, Fm = int(self.n_routed_experts), self.moe_intermediate_size
+            shapes[p + "mlp.gate.weight"] = [E, H]
+            for e in range(E):
+                q = p + f"mlp.experts.{e}."
+                shapes[q + "gate_proj.weight"] = [Fm, H]
+                shapes[q + "up_proj.weight"] = [Fm, H]
+                shapes[q + "down_proj.weight"] = [H, Fm]
+            if self.n_shared_experts > 0:
+                Fs = Fm * self.n_shared_experts
+                q = p + "mlp.shared_experts."
+                shapes[q + "gate_proj.weight"] = [Fs, H]
+                shapes[q + "up_proj.weight"] = [Fs, H]
+                shapes[q + "down_proj.weight"] = [H, Fs]
+        else:
+            shapes[p + "mlp.gate_proj.weight"] = [I, H]
+            shapes[p + "mlp.up_proj.weight"] = [I, H]
+            shapes[p + "mlp.down_proj.weight"] = [H, I]
+
     def param_shapes(self):
         """{name: shape} of every parameter, in model order."""
         V, H, I = self.vocab_size, self.hidden_size, self.intermediate_size
         shapes = {"model.embed_tokens.weight": [V, H]}
         for i in range(self.num_layers):
-            p = f"model.layers.{i}."
-            shapes[p + "input_layernorm.weight"] = [H]
-            for n in "qkvo":
-                shapes[p + f"self_attn.{n}_proj.weight"] = [H, H]
-            shapes[p + "post_attention_layernorm.weight"] = [H]
-            if self.is_moe_layer(i):
-                E, Fm = int(self.n_routed_experts), self.moe_intermediate_size
-                shapes[p + "mlp.gate.weight"] = [E, H]
-                for e in range(E):
-                    q = p + f"mlp.experts.{e}."
-                    shapes[q + "gate_proj.weight"] = [Fm, H]
-                    shapes[q + "up_proj.weight"] = [Fm, H]
-                    shapes[q + "down_proj.weight"] = [H, Fm]
-                if self.n_shared_experts > 0:
-                    Fs = Fm * self.n_shared_experts
-                    q = p + "mlp.shared_experts."
-                    shapes[q + "gate_proj.weight"] = [Fs, H]
-                    shapes[q + "up_proj.weight"] = [Fs, H]
-                    shapes[q + "down_proj.weight"] = [H, Fs]
-            else:
-                shapes[p + "mlp.gate_proj.weight"] = [I, H]
-                shapes[p + "mlp.up_proj.weight"] = [I, H]
-                shapes[p + "mlp.down_proj.weight"] = [H, I]
+            self.layer_shapes(shapes, i)
+        if self.mtp_depth:
+            # model.layers.L: enorm, hnorm, eh_proj, a decoder layer (layer_shapes), shared_head.norm
+            # (DeepSeek-V3's checkpoint also repeats embed_tokens and shared_head.head there; they
+            # are the main model's here, and moetrain does not write the copies).
+            L = self.num_layers
+            p = f"model.layers.{L}."
+            shapes[p + "enorm.weight"] = [H]
+            shapes[p + "hnorm.weight"] = [H]
+            shapes[p + "eh_proj.weight"] = [H, 2 * H]
+            self.layer_shapes(shapes, L)
+            shapes[p + "shared_head.norm.weight"] = [H]
         shapes["model.norm.weight"] = [H]
         shapes["lm_head.weight"] = [V, H]
         return shapes
@@ -286,6 +327,80 @@ def attention(x, P, p, cfg):
     causal = torch.ones(T, T, dtype=torch.bool).triu(1)
     att = att.masked_fill(causal, float("-inf")).softmax(dim=-1)
     out = torch.matmul(att, v).transpose(1, 2).reshape(B, T, H)
+    return linear(out, P[p + "o_proj.weight"])
+
+
+def yarn_get_mscale(scale=1.0, mscale=1.0):
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def mla_rope_cos_sin(T, cfg, dtype):
+    """The rotary table of DeepSeek-V2/V3's rope columns: plain, or DeepseekV2YarnRotaryEmbedding's."""
+    d, base, rs = cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_scaling
+    if not rs:
+        return rope_cos_sin(T, d, base, dtype)
+    factor = float(rs["factor"])
+    orig = int(rs.get("original_max_position_embeddings", 4096))
+    beta_fast, beta_slow = float(rs.get("beta_fast", 32)), float(rs.get("beta_slow", 1))
+    mscale, mscale_all_dim = float(rs.get("mscale", 1)), float(rs.get("mscale_all_dim", 0))
+    freq_extra = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    freq_inter = 1.0 / (factor * base ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+
+    def correction_dim(rotations):
+        return (d * math.log(orig / (rotations * 2 * math.pi))) / (2 * math.log(base))
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), d - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    inv_freq_mask = 1.0 - ramp
+    inv_freq = freq_inter * (1 - inv_freq_mask) + freq_extra * inv_freq_mask
+    freqs = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq)
+    amp = yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * amp).to(dtype), (emb.sin() * amp).to(dtype)
+
+
+def rope_interleaved(x, cos, sin):
+    # HF modeling_deepseek (V2/V3) apply_rotary_pos_emb: de-interleave the pairs, then rotate_half.
+    b, h, s, d = x.shape
+    x = x.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d)
+    return x * cos + rotate_half(x) * sin
+
+
+def mla_attention(x, P, p, cfg):
+    """DeepseekV2Attention / DeepseekV3Attention's forward (no cache, causal)."""
+    B, T, H = x.shape
+    nh, rkv = cfg.num_heads, cfg.kv_lora_rank
+    dn, dr, dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    if cfg.q_lora_rank:
+        # The latent norms: DeepseekV2RMSNorm's default eps 1e-6.
+        q = linear(rmsnorm(linear(x, P[p + "q_a_proj.weight"]), P[p + "q_a_layernorm.weight"], 1e-6),
+                   P[p + "q_b_proj.weight"])
+    else:
+        q = linear(x, P[p + "q_proj.weight"])
+    q = q.view(B, T, nh, dn + dr).transpose(1, 2)
+    q_nope, q_pe = torch.split(q, [dn, dr], dim=-1)
+    ckv = linear(x, P[p + "kv_a_proj_with_mqa.weight"])
+    c, k_pe = torch.split(ckv, [rkv, dr], dim=-1)
+    k_pe = k_pe.view(B, T, 1, dr).transpose(1, 2)
+    kv = linear(rmsnorm(c, P[p + "kv_a_layernorm.weight"], 1e-6), P[p + "kv_b_proj.weight"])
+    kv = kv.view(B, T, nh, dn + dv).transpose(1, 2)
+    k_nope, v = torch.split(kv, [dn, dv], dim=-1)
+    cos, sin = mla_rope_cos_sin(T, cfg, x.dtype)
+    q_pe = rope_interleaved(q_pe, cos, sin)
+    k_pe = rope_interleaved(k_pe, cos, sin)
+    q = torch.cat([q_nope, q_pe], dim=-1)
+    k = torch.cat([k_nope, k_pe.expand(B, nh, T, dr)], dim=-1)
+    scale = (dn + dr) ** -0.5
+    rs = cfg.rope_scaling
+    if rs and float(rs.get("mscale_all_dim", 0)):
+        m = yarn_get_mscale(float(rs["factor"]), float(rs["mscale_all_dim"]))
+        scale = scale * m * m
+    att = torch.matmul(q, k.transpose(2, 3)) * scale
+    causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+    att = att.masked_fill(causal, float("-inf")).softmax(dim=-1)
+    out = torch.matmul(att, v).transpose(1, 2).reshape(B, T, nh * dv)
     return linear(out, P[p + "o_proj.weight"])
 
 
@@ -404,7 +519,8 @@ def forward(P, cfg, tokens, biases=None, loads=None):
     diag = {"margins": [], "rerouted": []}
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        h = x + attention(rmsnorm(x, P[p + "input_layernorm.weight"], eps), P, p + "self_attn.", cfg)
+        attn = mla_attention if cfg.mla else attention
+        h = x + attn(rmsnorm(x, P[p + "input_layernorm.weight"], eps), P, p + "self_attn.", cfg)
         hn = rmsnorm(h, P[p + "post_attention_layernorm.weight"], eps)
         if cfg.is_moe_layer(i):
             m, aux = moe(hn, P, p + "mlp.", cfg, diag, biases, loads)
@@ -415,7 +531,42 @@ def forward(P, cfg, tokens, biases=None, loads=None):
     x = rmsnorm(x, P["model.norm.weight"], eps)
     logits = linear(x, P["lm_head.weight"])
     ce = F.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1))
-    return logits, ce + aux_total, ce, aux_total, diag
+    total = ce + aux_total
+    if cfg.mtp_depth:
+        mtp, mtp_aux = mtp_forward(P, cfg, tokens, x, diag, biases)
+        aux_total = aux_total + mtp_aux
+        total = total + mtp_aux + cfg.mtp_weight * mtp
+        diag["mtp"] = mtp
+    return logits, total, ce, aux_total, diag
+
+
+def mtp_forward(P, cfg, tokens, h, diag, biases):
+    """DeepSeek-V3's multi-token prediction module of depth 1 (the V3 report, section 2.2; tensor
+    names and the [embedding | state] order as DeepSeek-V3's checkpoint and vLLM's deepseek_mtp):
+    position t reads the final-normed state h_t and the embedding of token t+1 and predicts token
+    t+2; embedding and output head are the main model's. Returns (mean ce over the B*(T-1)
+    positions that have a token t+2, the block's balance loss)."""
+    eps, L = cfg.rms_norm_eps, cfg.num_layers
+    p = f"model.layers.{L}."
+    e = F.embedding(tokens[:, 1:].long(), P["model.embed_tokens.weight"])  # token t+1 [B, T, H]
+    x = linear(torch.cat([rmsnorm(e, P[p + "enorm.weight"], eps), rmsnorm(h, P[p + "hnorm.weight"], eps)],
+                         dim=-1), P[p + "eh_proj.weight"])
+    attn = mla_attention if cfg.mla else attention
+    hh = x + attn(rmsnorm(x, P[p + "input_layernorm.weight"], eps), P, p + "self_attn.", cfg)
+    hn = rmsnorm(hh, P[p + "post_attention_layernorm.weight"], eps)
+    aux = torch.zeros((), dtype=x.dtype)
+    if cfg.is_moe_layer(L):
+        # Its selection bias is held at zero (moetrain does not update it).
+        b = dict(biases or {})
+        if cfg.topk_method == "noaux_tc":
+            b[bias_name(p + "mlp.")] = torch.zeros(int(cfg.n_routed_experts))
+        m, aux = moe(hn, P, p + "mlp.", cfg, diag, b, None)
+    else:
+        m = swiglu_mlp(hn, P, p + "mlp.")
+    x = rmsnorm(hh + m, P[p + "shared_head.norm.weight"], eps)
+    logits = linear(x, P["lm_head.weight"])  # [B, T, V]; position T-1 has no token t+2
+    ce = F.cross_entropy(logits[:, :-1].reshape(-1, cfg.vocab_size), tokens[:, 2:].long().reshape(-1))
+    return ce, aux
 
 
 def lr_at(step, t):
@@ -541,6 +692,7 @@ def main(argv=None):
         with open(os.path.join(D, "train.json")) as f:
             tcfg = json.load(f)
         GEMM_BF16 = tcfg.get("gemm_precision", "fp32") == "bf16"
+        cfg.mtp_weight = float(tcfg.get("mtp_weight", 0.0))
         weights, _ = load_safetensors(os.path.join(D, "model.safetensors"))
         batch, _ = load_safetensors(os.path.join(D, "batch.safetensors"))
         expected, _ = load_safetensors(os.path.join(D, "expected.safetensors"))
@@ -614,6 +766,8 @@ def main(argv=None):
     rep.compare("loss", expected.get("loss"), loss.reshape(1))
     rep.compare("ce_loss", expected.get("ce_loss"), ce.reshape(1))
     rep.compare("aux_loss", expected.get("aux_loss"), aux.reshape(1))
+    if cfg.mtp_depth:
+        rep.compare("mtp_loss", expected.get("mtp_loss"), diag["mtp"].reshape(1))
     for n, g in zip(names, grads):
         rep.compare("grad." + n, expected.get("grad." + n), torch.zeros_like(P[n]) if g is None else g,
                     tol=args.grad_tol)
