@@ -112,6 +112,12 @@ timeout 120 "$bin/tool_device_parity" --preset test-moe-group --steps 20 --preci
 rc=$?
 worst=$(python3 -c "import json;d=json.load(open('$out/parity_group.json'));print(d['grad_worst_rel_err'], d['grad_worst_tensor'], d['steps_worst_rel_diff'])" 2>/dev/null)
 note "- model gradients CUDA vs CPU (test-moe-group fp32): rc=$rc, worst gradient rel. error / tensor / worst step-loss rel. diff: ${worst:-n/a}"
+# DeepSeek-V3's architecture: multi-head latent attention (kernels/cuda/mla.cu), MTP, noaux routing.
+timeout 120 "$bin/tool_device_parity" --preset test-v3 --steps 20 --precision fp32 \
+  --out "$out/parity_v3.json" >"$out/parity_v3.log" 2>&1
+rc=$?
+worst=$(python3 -c "import json;d=json.load(open('$out/parity_v3.json'));print(d['grad_worst_rel_err'], d['grad_worst_tensor'], d['steps_worst_rel_diff'])" 2>/dev/null)
+note "- model gradients CUDA vs CPU (test-v3 fp32, MLA + MTP): rc=$rc, worst gradient rel. error / tensor / worst step-loss rel. diff: ${worst:-n/a}"
 
 step "20 training steps, CPU vs GPU"
 for d in cpu cuda; do

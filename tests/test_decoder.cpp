@@ -46,6 +46,14 @@ double worst_decode_error(const std::string& preset, int T, int prompt, float in
   c.initializer_range = init_std;  // larger weights: sharper logits, a stronger comparison
   model::Model m(c);
   m.init_weights(7);
+  // noaux_tc: a random selection bias per MoE layer, large enough to change the choices.
+  Rng br(5);
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    if (c.aux_free_balancing() && c.is_moe_layer(l)) {
+      std::vector<float> b(c.n_routed_experts);
+      for (float& x : b) x = static_cast<float>((br.uniform() - 0.5) * 0.2);
+      m.set_score_bias(l, b.data());
+    }
   Rng r(11);
   std::vector<int32_t> seq(T + 1);
   for (auto& t : seq) t = static_cast<int32_t>(r.below(c.vocab_size));
@@ -73,7 +81,8 @@ double worst_decode_error(const std::string& preset, int T, int prompt, float in
 TEST(Decoder, IncrementalLogitsEqualTheFullForward) {
   // MoE (1 dense + 2 MoE layers, shared expert, batch aux), the other router branches (incl.
   // DeepSeek-V2 group-limited routing), dense only.
-  for (const std::string preset : {"test-moe", "test-moe-seqaux", "test-moe-v2group", "test-dense"}) {
+  for (const std::string preset : {"test-moe", "test-moe-seqaux", "test-moe-v2group", "test-dense",
+                                   "test-mla", "test-mla-noq", "test-v3", "test-moe-group"}) {
     const double worst = worst_decode_error(preset, 24, 7, 0.2f);
     EXPECT_LE(worst, 1e-5) << preset;
     std::printf("%s: worst max|decode - full| / max|full| over 24 positions: %.2e\n",
@@ -81,7 +90,20 @@ TEST(Decoder, IncrementalLogitsEqualTheFullForward) {
   }
 }
 
+// Multi-head latent attention caches kv_lora_rank + qk_rope_head_dim floats per token and layer
+// (test-mla: 16 + 4 = 20), not the 2·nh·head width of K and V.
+TEST(Decoder, LatentCacheHoldsTheCompressedLatentOnly) {
+  for (const char* preset : {"test-mla", "test-moe"}) {
+    model::ModelConfig c = model::preset(preset);
+    model::Model m(c);
+    model::Decoder dec(m, 40);
+    const size_t per_token = c.uses_mla() ? c.kv_lora_rank + c.qk_rope_head_dim : 2 * c.hidden_size;
+    EXPECT_EQ(dec.cache_bytes(), sizeof(float) * c.num_hidden_layers * 40 * per_token) << preset;
+  }
+}
+
 TEST(Decoder, OneTokenPromptAndPrefillOfEverything) {
+  EXPECT_LE(worst_decode_error("test-mla", 16, 1, 0.2f), 1e-5);   // MLA: every position by a step
   EXPECT_LE(worst_decode_error("test-moe", 16, 1, 0.2f), 1e-5);   // every position by a step
   EXPECT_LE(worst_decode_error("test-moe", 16, 16, 0.2f), 1e-5);  // the whole sequence at once
 }

@@ -6,10 +6,12 @@
 // the op's closure; every float input is differentiated.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
@@ -19,6 +21,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/mla.h"
 #include "kernels/peak_rate.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -568,6 +571,78 @@ TEST(Rope, BackwardUndoesForwardAndChecksShapes) {
   EXPECT_THROW(rope_forward(y.data(), t, 1, 7, 3, 8), moe::Error);  // T > max_pos
   EXPECT_THROW(rope_forward(y.data(), t, 1, 6, 3, 6), moe::Error);  // head_dim mismatch
   EXPECT_THROW(make_rope_table(4, 7, kTheta), moe::Error);          // odd head_dim
+}
+
+// YaRN's table against HF DeepseekV2YarnRotaryEmbedding's formulas written out in double: below
+// the ramp the frequency is unscaled, above it divided by the factor, and cos/sin carry the
+// mscale ratio.
+TEST(Rope, YarnTableMatchesFormula) {
+  const int d = 16;
+  YarnParams y;
+  y.factor = 8.0, y.mscale = 0.8, y.mscale_all_dim = 1.0, y.original_max_pos = 4096;
+  const double theta = 10000.0, pi = 3.14159265358979323846;
+  RopeTable t = make_yarn_rope_table(100, d, theta, y);
+  auto corr = [&](double rot) { return d * std::log(4096 / (rot * 2 * pi)) / (2 * std::log(theta)); };
+  const double low = std::max(std::floor(corr(32.0)), 0.0), high = std::min(std::ceil(corr(1.0)), d - 1.0);
+  auto ms = [&](double m) { return 0.1 * m * std::log(8.0) + 1.0; };
+  const double amp = ms(0.8) / ms(1.0);
+  for (int p : {0, 3, 99})
+    for (int i = 0; i < d / 2; ++i) {
+      const double extra = std::pow(theta, -2.0 * i / d);
+      const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+      const double f = extra / 8.0 * ramp + extra * (1 - ramp);
+      EXPECT_NEAR(t.cos[p * t.half + i], std::cos(p * f) * amp, 1e-6) << "p=" << p << " i=" << i;
+      EXPECT_NEAR(t.sin[p * t.half + i], std::sin(p * f) * amp, 1e-6) << "p=" << p << " i=" << i;
+    }
+  EXPECT_GT(low, 0.0);                  // the ramp starts inside the dimensions...
+  EXPECT_LT(high, d / 2 - 1.0);         // ...and ends inside them: both regimes are tested
+}
+
+// MLA's head assembly is linear in (q, kv, kpe): backward must be its exact transpose,
+// <forward(x), y> = <x, backward(y)> for any x, y; and the layout: Q's nope columns are q's
+// scaled, V's are kv's value columns, the padding zero, the rotation HF's de-interleaved one.
+TEST(Mla, HeadsBackwardIsTheTransposeAndLayoutIsHfs) {
+  for (auto [dn, dr, dv] : {std::tuple{8, 4, 8}, std::tuple{4, 6, 16}, std::tuple{0, 2, 3}}) {
+    Rng rng(9 + dv);
+    MlaShape m;
+    m.B = 2, m.T = 5, m.nh = 3, m.dn = dn, m.dr = dr, m.dv = dv, m.D = std::max(dn + dr, dv);
+    const RopeTable table = make_rope_table(8, dr, kTheta);
+    const size_t N = 10, heads = N * m.nh * m.D;
+    Vec q = randn(rng, N * m.nh * (dn + dr), 1.0), kv = randn(rng, N * m.nh * (dn + dv), 1.0),
+        kpe = randn(rng, N * dr, 1.0), Q(heads), K(heads), V(heads);
+    Vec gQ = randn(rng, heads, 1.0), gK = randn(rng, heads, 1.0), gV = randn(rng, heads, 1.0);
+    Vec dq(q.size()), dkv(kv.size()), dkpe(kpe.size());
+    const float s = 0.7f;
+    mla_heads_forward(Q.data(), K.data(), V.data(), q.data(), kv.data(), kpe.data(), table, m, s);
+    mla_heads_backward(dq.data(), dkv.data(), dkpe.data(), gQ.data(), gK.data(), gV.data(), table, m, s);
+    double lhs = 0, rhs = 0;
+    for (size_t i = 0; i < heads; ++i) lhs += double(Q[i]) * gQ[i] + double(K[i]) * gK[i] + double(V[i]) * gV[i];
+    for (size_t i = 0; i < q.size(); ++i) rhs += double(q[i]) * dq[i];
+    for (size_t i = 0; i < kv.size(); ++i) rhs += double(kv[i]) * dkv[i];
+    for (size_t i = 0; i < kpe.size(); ++i) rhs += double(kpe[i]) * dkpe[i];
+    EXPECT_NEAR(lhs, rhs, 1e-4 * std::abs(lhs)) << "dn " << dn << " dr " << dr << " dv " << dv;
+    // Row 7 (position 2), head 1.
+    const size_t n = 7, h = 1, o = (n * m.nh + h) * m.D;
+    const float* qh = q.data() + (n * m.nh + h) * (dn + dr);
+    const float* kvh = kv.data() + (n * m.nh + h) * (dn + dv);
+    for (int j = 0; j < dn; ++j) EXPECT_FLOAT_EQ(Q[o + j], qh[j] * s);
+    for (int j = 0; j < dv; ++j) EXPECT_EQ(V[o + j], kvh[dn + j]);
+    for (int j = dn + dr; j < m.D; ++j) EXPECT_EQ(Q[o + j], 0.0f);
+    for (int j = dv; j < m.D; ++j) EXPECT_EQ(V[o + j], 0.0f);
+    const int half = dr / 2, t = 2;
+    for (int i = 0; i < half; ++i) {  // pair (2i, 2i+1) -> columns i and i + dr/2
+      const double c = table.cos[t * half + i], sn = table.sin[t * half + i];
+      const double a = kpe[n * dr + 2 * i], b = kpe[n * dr + 2 * i + 1];
+      EXPECT_NEAR(K[o + dn + i], a * c - b * sn, 1e-6);
+      EXPECT_NEAR(K[o + dn + half + i], b * c + a * sn, 1e-6);
+    }
+  }
+  MlaShape bad;
+  bad.B = 1, bad.T = 2, bad.nh = 1, bad.dn = 4, bad.dr = 4, bad.dv = 4, bad.D = 6;  // D < dn + dr
+  Vec x(64);
+  const RopeTable table = make_rope_table(8, 4, kTheta);
+  EXPECT_THROW(mla_heads_forward(x.data(), x.data(), x.data(), x.data(), x.data(), x.data(), table, bad, 1.0f),
+               moe::Error);
 }
 
 // The flash kernel's own tests (naive double loops across block boundaries, the saved state,

@@ -308,6 +308,10 @@ int main(int argc, char** argv) {
   ex->add_option("checkpoint", export_ckpt, "a step-N checkpoint folder")->required();
   ex->add_option("out", export_out, "output folder")->required();
   ex->add_option("--shard-mb", export_shard_mb, "largest safetensors file (MB) before sharding")->capture_default_str();
+  std::string export_mtp = "keep";
+  ex->add_option("--mtp", export_mtp, "DeepSeek-V3's multi-token-prediction module: keep (V3's layer L) or drop")
+      ->check(CLI::IsMember({"keep", "drop"}))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -353,7 +357,8 @@ int main(int argc, char** argv) {
       MOE_CHECK(ranks == 1, "export writes one folder from one process, but this is one of ", ranks,
                 " ranks started by a launcher (mpirun/srun): run `moetrain export` without it");
       train::ExportResult r = train::export_checkpoint(
-          export_ckpt, export_out, static_cast<size_t>(std::max(1.0, export_shard_mb * 1024 * 1024)));
+          export_ckpt, export_out, static_cast<size_t>(std::max(1.0, export_shard_mb * 1024 * 1024)),
+          export_mtp == "drop");
       std::printf("exported %s -> %s (%d file(s), %.1f MB)\n", export_ckpt.c_str(), export_out.c_str(),
                   r.num_files, r.bytes / 1e6);
       return 0;

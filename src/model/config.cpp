@@ -219,7 +219,8 @@ void ModelConfig::validate(const std::string& src) const {
               " must be even for rotary embeddings");
     MOE_CHECK(kv_lora_rank == 0 && q_lora_rank == 0, src, ": kv_lora_rank / q_lora_rank (multi-head "
               "latent attention) need model_type deepseek_v2 or deepseek_v3, not ", io::quoted(model_type, 64));
-    MOE_CHECK(rope_scaling.type.empty(), src, ": rope_scaling is read for deepseek_v2 / deepseek_v3 only");
+    MOE_CHECK(rope_scaling.type.empty(), src, ": rope_scaling ", io::quoted(rope_scaling.type, 64),
+              " is not supported for model_type ", io::quoted(model_type, 64), " (YaRN: deepseek_v2 / deepseek_v3)");
   }
   MOE_CHECK(num_nextn_predict_layers == 0 || num_nextn_predict_layers == 1, src,
             ": \"num_nextn_predict_layers\" = ", num_nextn_predict_layers,
@@ -296,26 +297,28 @@ ModelConfig config_from_json(const json& j, const std::string& src) {
               src, ": field \"moetrain_tokenizer_fingerprint\" must be a tokenizer fingerprint "
               "(<kind>-<vocab>-<16 hex digits>), got ", io::excerpt(j.at("moetrain_tokenizer_fingerprint")));
   }
+  // Read for every model_type, so that a latent on a deepseek (V1) config is refused, not ignored.
+  read_field(j, "kv_lora_rank", c.kv_lora_rank, c.uses_mla(), src);
+  read_field(j, "q_lora_rank", c.q_lora_rank, false, src);  // null: no query latent (V2-Lite)
   if (c.uses_mla()) {
-    read_field(j, "kv_lora_rank", c.kv_lora_rank, true, src);
     read_field(j, "qk_nope_head_dim", c.qk_nope_head_dim, true, src);
     read_field(j, "qk_rope_head_dim", c.qk_rope_head_dim, true, src);
     read_field(j, "v_head_dim", c.v_head_dim, true, src);
-    read_field(j, "q_lora_rank", c.q_lora_rank, false, src);  // null: no query latent (V2-Lite)
-    if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
-      MOE_CHECK(it->is_object(), src, ": field \"rope_scaling\" must be an object or null, got ", io::excerpt(*it));
-      const std::string sub = src + ": rope_scaling";
-      ModelConfig::RopeScaling& r = c.rope_scaling;
-      // "type" (DeepSeek's own configs) or "rope_type" (newer transformers)
-      read_field(*it, it->contains("rope_type") ? "rope_type" : "type", r.type, true, sub);
-      read_field(*it, "factor", r.factor, true, sub);
-      read_field(*it, "mscale", r.mscale, false, sub);
-      read_field(*it, "mscale_all_dim", r.mscale_all_dim, false, sub);
-      read_field(*it, "beta_fast", r.beta_fast, false, sub);
-      read_field(*it, "beta_slow", r.beta_slow, false, sub);
-      read_field(*it, "original_max_position_embeddings", r.original_max_position_embeddings, false, sub);
-      MOE_CHECK(!r.type.empty(), sub, ": \"type\" must name the scaling (yarn)");
-    }
+  }
+  // Read for every model_type: a scaling the model would not apply is refused by validate().
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+    MOE_CHECK(it->is_object(), src, ": field \"rope_scaling\" must be an object or null, got ", io::excerpt(*it));
+    const std::string sub = src + ": rope_scaling";
+    ModelConfig::RopeScaling& r = c.rope_scaling;
+    // "type" (DeepSeek's own configs) or "rope_type" (newer transformers)
+    read_field(*it, it->contains("rope_type") ? "rope_type" : "type", r.type, true, sub);
+    read_field(*it, "factor", r.factor, true, sub);
+    read_field(*it, "mscale", r.mscale, false, sub);
+    read_field(*it, "mscale_all_dim", r.mscale_all_dim, false, sub);
+    read_field(*it, "beta_fast", r.beta_fast, false, sub);
+    read_field(*it, "beta_slow", r.beta_slow, false, sub);
+    read_field(*it, "original_max_position_embeddings", r.original_max_position_embeddings, false, sub);
+    MOE_CHECK(!r.type.empty(), sub, ": \"type\" must name the scaling (yarn)");
   }
   read_field(j, "num_nextn_predict_layers", c.num_nextn_predict_layers, false, src);
   if (c.n_routed_experts > 0) {

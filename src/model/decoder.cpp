@@ -10,6 +10,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/router_ops.h"
 #include "kernels/swiglu_mlp.h"
+#include "model/mla_block.h"
 
 namespace moe::model {
 
@@ -20,7 +21,7 @@ namespace {
 
 // The MoE layer of inference: the model's config (model.cpp's moe_config), every expert local,
 // dropless (a capacity limit is a training-time device; inference routes every pair).
-mx::MoeConfig inference_moe_config(const ModelConfig& c, MemTracker* scratch) {
+mx::MoeConfig inference_moe_config(const ModelConfig& c, MemTracker* scratch, const float* score_bias_E) {
   mx::MoeConfig m;
   m.hidden = c.hidden_size;
   m.ffn = c.moe_intermediate_size;
@@ -33,6 +34,8 @@ mx::MoeConfig inference_moe_config(const ModelConfig& c, MemTracker* scratch) {
   m.routed_scaling_factor = c.routed_scaling_factor;
   m.n_group = c.n_group;
   m.topk_group = c.topk_group;
+  m.sigmoid = c.scoring_func == "sigmoid";
+  m.score_bias_E = score_bias_E;  // noaux_tc: the model's selection bias of the layer
   m.scratch_tracker = scratch;
   return m;
 }
@@ -73,13 +76,23 @@ Decoder::Decoder(const Model& model, int max_len)
             "active one");
   MOE_CHECK(max_len >= 1 && max_len <= c_.max_position_embeddings, "decoding length ", max_len,
             " must be in [1, max_position_embeddings = ", c_.max_position_embeddings, "]");
-  rope_ = k::make_rope_table(c_.max_position_embeddings, c_.head_dim(), c_.rope_theta);
   const size_t SH = static_cast<size_t>(max_len) * c_.hidden_size;
-  k_cache_.resize(c_.num_hidden_layers);
-  v_cache_.resize(c_.num_hidden_layers);
-  for (int l = 0; l < c_.num_hidden_layers; ++l) {
-    k_cache_[l].resize(SH, &mem_, dev_);
-    v_cache_[l].resize(SH, &mem_, dev_);
+  if (c_.uses_mla()) {
+    rope_ = mla_rope_table(c_);
+    latent_cache_.resize(c_.num_hidden_layers);
+    rope_key_cache_.resize(c_.num_hidden_layers);
+    for (int l = 0; l < c_.num_hidden_layers; ++l) {
+      latent_cache_[l].resize(static_cast<size_t>(max_len) * c_.kv_lora_rank, &mem_, dev_);
+      rope_key_cache_[l].resize(static_cast<size_t>(max_len) * c_.qk_rope_head_dim, &mem_, dev_);
+    }
+  } else {
+    rope_ = k::make_rope_table(c_.max_position_embeddings, c_.head_dim(), c_.rope_theta);
+    k_cache_.resize(c_.num_hidden_layers);
+    v_cache_.resize(c_.num_hidden_layers);
+    for (int l = 0; l < c_.num_hidden_layers; ++l) {
+      k_cache_[l].resize(SH, &mem_, dev_);
+      v_cache_[l].resize(SH, &mem_, dev_);
+    }
   }
   scores_.resize(static_cast<size_t>(c_.num_attention_heads) * max_len, &mem_, dev_);
   top1_idx_.resize(c_.num_attention_heads, &mem_, dev_);
@@ -101,7 +114,9 @@ const std::vector<float>& Decoder::feed(const int32_t* tokens, int n) {
               " is outside the vocabulary [0, ", V, ")");
   const size_t NH = static_cast<size_t>(n) * H;
   k::ensure_buffer(tokens_, n, &mem_);
-  for (Buffer<float>* b : {&x_, &ln_, &q_, &attn_, &h_, &out_}) k::ensure_buffer(*b, NH, &mem_);
+  for (Buffer<float>* b : {&x_, &ln_, &q_, &h_, &out_}) k::ensure_buffer(*b, NH, &mem_);
+  // The attention's output is [n, nh·v_head_dim] (H without MLA).
+  k::ensure_buffer(attn_, static_cast<size_t>(n) * c_.num_attention_heads * c_.value_head_dim(), &mem_);
   k::ensure_buffer(rstd_, n, &mem_);
   device_copy(dev_, tokens_.data(), Device::kCpu, tokens, n * sizeof(int32_t));
 
@@ -126,27 +141,31 @@ void Decoder::layer(int l, int n) {
   const size_t NH = static_cast<size_t>(n) * H;
   // Attention block: h = x + o_proj(attn(rope(q, k), v)(rmsnorm(x))); k and v of the new tokens
   // are written straight into the cache rows [pos_, pos_ + n).
-  float* kc = k_cache_[l].data() + static_cast<size_t>(pos_) * H;
-  float* vc = v_cache_[l].data() + static_cast<size_t>(pos_) * H;
   k::rmsnorm_forward(ln_.data(), rstd_.data(), x_.data(), W.input_norm, n, H, c_.rms_norm_eps);
-  k::linear_forward(q_.data(), ln_.data(), W.q, n, H, H);
-  k::linear_forward(kc, ln_.data(), W.k, n, H, H);
-  k::linear_forward(vc, ln_.data(), W.v, n, H, H);
-  if (pos_ == 0) {  // positions [0, n): the table as the full forward uses it
-    k::rope_forward(q_.data(), rope_, 1, n, nh, hd);
-    k::rope_forward(kc, rope_, 1, n, nh, hd);
-  } else {          // one token at position pos_
-    k::rope_forward(q_.data(), step_rope_, 1, 1, nh, hd);
-    k::rope_forward(kc, step_rope_, 1, 1, nh, hd);
+  if (c_.uses_mla()) {
+    mla_attention(l, n);
+  } else {
+    float* kc = k_cache_[l].data() + static_cast<size_t>(pos_) * H;
+    float* vc = v_cache_[l].data() + static_cast<size_t>(pos_) * H;
+    k::linear_forward(q_.data(), ln_.data(), W.q, n, H, H);
+    k::linear_forward(kc, ln_.data(), W.k, n, H, H);
+    k::linear_forward(vc, ln_.data(), W.v, n, H, H);
+    if (pos_ == 0) {  // positions [0, n): the table as the full forward uses it
+      k::rope_forward(q_.data(), rope_, 1, n, nh, hd);
+      k::rope_forward(kc, rope_, 1, n, nh, hd);
+    } else {          // one token at position pos_
+      k::rope_forward(q_.data(), step_rope_, 1, 1, nh, hd);
+      k::rope_forward(kc, step_rope_, 1, 1, nh, hd);
+    }
+    attention(l, n);
   }
-  attention(l, n);
   k::copy(h_.data(), x_.data(), NH);
-  k::linear_forward(h_.data(), attn_.data(), W.o, n, H, H, /*accumulate=*/true);
+  k::linear_forward(h_.data(), attn_.data(), W.o, n, nh * c_.value_head_dim(), H, /*accumulate=*/true);
   // FFN block: out = h + ffn(rmsnorm(h)).
   k::rmsnorm_forward(ln_.data(), rstd_.data(), h_.data(), W.post_norm, n, H, c_.rms_norm_eps);
   if (c_.is_moe_layer(l)) {
     k::fill_zero(out_.data(), NH);
-    mx::moe_forward(out_.data(), moe_, ln_.data(), moe_weights(W), inference_moe_config(c_, &mem_), n,
+    mx::moe_forward(out_.data(), moe_, ln_.data(), moe_weights(W), inference_moe_config(c_, &mem_, model_.score_bias_data(l)), n,
                     /*num_seqs=*/1, &mem_);
     k::add_inplace(out_.data(), h_.data(), NH);
   } else {
@@ -158,6 +177,91 @@ void Decoder::layer(int l, int n) {
                           {W.mlp_gate, W.mlp_up, W.mlp_down}, n, H, I, /*accumulate=*/true);
   }
   std::swap(x_, out_);
+}
+
+size_t Decoder::cache_bytes() const {
+  size_t b = 0;
+  for (const auto* v : {&k_cache_, &v_cache_, &latent_cache_, &rope_key_cache_})
+    for (const Buffer<float>& x : *v) b += x.bytes();
+  return b;
+}
+
+void Decoder::mla_attention(int l, int n) {
+  const LayerTensors& W = model_.weights().layers[l];
+  const int H = c_.hidden_size, nh = c_.num_attention_heads, rq = c_.q_lora_rank, rkv = c_.kv_lora_rank;
+  const k::MlaShape s = mla_shape(c_, nh, 1, n);
+  const int dq = s.dn + s.dr, dkv = s.dn + s.dv, D = s.D;
+  float* latent = latent_cache_[l].data() + static_cast<size_t>(pos_) * rkv;
+  float* rope_key = rope_key_cache_[l].data() + static_cast<size_t>(pos_) * s.dr;
+  const k::RopeTable& table = pos_ == 0 ? rope_ : step_rope_;
+  // The new tokens' rotary keys into the cache: the head assembly of one head with no nope and a
+  // one-column value rotates them in HF's order (K = rot(kpe), exactly D = dr columns).
+  k::MlaShape key = s;
+  key.nh = 1, key.dn = 0, key.dv = 1, key.D = s.dr;
+  // mla_tmp_: kpe [n, dr] | the key assembly's unused Q and V [n, dr] each | the step's latent
+  // [rkv], its rstd [1] and its raw query latent [rq].
+  const size_t nr = static_cast<size_t>(n) * s.dr;
+  k::ensure_buffer(mla_tmp_, 3 * nr + rkv + 1 + rq, &mem_);
+  k::ensure_buffer(mla_kv_, static_cast<size_t>(n) * nh * dkv, &mem_);  // zeros: K and V unused
+  float* kpe = mla_tmp_.data();
+  float* scratch = kpe + nr;
+  k::linear_forward(kpe, ln_.data(), W.kv_a + static_cast<size_t>(rkv) * H, n, H, s.dr);
+  k::mla_heads_forward(scratch, rope_key, scratch + nr, kpe, mla_kv_.data(), kpe, table, key, 1.0f);
+  if (pos_ == 0) {
+    // The prompt: the training forward (positions [0, n)); its normed latents go to the cache.
+    MlaActs a;
+    mla_forward(a, attn_.data(), ln_.data(), W, c_, nh, 1, n, rope_, &mem_, &mem_, dev_);
+    k::copy(latent, a.ckv_normed.data(), static_cast<size_t>(n) * rkv);
+    return;
+  }
+  // One token at position pos_: its latent, its query's heads (Q = scale·[q_nope | rot(q_pe) | 0]).
+  float* ckv = scratch + 2 * nr;
+  float* rstd = ckv + rkv;
+  k::linear_forward(ckv, ln_.data(), W.kv_a, 1, H, rkv);
+  k::rmsnorm_forward(latent, rstd, ckv, W.kv_a_norm, 1, rkv, 1e-6f);
+  k::ensure_buffer(mla_q_, static_cast<size_t>(nh) * dq + std::max(rq, 1), &mem_);
+  float* q = mla_q_.data();
+  if (rq > 0) {
+    float* qa = q + static_cast<size_t>(nh) * dq;
+    float* qa_raw = rstd + 1;
+    k::linear_forward(qa_raw, ln_.data(), W.q_a, 1, H, rq);
+    k::rmsnorm_forward(qa, rstd, qa_raw, W.q_a_norm, 1, rq, 1e-6f);
+    k::linear_forward(q, qa, W.q_b, 1, rq, nh * dq);
+  } else {
+    k::linear_forward(q, ln_.data(), W.q, 1, H, nh * dq);
+  }
+  k::ensure_buffer(mla_heads_, 3 * static_cast<size_t>(nh) * D, &mem_);
+  float* Q = mla_heads_.data();
+  k::mla_heads_forward(Q, Q + static_cast<size_t>(nh) * D, Q + 2 * static_cast<size_t>(nh) * D, q,
+                       mla_kv_.data(), kpe, table, s, mla_q_scale(c_, s));
+  // Per head h over the cache rows [0, p]: the key's and value's kv_b rows absorbed,
+  //   scores = (q_nope_h · W_UK_h) · latent^T + q_rope_h · rope_key^T, over sqrt(D) (Q is scaled)
+  //   out_h  = (softmax(scores) · latent) · W_UV_h^T
+  const int S = pos_ + 1;
+  const float inv = 1.0f / std::sqrt(static_cast<float>(D));
+  k::ensure_buffer(mla_ctx_, 2 * static_cast<size_t>(rkv), &mem_);
+  float *qa = mla_ctx_.data(), *ctx = qa + rkv;
+  const float* lat = latent_cache_[l].data();
+  const float* rk = rope_key_cache_[l].data();
+  for (int h = 0; h < nh; ++h) {
+    const float* Qh = Q + static_cast<size_t>(h) * D;
+    const float* w_uk = W.kv_b + static_cast<size_t>(h) * dkv * rkv;  // [dn, rkv]
+    float* sc = scores_.data() + static_cast<size_t>(h) * S;
+    if (s.dn > 0) {
+      k::gemm(false, false, 1, rkv, s.dn, 1.0f, Qh, D, w_uk, rkv, 0.0f, qa, rkv);
+      k::gemm(false, true, 1, S, rkv, inv, qa, rkv, lat, rkv, 0.0f, sc, S);
+      k::gemm(false, true, 1, S, s.dr, inv, Qh + s.dn, D, rk, s.dr, 1.0f, sc, S);
+    } else {
+      k::gemm(false, true, 1, S, s.dr, inv, Qh, D, rk, s.dr, 0.0f, sc, S);
+    }
+  }
+  k::router_topk(scores_.data(), top1_idx_.data(), top1_w_.data(), nh, S, 1, /*renorm=*/false);
+  for (int h = 0; h < nh; ++h) {
+    const float* w_uv = W.kv_b + (static_cast<size_t>(h) * dkv + s.dn) * rkv;
+    k::gemm(false, false, 1, rkv, S, 1.0f, scores_.data() + static_cast<size_t>(h) * S, S, lat, rkv, 0.0f, ctx, rkv);
+    k::gemm(false, true, 1, s.dv, rkv, 1.0f, ctx, rkv, w_uv, rkv, 0.0f, attn_.data() + static_cast<size_t>(h) * s.dv,
+            nh * s.dv);
+  }
 }
 
 void Decoder::attention(int l, int n) {

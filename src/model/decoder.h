@@ -7,6 +7,11 @@
 //             one token: routing is per token, so it equals the full forward's routing)
 // The logits returned are those of the last token fed, copied to the host (the one host sync
 // per token: sampling runs on the host).
+// Multi-head latent attention (DeepSeek-V2/V3) caches the compressed latent instead of K and V:
+// per token and layer kv_lora_rank normed latent values and qk_rope_head_dim rotated key values;
+// a step attends with the per-head key and value projections absorbed into the query and the
+// output (q_nope·W_UK against the latents, then the weighted latent through W_UV), as DeepSeek-V2's
+// paper describes for inference. The prompt runs the training forward (mla_block.h).
 // Legend: H hidden, V vocab, L layers, nh heads, hd head dim, S = max_len cache rows.
 #pragma once
 #include <cstdint>
@@ -34,10 +39,13 @@ class Decoder {
   void reset() { pos_ = 0; }
   // Bytes held: the KV cache and the step's workspace (on the model's device).
   const MemTracker& memory() const { return mem_; }
+  // Bytes of the cache alone: L·S·2·H floats, or L·S·(kv_lora_rank + qk_rope_head_dim) with MLA.
+  size_t cache_bytes() const;
 
  private:
   void layer(int l, int n);  // x_ [n,H] -> x_ (layer l, new tokens at positions [pos_, pos_+n))
   void attention(int l, int n);  // q_ and the cache -> attn_ [n,H]
+  void mla_attention(int l, int n);  // ln_ -> attn_ [n, nh·v_head_dim], the latent cache filled
 
   const Model& model_;
   const ModelConfig& c_;
@@ -48,6 +56,9 @@ class Decoder {
   kernels::RopeTable step_rope_;            // [1, hd/2]: row pos_ of rope_ (one-token steps)
   MemTracker mem_;
   std::vector<Buffer<float>> k_cache_, v_cache_;  // per layer [S, H] (= [S, nh, hd]), after RoPE
+  // MLA: per layer [S, kv_lora_rank] normed latents and [S, qk_rope_head_dim] rotated keys.
+  std::vector<Buffer<float>> latent_cache_, rope_key_cache_;
+  Buffer<float> mla_q_, mla_kv_, mla_heads_, mla_tmp_, mla_ctx_;  // MLA step workspace
   // Workspace for n tokens (resized when a call feeds more tokens than before).
   Buffer<int32_t> tokens_;                  // [n]
   Buffer<float> x_, ln_, rstd_, q_, attn_, h_, out_;  // [n,H] ([n] for rstd_)

@@ -1,5 +1,6 @@
 #include "model/memory_sizes.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -11,8 +12,19 @@ LayerActivationSizes layer_activation_elems(const ModelConfig& c, int B, int T, 
   const size_t E = c.n_routed_experts, k = c.num_experts_per_tok, F = c.moe_intermediate_size;
   const size_t Fs = F * c.n_shared_experts, I = c.intermediate_size;
   LayerActivationSizes s;
-  s.attention_state = static_cast<size_t>(B) * nh * T + N * H;
-  s.attention = 8 * N * H + 2 * N + s.attention_state;
+  if (c.uses_mla()) {
+    // Multi-head latent attention (model/mla_block.h): x, ln1, h, ln2 (4·N·H), attn_out
+    // N·nh·dv, 2 rstd; the latents before and after their norms with their rstd (query: only with
+    // q_lora_rank); Q, K, V of the head width D = max(dn + dr, dv); the kernel's state of width D.
+    const size_t dv = c.v_head_dim, rq = c.q_lora_rank, rkv = c.kv_lora_rank;
+    const size_t D = std::max<size_t>(c.qk_head_dim(), dv);
+    s.attention_state = static_cast<size_t>(B) * nh * T + N * nh * D;
+    s.attention = 4 * N * H + N * nh * dv + 2 * N + (rq > 0 ? 2 * N * rq + N : 0) + 2 * N * rkv + N +
+                  3 * N * nh * D + s.attention_state;
+  } else {
+    s.attention_state = static_cast<size_t>(B) * nh * T + N * H;
+    s.attention = 8 * N * H + 2 * N + s.attention_state;
+  }
   s.dense_ffn = 3 * N * I;
   const size_t aux = c.aux_loss_alpha > 0 ? (c.seq_aux ? static_cast<size_t>(B) * E : E) : 0;
   s.moe_ffn = N * E + 2 * N * k + aux + (2 * E + 1) + R + N * k + 2 * R * H + 3 * R * F + 3 * N * Fs;
@@ -32,8 +44,18 @@ size_t layer_kept_elems(const ModelConfig& c, int layer, int B, int T, size_t mo
 }
 
 size_t head_kept_elems(const ModelConfig& c, int B, int T) {
-  const size_t N = static_cast<size_t>(B) * T;
-  return 2 * N * c.hidden_size + 2 * N + 2 * N * c.vocab_size;
+  const size_t N = static_cast<size_t>(B) * T, H = c.hidden_size, V = c.vocab_size;
+  size_t e = 2 * N * H + 2 * N + 2 * N * V;
+  if (c.num_nextn_predict_layers > 0) {
+    // The MTP module (model.h, Model::mtp_forward): embed(t+1) and the two normed inputs (3·N·H)
+    // with their rstd (2·N), its block (every activation: layer num_hidden_layers, dropless rows)
+    // whose input is N·H of those, its output and final norm (2·N·H) with rstd (N), its logits and
+    // probabilities (2·N·V) and losses (N).
+    const int L = c.num_hidden_layers;
+    const size_t rows = c.is_moe_layer(L) ? N * c.num_experts_per_tok : 0;
+    e += 3 * N * H + 2 * N + layer_kept_elems(c, L, B, T, rows, "none") + 2 * N * H + N + 2 * N * V + N;
+  }
+  return e;
 }
 
 }  // namespace moe::model

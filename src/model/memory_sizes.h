@@ -30,7 +30,7 @@ size_t layer_kept_elems(const ModelConfig& c, int layer, int B, int T, size_t mo
                         const char* recompute);
 
 // The head stage keeps final input + norm (2·N·H), rstd and per-token losses (2·N), logits and
-// probabilities (2·N·V).
+// probabilities (2·N·V); and DeepSeek-V3's multi-token-prediction module when the config has one.
 size_t head_kept_elems(const ModelConfig& c, int B, int T);
 
 }  // namespace moe::model

@@ -146,6 +146,9 @@ class Model {
   // construction; the trainer sets it (train/score_bias.h) between steps.
   void set_score_bias(int layer, const float* bias_E);  // host values for MoE layer `layer`
   std::vector<float> score_bias(int layer) const;       // host copy [E]
+  // The bias of MoE layer `layer` on the model's device (the decoder routes with it); null for a
+  // layer without one.
+  const float* score_bias_data(int layer) const { return layer_score_bias(layer); }
 
   // Where every MoE layer's experts live in the EP group (expert parallelism only; contiguous at
   // construction). set_placement renames the expert slots of this rank's layout to the experts

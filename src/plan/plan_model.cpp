@@ -60,6 +60,13 @@ PlanModel from_model_config(const model::ModelConfig& c, const std::string& name
   m.seq_aux = c.seq_aux;
   m.max_position_embeddings = c.max_position_embeddings;
   m.default_seq_len = std::min(128, c.max_position_embeddings);
+  if (c.uses_mla()) {
+    m.q_lora_rank = c.q_lora_rank;
+    m.kv_lora_rank = c.kv_lora_rank;
+    m.qk_nope_head_dim = c.qk_nope_head_dim;
+    m.qk_rope_head_dim = c.qk_rope_head_dim;
+    m.v_head_dim = c.v_head_dim;
+  }
   m.trainer_config = c;
   m.train_model_flag = train_flag;
   return m;
@@ -85,6 +92,14 @@ model::ModelConfig shadow_config(const PlanModel& m) {
   c.max_position_embeddings = m.max_position_embeddings;
   // moe_layer is general; the shadow's own rule is only used through layer indices we pass.
   c.first_k_dense_replace = 0;
+  if (m.has_mla()) {  // the trainer's multi-head latent attention: its activations (memory_sizes.h)
+    c.model_type = "deepseek_v3";
+    c.q_lora_rank = m.q_lora_rank;
+    c.kv_lora_rank = m.kv_lora_rank;
+    c.qk_nope_head_dim = m.qk_nope_head_dim;
+    c.qk_rope_head_dim = m.qk_rope_head_dim;
+    c.v_head_dim = m.v_head_dim;
+  }
   return c;
 }
 
@@ -263,7 +278,12 @@ double model_flops_per_token(const PlanModel& m, int seq_len) {
   ModelParams p = count_params(m);
   // The embedding lookup is not a matmul (with tied embeddings the one matrix is the head).
   const double lookup = m.tied_embeddings ? 0.0 : static_cast<double>(m.vocab_size) * m.hidden;
-  return 6.0 * (p.active - lookup) + 12.0 * m.layers * static_cast<double>(m.hidden) * seq_len;
+  // Scores and weighted sums: 6·T·nh·(qk + v head widths) a layer and token (12·H·T for
+  // multi-head attention, whose widths are both H/nh).
+  const double widths = m.has_mla() ? static_cast<double>(m.heads) *
+                                          (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+                                    : 2.0 * m.hidden;
+  return 6.0 * (p.active - lookup) + 6.0 * m.layers * widths * seq_len;
 }
 
 }  // namespace moe::plan

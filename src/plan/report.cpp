@@ -87,7 +87,6 @@ std::string format_header(const ReportContext& ctx) {
                           ", global batch ", ctx.shape.global_batch, " (",
                           human_count(static_cast<double>(ctx.shape.global_batch) * ctx.shape.seq_len),
                           " tokens), ", ctx.shape.precision, "\n");
-  if (m.has_mla()) s += "  note: MLA attention is modelled as multi-head attention for activations and time\n";
   if (c.kind == "gpu") {
     // GEMM tables hold aligned shapes; on an H200, n or k not a multiple of 8 ran 3-7x slower.
     std::string odd;

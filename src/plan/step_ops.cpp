@@ -3,6 +3,8 @@
 // of the busiest rank, El local experts (E / ep), r = R / El rows per local expert.
 #include "plan/step_ops.h"
 
+#include <algorithm>
+
 namespace moe::plan {
 
 void PassOps::add(const PassOps& o) {
@@ -47,8 +49,11 @@ LayerOps layer_ops(const PlanModel& m, int l, const Layout& lay, const RankShape
   const LayerActivation a = layer_activation(m, l, rs.micro_batch, T, lay, mo);
   const double N = static_cast<double>(rs.tokens), tp = lay.tp, Nm = N / tp, H = m.hidden;
   attention_linears(m, lay.tp, N, o.attn_fwd, o.attn_bwd);
-  AttentionOp core{static_cast<double>(rs.micro_batch) * m.heads / tp, static_cast<double>(T),
-                   static_cast<double>(m.head_dim), false};
+  // MLA: the trainer pads Q, K and V to one head width, max(qk, v) (kernels/mla.h).
+  const double head_width = m.has_mla() ? std::max(m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim)
+                                        : m.head_dim;
+  AttentionOp core{static_cast<double>(rs.micro_batch) * m.heads / tp, static_cast<double>(T), head_width,
+                   false};
   o.attn_fwd.attention.push_back(core);
   core.backward = true;
   o.attn_bwd.attention.push_back(core);

@@ -7,6 +7,7 @@
 #include "kernels/device_select.h"
 #include "parallel/parallel_dims.h"
 #include "parallel/tensor_parallel.h"
+#include "train/score_bias.h"
 
 namespace moe::train {
 
@@ -157,7 +158,7 @@ std::string Checkpointer::save(CheckpointMeta meta, model::Model& model, AdamW& 
 // from the ranks of data-parallel index 0: every stage's tensors, and every EP rank's experts
 // (together they hold each parameter exactly once).
 void Checkpointer::write_weights(const model::Model& model, const std::vector<int>& layers_per_stage,
-                                 const std::string& path) const {
+                                 const nlohmann::json& router_bias, const std::string& path) const {
   const parallel::Grid& g = grid_;
   const model::ModelConfig& cfg = cfg_;
   if (g.me.dp != 0) return;
@@ -209,6 +210,11 @@ void Checkpointer::write_weights(const model::Model& model, const std::vector<in
   io::SafetensorsWriter w;
   w.set_metadata("format", "pt");
   for (const model::ParamSpec& s : full.specs()) w.add_f32(s.name, s.shape, all.data() + s.offset);
+  ScoreBias bias(cfg, std::nullopt);
+  if (bias.active()) {
+    bias.load_json(router_bias, "the run's router bias");
+    bias.add_tensors(w);
+  }
   w.write(path);
 }
 

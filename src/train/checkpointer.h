@@ -39,7 +39,9 @@ class Checkpointer {
   const std::string& last() const { return last_; }
   std::string last_or_none() const { return last_.empty() ? std::string("none") : last_; }
   // Collective: every parameter into one safetensors file at `path`, written by world rank 0.
+  // router_bias: ScoreBias::to_json() (null without noaux_tc), written as the bias tensors.
   void write_weights(const model::Model& model, const std::vector<int>& layers_per_stage,
+                     const nlohmann::json& router_bias,
                      const std::string& path) const;
 
  private:

@@ -11,18 +11,21 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "model/weights_io.h"
 #include "train/checkpoint.h"
 #include "train/run_guard.h"
+#include "train/score_bias.h"
 #include "train/staged_folder.h"
 
 namespace moe::train {
 namespace fs = std::filesystem;
 
 ExportResult export_checkpoint(const std::string& checkpoint, const std::string& out_dir,
-                               size_t max_shard_bytes) {
+                               size_t max_shard_bytes, bool drop_mtp) {
   MOE_CHECK(max_shard_bytes > 0, "export: shard size must be positive");
   CheckpointMeta meta = read_checkpoint_meta(checkpoint, /*verify=*/true);
   model::ModelConfig cfg = model::config_from_json(meta.config, checkpoint + "/manifest.json");
+  if (drop_mtp) cfg.num_nextn_predict_layers = 0;  // the layout (and config.json) without the module
   // The output folder: not the checkpoint it reads, writable and ours alone (a second export or a
   // training run into it is refused) before the weights are read.
   std::error_code same_ec;
@@ -59,6 +62,10 @@ ExportResult export_checkpoint(const std::string& checkpoint, const std::string&
     total += b;
   }
   const int n = static_cast<int>(shards.size());
+  // noaux_tc: the routers' selection biases (state, not parameters) go into the last file by
+  // DeepSeek-V3's tensor names, so eval and generate route as training did.
+  ScoreBias bias(cfg, std::nullopt);
+  if (bias.active()) bias.load_json(meta.router_bias, checkpoint + "/manifest.json: field \"router_bias\"");
   nlohmann::json weight_map = nlohmann::json::object();
   for (int i = 0; i < n; ++i) {
     char name[64];
@@ -71,6 +78,10 @@ ExportResult export_checkpoint(const std::string& checkpoint, const std::string&
     for (const model::ParamSpec* s : shards[i]) {
       w.add_f32(s->name, s->shape, params.data() + s->offset);
       weight_map[s->name] = name;
+    }
+    if (i == n - 1 && bias.active()) {
+      bias.add_tensors(w);
+      for (int l : model::score_bias_layers(cfg)) weight_map[model::score_bias_name(l)] = name;
     }
     io::check_output_path(out_dir + "/" + name, "export OUT", {checkpoint});
     w.write(stage + "/" + name, "export OUT");

@@ -12,7 +12,9 @@ struct ExportResult {
   size_t bytes = 0;
 };
 
+// drop_mtp: leave DeepSeek-V3's multi-token-prediction module out (its tensors, and
+// num_nextn_predict_layers 0 in config.json): a model for inference only.
 ExportResult export_checkpoint(const std::string& checkpoint, const std::string& out_dir,
-                               size_t max_shard_bytes);
+                               size_t max_shard_bytes, bool drop_mtp = false);
 
 }  // namespace moe::train

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <optional>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -15,8 +17,10 @@
 #include "kernels/device_select.h"
 #include "model/config.h"
 #include "model/decoder.h"
+#include "model/weights_io.h"
 #include "train/checkpoint.h"
 #include "train/run_memory.h"
+#include "train/score_bias.h"
 #include "train/value_ranges.h"
 
 namespace moe::train {
@@ -32,7 +36,13 @@ bool has_entry(const std::string& p) { return io::entry_exists(p); }
 // the shards model.safetensors.index.json names. Every parameter exactly once, nothing else. Each
 // file is opened as a checkpoint's shards are: a plain name inside the folder, O_NOFOLLOW, a
 // regular file (io::open_in_folder).
-void load_export_weights(const std::string& dir, const model::ParamLayout& layout, float* params) {
+// noaux_tc: `bias` (active) is filled from the routers' e_score_correction_bias tensors, which
+// must be there too.
+void load_export_weights(const std::string& dir, const model::ParamLayout& layout, float* params,
+                         ScoreBias& bias) {
+  std::set<std::string> state;  // the bias tensors' names: not parameters, but expected
+  for (int l : model::score_bias_layers(bias.config())) state.insert(model::score_bias_name(l));
+  auto known = [&](const std::string& name) { return layout.contains(name) || state.count(name) != 0; };
   const std::string index_path = dir + "/model.safetensors.index.json";
   std::map<std::string, std::string> file_of;  // tensor -> weight file (plain name in dir)
   if (has_entry(index_path)) {
@@ -40,7 +50,7 @@ void load_export_weights(const std::string& dir, const model::ParamLayout& layou
     MOE_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
               index_path, ": no \"weight_map\" object");
     for (const auto& [name, file] : index["weight_map"].items()) {
-      MOE_CHECK(layout.contains(name), index_path, ": unexpected tensor ", io::quoted(name),
+      MOE_CHECK(known(name), index_path, ": unexpected tensor ", io::quoted(name),
                 " (not a parameter of this config)");
       MOE_CHECK(file.is_string(), index_path, ": weight_map[\"", name, "\"] is not a file name");
       const std::string f = file.get<std::string>();
@@ -54,22 +64,36 @@ void load_export_weights(const std::string& dir, const model::ParamLayout& layou
     MOE_CHECK(has_entry(dir + "/model.safetensors"), dir,
               ": neither model.safetensors nor model.safetensors.index.json is there");
     for (const model::ParamSpec& s : layout.specs()) file_of[s.name] = "model.safetensors";
+    for (const std::string& name : state) file_of[name] = "model.safetensors";
   }
   std::map<std::string, io::SafetensorsFile> files;
-  for (const model::ParamSpec& s : layout.specs()) {
-    auto it = file_of.find(s.name);
-    MOE_CHECK(it != file_of.end(), index_path, ": tensor \"", s.name, "\" is missing");
+  // The file holding `name` (opened once), or null when no file names it.
+  auto file_with = [&](const std::string& name) -> io::SafetensorsFile* {
+    auto it = file_of.find(name);
+    if (it == file_of.end()) return nullptr;
     auto f = files.find(it->second);
     if (f == files.end()) {
       const io::DataFile df = io::open_in_folder(dir, it->second, "weight file", "a model folder");
       f = files.emplace(it->second, io::SafetensorsFile::from_fd(df.fd(), dir + "/" + it->second)).first;
     }
-    MOE_CHECK(f->second.has(s.name), f->second.path(), ": tensor \"", s.name, "\" is missing");
-    f->second.read_f32(s.name, params + s.offset, s.shape);  // shape, dtype and finiteness checked
+    return f->second.has(name) ? &f->second : nullptr;
+  };
+  for (const model::ParamSpec& s : layout.specs()) {
+    MOE_CHECK(file_of.count(s.name), index_path, ": tensor \"", s.name, "\" is missing");
+    io::SafetensorsFile* f = file_with(s.name);
+    MOE_CHECK(f, dir, "/", file_of[s.name], ": tensor \"", s.name, "\" is missing");
+    f->read_f32(s.name, params + s.offset, s.shape);  // shape, dtype and finiteness checked
   }
+  if (bias.active())
+    bias.load_tensors([&](const std::string& name, float* out) {
+      io::SafetensorsFile* f = file_with(name);
+      if (!f) return false;
+      f->read_f32(name, out, {bias.config().n_routed_experts});
+      return true;
+    }, dir);
   for (const auto& [name, f] : files)
     for (const io::TensorInfo& t : f.tensors())
-      MOE_CHECK(layout.contains(t.name), f.path(), ": unexpected tensor ", io::quoted(t.name),
+      MOE_CHECK(known(t.name), f.path(), ": unexpected tensor ", io::quoted(t.name),
                 " (not a parameter of this config)");
 }
 
@@ -78,9 +102,6 @@ void load_export_weights(const std::string& dir, const model::ParamLayout& layou
 // files. (On a GPU the first two are device memory; the allocator names the bytes if they do not fit.)
 void check_fits(const model::ModelConfig& cfg, const std::string& source) {
   cfg.validate(source);
-  // The decoder routes with softmax and no selection bias: a noaux_tc model would be routed wrongly.
-  MOE_CHECK(!cfg.aux_free_balancing(), source, ": topk_method \"noaux_tc\" (aux-loss-free "
-            "balancing) is not supported by generate yet: the decoder has no selection bias");
   const double floats = static_cast<double>(model::ParamLayout(cfg).total());
   const bool on_host = kernels::active_device() == Device::kCpu;
   const double need = floats * sizeof(float) * (on_host ? 3.0 : 1.0);
@@ -106,6 +127,7 @@ LoadedModel load_model_for_inference(const std::string& path_in) {
   }
   LoadedModel out;
   std::vector<float> host;
+  std::optional<ScoreBias> bias;
   out.folder = path;
   if (has_entry(path + "/manifest.json")) {
     const CheckpointMeta meta = read_checkpoint_meta(path, /*verify=*/true);
@@ -115,16 +137,20 @@ LoadedModel load_model_for_inference(const std::string& path_in) {
     out.model = std::make_unique<model::Model>(cfg);
     host.resize(out.model->num_params());
     load_checkpoint_tensors(path, out.model->layout(), host.data(), nullptr, nullptr);
+    bias.emplace(cfg, std::nullopt);
+    if (bias->active()) bias->load_json(meta.router_bias, out.source + ": field \"router_bias\"");
   } else {
     out.source = path + "/config.json";
     const model::ModelConfig cfg = model::load_config(out.source, /*in_folder=*/true);
     check_fits(cfg, out.source);
     out.model = std::make_unique<model::Model>(cfg);
     host.resize(out.model->num_params());
-    load_export_weights(path, out.model->layout(), host.data());
+    bias.emplace(cfg, std::nullopt);
+    load_export_weights(path, out.model->layout(), host.data(), *bias);
   }
   device_copy(out.model->device(), out.model->params(), Device::kCpu, host.data(),
               host.size() * sizeof(float));
+  bias->apply(*out.model);  // noaux_tc: the routers' selection biases
   return out;
 }
 

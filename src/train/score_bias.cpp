@@ -5,13 +5,14 @@
 
 #include "core/error.h"
 #include "io/json_file.h"
+#include "model/weights_io.h"
 #include "moe/router.h"
 #include "train/value_ranges.h"
 
 namespace moe::train {
 
 ScoreBias::ScoreBias(const model::ModelConfig& cfg, std::optional<float> rate_flag)
-    : rate_(rate_flag ? *rate_flag : cfg.bias_update_speed) {
+    : cfg_(cfg), rate_(rate_flag ? *rate_flag : cfg.bias_update_speed) {
   if (rate_flag) {
     check_value("--balance.bias-rate", *rate_flag);
     MOE_CHECK(cfg.aux_free_balancing(), "--balance.bias-rate ", *rate_flag,
@@ -72,6 +73,22 @@ void ScoreBias::load_json(const nlohmann::json& j, const std::string& where) {
       check_value("router_bias value", v.get<double>(), str_cat(where, "[\"", key, "\"][", e, "]"));
       bias_[i * E_ + e] = static_cast<float>(v.get<double>());
     }
+  }
+}
+
+void ScoreBias::add_tensors(io::SafetensorsWriter& w) const {
+  for (size_t i = 0; i < layers_.size(); ++i)
+    w.add_f32(model::score_bias_name(layers_[i]), {E_}, bias_.data() + i * E_);
+}
+
+void ScoreBias::load_tensors(const std::function<bool(const std::string&, float*)>& read,
+                             const std::string& where) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const std::string name = model::score_bias_name(layers_[i]);
+    MOE_CHECK(read(name, bias_.data() + i * E_), where, ": tensor \"", name, "\" is missing (the noaux_tc "
+              "router's selection bias: without it the model routes differently than it trained)");
+    for (int e = 0; e < E_; ++e)
+      check_value("router_bias value", bias_[i * E_ + e], str_cat(where, ": ", name, "[", e, "]"));
   }
 }
 

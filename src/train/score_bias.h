@@ -6,12 +6,14 @@
 // a float printed as the shortest double that reads back to it.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "model/config.h"
+#include "io/safetensors.h"
 #include "model/model.h"
 
 namespace moe::train {
@@ -23,6 +25,7 @@ class ScoreBias {
   // bias_update_speed. A rate given for a model without noaux_tc is an error naming the flag.
   ScoreBias(const model::ModelConfig& cfg, std::optional<float> rate_flag);
   bool active() const { return !layers_.empty(); }
+  const model::ModelConfig& config() const { return cfg_; }
   float rate() const { return rate_; }
   // loads_LE: the step's global loads, [MoE layers in layer order][E] (the metrics' expert_loads).
   void update(const std::vector<int64_t>& loads_LE);
@@ -34,8 +37,15 @@ class ScoreBias {
   // Reads to_json's form; errors name `where` (e.g. "<manifest>: field \"router_bias\"") and the
   // layer or value at fault: a missing layer, a wrong length, a non-finite or non-number entry.
   void load_json(const nlohmann::json& j, const std::string& where);
+  // Every MoE layer's bias as a weight-file tensor (model/weights_io.h: score_bias_name), the
+  // DeepSeek-V3 name that Hugging Face loaders read; the writer points into this object.
+  void add_tensors(io::SafetensorsWriter& w) const;
+  // Fills every layer's bias from `read(name, out_E)` (a weight file's tensor); errors name the
+  // tensor and `where` when one is missing (an export without it would route differently).
+  void load_tensors(const std::function<bool(const std::string&, float*)>& read, const std::string& where);
 
  private:
+  model::ModelConfig cfg_;
   std::vector<int> layers_;  // MoE layer ids
   int E_ = 0;
   float rate_ = 0.0f;

@@ -1024,7 +1024,8 @@ void Trainer::finish(bool stopped_early) {
 
   if (opts_.profile && root_) print_profile(profile_moe_, profile_compute_, profile_opt_, profile_sync_, profile_steps_, profile_a2a_);
   if (root_) model::save_config(cfg_, opts_.out_dir + "/config.json");
-  checkpointer_->write_weights(*model_, layers_per_stage_, opts_.out_dir + "/model.safetensors");
+  checkpointer_->write_weights(*model_, layers_per_stage_, score_bias_->to_json(),
+                               opts_.out_dir + "/model.safetensors");
   if (opts_.progress && root_) {
     const double final_val = res_.val_losses.empty() ? NAN : res_.val_losses.back().second;
     char val_text[160];

@@ -34,6 +34,7 @@
 #include "kernels/device_select.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/mla.h"
 #include "kernels/permute.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -322,6 +323,61 @@ void add_rope(std::vector<OpCase>& ops) {
                    c.close("x", host(d_x), x);
                    c.close("dx", host(d_dx), dx);
                  }});
+}
+
+// Multi-head latent attention's head assembly: a query wider than the value (V padded), a value
+// wider than the query (Q and K padded), YaRN-scaled table; and copy_cols both ways.
+void add_mla(std::vector<OpCase>& ops) {
+  struct S {
+    int B, T, nh, dn, dr, dv;
+    bool yarn;
+  };
+  for (S s : {S{2, 9, 3, 8, 4, 8, false}, S{1, 13, 2, 4, 6, 16, true}, S{2, 5, 1, 0, 2, 3, false}}) {
+    const std::string shape = str_cat("B=", s.B, " T=", s.T, " nh=", s.nh, " dn=", s.dn, " dr=", s.dr,
+                                      " dv=", s.dv, s.yarn ? " yarn" : "");
+    ops.push_back({"mla_heads_forward + backward", shape, 1e-12, [=](Checker& c) {
+                     Rng rng(40 + s.dv);
+                     MlaShape m;
+                     m.B = s.B, m.T = s.T, m.nh = s.nh, m.dn = s.dn, m.dr = s.dr, m.dv = s.dv;
+                     m.D = std::max(s.dn + s.dr, s.dv);
+                     YarnParams y;
+                     y.factor = 4.0, y.mscale = 0.7, y.mscale_all_dim = 1.0, y.original_max_pos = 8;
+                     const RopeTable table = s.yarn ? make_yarn_rope_table(20, s.dr, 10000.0, y)
+                                                    : make_rope_table(20, s.dr, 10000.0);
+                     const size_t N = static_cast<size_t>(s.B) * s.T, heads = N * s.nh * m.D;
+                     Vec q = randn(rng, N * s.nh * (s.dn + s.dr)), kv = randn(rng, N * s.nh * (s.dn + s.dv)),
+                         kpe = randn(rng, N * s.dr), Q(heads), K(heads), V(heads);
+                     Vec dQ = randn(rng, heads), dK = randn(rng, heads), dV = randn(rng, heads);
+                     Vec dq(q.size()), dkv(kv.size()), dkpe(kpe.size());
+                     auto d_q = dev(q), d_kv = dev(kv), d_kpe = dev(kpe), d_Q = dev(randn(rng, heads)),
+                          d_K = dev(randn(rng, heads)), d_V = dev(randn(rng, heads));
+                     auto d_dQ = dev(dQ), d_dK = dev(dK), d_dV = dev(dV), d_dq = dev(randn(rng, q.size())),
+                          d_dkv = dev(randn(rng, kv.size())), d_dkpe = dev(randn(rng, kpe.size()));
+                     mla_heads_forward(Q.data(), K.data(), V.data(), q.data(), kv.data(), kpe.data(), table, m, 0.6f);
+                     mla_heads_backward(dq.data(), dkv.data(), dkpe.data(), dQ.data(), dK.data(), dV.data(), table,
+                                        m, 0.6f);
+                     cuda::mla_heads_forward(d_Q.data(), d_K.data(), d_V.data(), d_q.data(), d_kv.data(),
+                                             d_kpe.data(), table, m, 0.6f);
+                     cuda::mla_heads_backward(d_dq.data(), d_dkv.data(), d_dkpe.data(), d_dQ.data(), d_dK.data(),
+                                              d_dV.data(), table, m, 0.6f);
+                     c.close("Q", host(d_Q), Q);
+                     c.close("K", host(d_K), K);
+                     c.close("V", host(d_V), V);
+                     c.close("dq", host(d_dq), dq);
+                     c.close("dkv", host(d_dkv), dkv);
+                     c.close("dkpe", host(d_dkpe), dkpe);
+                   }});
+  }
+  for (auto [from, to] : {std::pair{12, 8}, std::pair{8, 12}}) {
+    ops.push_back({"copy_cols", str_cat("rows=37 ", from, " -> ", to), 0.0, [=](Checker& c) {
+                     Rng rng(50 + to);
+                     Vec src = randn(rng, 37 * static_cast<size_t>(from)), dst(37 * static_cast<size_t>(to));
+                     auto d_src = dev(src), d_dst = dev(randn(rng, dst.size()));
+                     copy_cols(dst.data(), to, src.data(), from, 37);
+                     cuda::copy_cols(d_dst.data(), to, d_src.data(), from, 37);
+                     c.close("dst", host(d_dst), dst);
+                   }});
+  }
 }
 
 size_t cuda_saved_floats(int B, int T, int nh, int hd) {
@@ -888,6 +944,7 @@ std::vector<OpCase> all_ops() {
   add_rmsnorm(ops);
   add_rope(ops);
   add_attention(ops);
+  add_mla(ops);
   add_cross_entropy(ops);
   add_adamw(ops);
   add_permute(ops);

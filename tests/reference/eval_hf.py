@@ -13,7 +13,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from deepseek_ref import Config, forward, load_safetensors  # noqa: E402
+from deepseek_ref import Config, bias_name, forward, load_safetensors  # noqa: E402
 
 
 def load_hf(d):
@@ -34,6 +34,16 @@ def main():
     with open(os.path.join(d, "config.json")) as f:
         cfg = Config(json.load(f))
     weights = load_hf(d)
+    # noaux_tc: the routers' selection biases (e_score_correction_bias), state beside the weights.
+    biases = {}
+    if cfg.topk_method == "noaux_tc":
+        for i in range(cfg.num_layers):
+            if cfg.is_moe_layer(i):
+                n = bias_name(f"model.layers.{i}.mlp.")
+                if n not in weights:
+                    print(f"{d}: the selection bias {n} is missing")
+                    return 1
+                biases[n] = weights.pop(n)
     missing = set(cfg.param_shapes()) - set(weights)
     extra = set(weights) - set(cfg.param_shapes())
     if missing or extra:
@@ -43,12 +53,12 @@ def main():
     with torch.no_grad():
         if "ce" in batch:  # every window has T targets: the mean over windows is the mean over tokens
             tokens = batch["tokens"]
-            ces = [forward(weights, cfg, tokens[i:i + 16])[2] for i in range(0, tokens.shape[0], 16)]
+            ces = [forward(weights, cfg, tokens[i:i + 16], biases)[2] for i in range(0, tokens.shape[0], 16)]
             sizes = [min(16, tokens.shape[0] - i) for i in range(0, tokens.shape[0], 16)]
             loss = sum(float(c) * n for c, n in zip(ces, sizes)) / tokens.shape[0]
             want = float(batch["ce"][0])
         else:
-            _, loss, _, _, _ = forward(weights, cfg, batch["tokens"])
+            _, loss, _, _, _ = forward(weights, cfg, batch["tokens"], biases)
             want = float(batch["loss"][0])
     err = abs(float(loss) - want) / abs(want)
     ok = err <= 1e-5
