@@ -113,7 +113,7 @@ p='$work/ep4mig@resume/metrics.jsonl'; l=open(p).readlines()[:20]; open(p,'w').w
     ;;
   v3)  # DeepSeek-V3's architecture (test-v3: MLA, sigmoid routing with the selection bias in
        # groups, a multi-token-prediction module): global batch 8; EP, DP, TP and the recompute
-       # modes as one process. PP (the MTP module needs the first stage's embedding) runs test-mla.
+       # modes as one process; PP with the MTP module's tied embedding.
     m=(--preset test-v3)
     run single 1 "${m[@]}" --batch 8
     run "ep2@flat" 2 "${m[@]}" --batch 4 --ep 2 --topo.ranks-per-node 2
@@ -123,8 +123,19 @@ p='$work/ep4mig@resume/metrics.jsonl'; l=open(p).readlines()[:20]; open(p,'w').w
     run "ep2dp2@full" 4 "${m[@]}" --batch 2 --ep 2 --dp 2 --recompute full
     run "tp2@flat" 2 "${m[@]}" --batch 8 --tp 2
     run "tp2ep2@flat" 4 "${m[@]}" --batch 4 --tp 2 --ep 2
-    run single.mla 1 --preset test-mla --micro-batches 2 --batch 8
-    run "mla.pp2ep2@1f1b" 4 --preset test-mla --micro-batches 2 --batch 4 --pp 2 --ep 2
+    # PP: the last stage's MTP module reads a tied copy of the first stage's embedding.
+    run single.mb2 1 "${m[@]}" --micro-batches 2 --batch 8
+    run "mb2.pp2@1f1b" 2 "${m[@]}" --micro-batches 2 --batch 8 --pp 2
+    run "mb2.pp2ep2@1f1b" 4 "${m[@]}" --micro-batches 2 --batch 4 --pp 2 --ep 2
+    run "mb2.pp2ep2@gpipe" 4 "${m[@]}" --micro-batches 2 --batch 4 --pp 2 --ep 2 --pp.schedule gpipe
+    # Stopped after step 10 and resumed: both copies of the embedding come back from the one the
+    # checkpoint holds, bit for bit the uninterrupted run.
+    run "mb2.pp2ep2@resume" 4 "${m[@]}" --micro-batches 2 --batch 4 --pp 2 --ep 2 --checkpoint.every 10
+    rm -rf "$work/mb2.pp2ep2@resume/checkpoints/step-20"
+    /usr/bin/env python3 -c "
+p='$work/mb2.pp2ep2@resume/metrics.jsonl'; l=open(p).readlines()[:10]; open(p,'w').writelines(l)"
+    run "mb2.pp2ep2@resume" 4 "${m[@]}" --micro-batches 2 --batch 4 --pp 2 --ep 2 --checkpoint.every 10 \
+      --resume latest
     ;;
   *) echo "unknown suite $suite" >&2; exit 2 ;;
 esac

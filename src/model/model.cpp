@@ -158,9 +158,6 @@ Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::Expert
       layout_(config, ep ? ExpertShard::of(placement_, ep->rank) : ExpertShard{}, stage,
               tp_shard_of(config, tp)) {
   config_.validate();
-  MOE_CHECK(!has_mtp() || layout_.stage().embedding,
-            "multi-token prediction (num_nextn_predict_layers) with pipeline parallelism is not "
-            "supported: its module on the last stage reads the first stage's embedding");
   act_mem_.set_parent(&total_mem_);
   work_mem_.set_parent(&total_mem_);
   params_.resize(layout_.total(), &total_mem_, dev_);

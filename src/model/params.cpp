@@ -92,6 +92,12 @@ ParamLayout::ParamLayout(const ModelConfig& c, ExpertShard shard, StageSpec stag
             "stage layers [", stage_.first_layer, ", ", l_end, ") are outside the model's ",
             c.num_hidden_layers, " layers");
   if (stage_.embedding) add("model.embed_tokens.weight", {V, H}, true);
+  // The MTP module (below) reads the embedding: the last stage of a pipeline keeps a tied copy.
+  const bool mtp = stage_.head && c.num_nextn_predict_layers > 0;
+  if (mtp && !stage_.embedding) {
+    add("model.embed_tokens.weight", {V, H}, true);
+    specs_.back().tied_copy = true;
+  }
   // Layer l's tensors. mtp: the multi-token-prediction block, whose experts every rank holds
   // whole (not expert-parallel: is_expert false, summed over the data group like dense weights).
   auto add_layer = [&](int l, bool mtp) {
@@ -146,7 +152,7 @@ ParamLayout::ParamLayout(const ModelConfig& c, ExpertShard shard, StageSpec stag
     }
   };
   for (int l = stage_.first_layer; l < l_end; ++l) add_layer(l, false);
-  if (stage_.head && c.num_nextn_predict_layers > 0) {
+  if (mtp) {
     // The multi-token-prediction module (MtpTensors), named as DeepSeek-V3's layer L.
     const int L = c.num_hidden_layers;
     const std::string p = "model.layers." + std::to_string(L) + ".";
@@ -172,7 +178,7 @@ ModelTensors bind_tensors(const ParamLayout& layout, const ModelConfig& c, float
   auto at = [&](const std::string& name) { return base + layout.find(name).offset; };
   ModelTensors t;
   const StageSpec& st = layout.stage();
-  if (st.embedding) t.embed = at("model.embed_tokens.weight");
+  if (layout.contains("model.embed_tokens.weight")) t.embed = at("model.embed_tokens.weight");
   if (st.head) {
     t.norm = at("model.norm.weight");
     t.lm_head = at("lm_head.weight");

@@ -22,6 +22,11 @@ struct ParamSpec {
   size_t numel = 0;
   bool decay = true;            // AdamW weight decay: matrices and embeddings yes, norm weights no
   bool is_expert = false;       // a routed expert's weight (sharded by expert parallelism later)
+  // A second copy of a tensor another pipeline stage holds: the embedding on the last stage for
+  // DeepSeek-V3's MTP module, whose gradient the trainer sums with the first stage's
+  // (parallel/grid.h, sync_tied_embedding). Left out of the gradient norm and of checkpoints,
+  // which count and write the first stage's.
+  bool tied_copy = false;
   // Tensor parallelism: the dimension of the logical tensor split over the TP group (0: rows, the
   // column-parallel q/k/v and dense gate/up; 1: columns, the row-parallel o_proj and dense down),
   // -1 when every TP rank holds all of it. `shape` is this rank's slice, `full_shape` the tensor's.

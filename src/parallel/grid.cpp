@@ -18,6 +18,7 @@ Grid make_grid(const ParallelDims& dims, const model::ModelConfig& cfg, int forc
   g.pp = g.world.split((c.dp * dims.ep + c.ep) * dims.tp + c.tp, c.pp);
   g.tp = g.world.split((c.pp * dims.dp + c.dp) * dims.ep + c.ep, c.tp);
   g.tokens = g.world.split(c.pp, (c.dp * dims.ep + c.ep) * dims.tp + c.tp);
+  g.pipeline_ends = g.pp.split(c.pp == 0 || c.pp == dims.pp - 1 ? 0 : 1 + c.pp, c.pp);
   g.data_nodes = comm::NodeSplit::of(g.data, g.topo);
   g.dp_nodes = comm::NodeSplit::of(g.dp, g.topo);
   return g;
@@ -35,6 +36,14 @@ void sync_tensor_parallel(const model::ParamLayout& layout, float* grads, const 
     if (whole) grid.tp.allreduce_sum(grads + begin, static_cast<int64_t>(end - begin));
     i = j;
   }
+}
+
+void sync_tied_embedding(const model::ModelConfig& cfg, const model::ParamLayout& layout, float* grads,
+                         const Grid& grid) {
+  const int last = grid.dims.pp - 1;
+  if (cfg.num_nextn_predict_layers == 0 || grid.dims.pp <= 1 || (grid.me.pp != 0 && grid.me.pp != last)) return;
+  const model::ParamSpec& e = layout.find("model.embed_tokens.weight");
+  grid.pipeline_ends.allreduce_sum(grads + e.offset, static_cast<int64_t>(e.numel));
 }
 
 void sync_gradients(const model::ParamLayout& layout, float* grads, const Grid& grid) {

@@ -24,6 +24,9 @@ struct Grid {
   RankCoords me;
   comm::Topology topo;
   comm::Group world, ep, dp, data, pp, tp, tokens;
+  // The first and the last stage of this rank's pipeline (pp > 1; the middle stages are in groups
+  // of their own): the tied embedding of DeepSeek-V3's MTP module (sync_tied_embedding).
+  comm::Group pipeline_ends;
   // The data and dp groups split by node, for their two-level gradient all-reduce.
   comm::NodeSplit data_nodes, dp_nodes;
   // Index of this rank's share of the global batch: dp_idx · ep + ep_idx.
@@ -45,5 +48,12 @@ void sync_tensor_parallel(const model::ParamLayout& layout, float* grads, const 
 // tensors of one kind go in one all-reduce, in two levels where the group spans nodes with
 // several members on each (comm/two_level.h).
 void sync_gradients(const model::ParamLayout& layout, float* grads, const Grid& grid);
+
+// Pipeline parallelism with DeepSeek-V3's MTP module, before sync_gradients: the last stage's
+// copy of the embedding (ParamSpec::tied_copy) and the first stage's each hold part of its
+// gradient; both get the sum, so the two copies take the same update. Collective over the pp
+// group's ends; a no-op for a model without the module.
+void sync_tied_embedding(const model::ModelConfig& cfg, const model::ParamLayout& layout, float* grads,
+                         const Grid& grid);
 
 }  // namespace moe::parallel

@@ -108,7 +108,7 @@ Checkpointer::Checkpointer(const parallel::Grid& grid, const model::ModelConfig&
 
 bool Checkpointer::owned(const model::ParamSpec& s) const {
   const parallel::RankCoords& me = grid_.me;
-  return me.dp == 0 && me.tp == 0 && (me.ep == 0 || s.is_expert);
+  return me.dp == 0 && me.tp == 0 && (me.ep == 0 || s.is_expert) && !s.tied_copy;
 }
 
 CheckpointMeta Checkpointer::resume(const std::string& path, model::Model& model, AdamW& opt,

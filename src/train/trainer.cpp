@@ -725,6 +725,7 @@ StepOutcome Trainer::step(int step) {
   {
     ScopedTimer t(s.sync_s);
     parallel::sync_tensor_parallel(model.layout(), model.grads(), grid);
+    parallel::sync_tied_embedding(cfg_, model.layout(), model.grads(), grid);
     if (shard_->sharded())
       shard_->reduce_scatter(model.grads());
     else
