@@ -18,7 +18,8 @@
 # threshold never triggers (@off), with flat, rbd, halo and rbd-halo (2 emulated nodes), and after a stop and
 # resume across migrations (the placement comes back from the manifest); EP2 x DP2 migrates too.
 # Suite v3: DeepSeek-V3's architecture (multi-head latent attention, MTP) on EP, DP, TP and PP.
-# Usage: parity.sh SUITE MOETRAIN CORPUS WORKDIR      SUITE: ep | pp | noaux | migrate | v3
+# Suite v3cfg: a scaled-down DeepSeek-V3 config.json (tests/fixtures/) on EP x PP, TP and EP.
+# Usage: parity.sh SUITE MOETRAIN CORPUS WORKDIR      SUITE: ep | pp | noaux | migrate | v3 | v3cfg
 set -euo pipefail
 suite="$1"
 bin="$2"
@@ -28,6 +29,7 @@ rm -rf "$work"
 mkdir -p "$work"
 steps=20
 [ "$suite" = migrate ] && steps=50
+[ "$suite" = v3cfg ] && steps=8
 common=(train --steps "$steps" --seq-len 32 --eval-every 10 --eval-batches 1 --quiet --data "$corpus"
         --lr 3e-3 --warmup 5)
 
@@ -137,6 +139,14 @@ p='$work/mb2.pp2ep2@resume/metrics.jsonl'; l=open(p).readlines()[:10]; open(p,'w
     run "mb2.pp2ep2@resume" 4 "${m[@]}" --micro-batches 2 --batch 4 --pp 2 --ep 2 --checkpoint.every 10 \
       --resume latest
     ;;
+  v3cfg)  # a DeepSeek-V3 config.json with the real field names, scaled down (hidden 256, 8
+          # layers, 16 experts in 4 groups, YaRN, MTP): 8 steps on EP 2 x PP 2, TP 2 and EP 4
+    m=(--config "$(dirname "$0")/fixtures/deepseek_v3_small.json" --micro-batches 2 --eval-every 4)
+    run single 1 "${m[@]}" --batch 8
+    run "pp2ep2@flat" 4 "${m[@]}" --batch 4 --pp 2 --ep 2
+    run "tp2@flat" 2 "${m[@]}" --batch 8 --tp 2
+    run "ep4@flat" 4 "${m[@]}" --batch 2 --ep 4
+    ;;
   *) echo "unknown suite $suite" >&2; exit 2 ;;
 esac
 
@@ -149,6 +159,8 @@ BOUNDS = {"loss": 1e-6, "ce_loss": 1e-6, "aux_loss": 1e-6, "grad_norm": 1e-6, "v
 STEP1 = {"loss": 1e-7, "ce_loss": 1e-7, "aux_loss": 1e-7, "grad_norm": 1e-7}
 if suite == "migrate":  # 50 steps of an unbalanced router: the norm's round-off grows to 8.2e-6 (EP2 x DP2)
     BOUNDS["grad_norm"] = 2e-5
+if suite == "v3cfg":  # TP 2 at hidden 256: Adam turns round-off into 1.5e-5 of the norm by step 8 (tp.sh: 1e-5)
+    BOUNDS["grad_norm"] = 3e-5
 EXACT = ("step", "lr", "tokens")  # the same numbers, whatever the layout
 SAME = EXACT + tuple(BOUNDS)      # bit-identical across the variants of one BASE
 def metrics(name):
@@ -172,6 +184,19 @@ for name in runs:
     if len(got) != len(ref):
         check(False, f"{name}: {len(got)} metrics lines, {ref_name} has {len(ref)}")
         continue
+    check(sum("val_loss" in r for r in ref) >= 2, f"{ref_name}: val_loss logged fewer than twice")
+    # v3cfg (hidden 256, 16 experts, group-limited sigmoid routing with the selection bias): among
+    # its ~10^4 routing choices a step, one whose top-k margin is below the layouts' round-off
+    # (1e-7) flips now and then, and from then on the runs train on different routes. The steps
+    # before the first step whose expert loads differ are compared; at least two must be (one update).
+    flip = None
+    if suite == "v3cfg":
+        flip = next((i for i, (g, r) in enumerate(zip(got, ref)) if g["expert_loads"] != r["expert_loads"]), None)
+        if flip is not None:
+            check(flip >= 2, f"{name}: expert loads differ from {ref_name} already at step {flip + 1}")
+            print(f"{name}: a near-tie routing flip at step {flip + 1} (its expert loads differ by single "
+                  f"tokens); steps 1-{flip} compared")
+            got, ref = got[:flip], ref[:flip]
     worst = {}
     for q, bound in BOUNDS.items():
         w = 0.0
@@ -183,7 +208,6 @@ for name in runs:
                 w = max(w, rel(g[q], r[q]))
         check(w <= bound, f"{name}: {q} worst relative difference {w:.3e} > {bound:g}")
         worst[q] = w
-    check(sum("val_loss" in r for r in ref) >= 2, f"{ref_name}: val_loss logged fewer than twice")
     for q in EXACT:
         check(all(g[q] == r[q] for g, r in zip(got, ref)), f"{name}: {q} differs from {ref_name}")
     w1 = 0.0
@@ -197,7 +221,7 @@ for name in runs:
         with open(os.path.join(work, n, "checkpoints", f"step-{steps}", "manifest.json")) as f:
             return json.load(f).get("router_bias")
     rb = router_bias(ref_name)
-    if rb is not None:
+    if rb is not None and flip is None:
         check(router_bias(name) == rb, f"{name}: router_bias after step 20 differs from {ref_name}")
         check(any(v != 0 for row in rb.values() for v in row), f"{ref_name}: router_bias never moved")
     print(f"{name:22s} " + " ".join(f"{worst[c]:10.2e}" for c in cols))
