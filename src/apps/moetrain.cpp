@@ -56,6 +56,8 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   t->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flag wins
   t->add_option("--preset", o.model.preset, "model preset: tiny, tiny-noaux, test-moe, test-moe-noaux, test-dense, ...")->capture_default_str();
   t->add_option("--config", o.model.config_path, "Hugging Face config.json (overrides --preset)");
+  t->add_option("--init-from", o.model.init_from,
+                "start from a Hugging Face model folder's config and weights (fresh optimizer and schedule)");
   t->add_option("--data", o.data.path, "text file, one token per byte (default: data/kjv.txt), or an indexed dataset PREFIX (moetrain tokenize)");
   t->add_option("--vocab-size", o.model.vocab_size, "override the model's vocab_size (e.g. a BPE dataset's)");
   t->add_option("--out", o.out_dir, "output folder")->capture_default_str();
@@ -371,6 +373,9 @@ int main(int argc, char** argv) {
                               train_opts.parallel.dims.ep, " x dp ", train_opts.parallel.dims.dp, " = ", data_ranks, ")"));
         train_opts.data.batch = g / data_ranks;
       }
+      // --init-from: the folder's config is the model; a --preset given as well is compared with it.
+      if (!train_opts.model.init_from.empty() && app.get_subcommand("train")->count("--preset") == 0)
+        train_opts.model.preset.clear();
       comm::MpiRuntime mpi(&argc, &argv);
       try {
         train_opts.progress = !quiet;

@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "model/decoder.h"
 #include "train/checkpoint.h"
+#include "train/hf_folder.h"
 #include "train/run_memory.h"
 #include "train/value_ranges.h"
 
@@ -27,51 +28,6 @@ namespace {
 // Whether the folder has an entry of that name, a symbolic link included (lstat): a symlinked
 // manifest.json or config.json is refused by its reader, not skipped or followed.
 bool has_entry(const std::string& p) { return io::entry_exists(p); }
-
-// An exported folder's weights into `params` (host, laid out by `layout`): model.safetensors, or
-// the shards model.safetensors.index.json names. Every parameter exactly once, nothing else. Each
-// file is opened as a checkpoint's shards are: a plain name inside the folder, O_NOFOLLOW, a
-// regular file (io::open_in_folder).
-void load_export_weights(const std::string& dir, const model::ParamLayout& layout, float* params) {
-  const std::string index_path = dir + "/model.safetensors.index.json";
-  std::map<std::string, std::string> file_of;  // tensor -> weight file (plain name in dir)
-  if (has_entry(index_path)) {
-    const nlohmann::json index = io::read_json_file(index_path, "safetensors index", /*no_follow=*/true);
-    MOE_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
-              index_path, ": no \"weight_map\" object");
-    for (const auto& [name, file] : index["weight_map"].items()) {
-      MOE_CHECK(layout.contains(name), index_path, ": unexpected tensor ", io::quoted(name),
-                " (not a parameter of this config)");
-      MOE_CHECK(file.is_string(), index_path, ": weight_map[\"", name, "\"] is not a file name");
-      const std::string f = file.get<std::string>();
-      // As a checkpoint's shard names: letters, digits, '.', '_', '-', no "..", ending .safetensors.
-      MOE_CHECK(is_plain_shard_name(f), index_path, ": weight_map[\"", name, "\"] = ", io::quoted(f),
-                " is not a plain file name inside the folder (allowed: letters, digits, '.', '_', '-'; no \"..\", "
-                "no '/', ending .safetensors)");
-      file_of[name] = f;
-    }
-  } else {
-    MOE_CHECK(has_entry(dir + "/model.safetensors"), dir,
-              ": neither model.safetensors nor model.safetensors.index.json is there");
-    for (const model::ParamSpec& s : layout.specs()) file_of[s.name] = "model.safetensors";
-  }
-  std::map<std::string, io::SafetensorsFile> files;
-  for (const model::ParamSpec& s : layout.specs()) {
-    auto it = file_of.find(s.name);
-    MOE_CHECK(it != file_of.end(), index_path, ": tensor \"", s.name, "\" is missing");
-    auto f = files.find(it->second);
-    if (f == files.end()) {
-      const io::DataFile df = io::open_in_folder(dir, it->second, "weight file", "a model folder");
-      f = files.emplace(it->second, io::SafetensorsFile::from_fd(df.fd(), dir + "/" + it->second)).first;
-    }
-    MOE_CHECK(f->second.has(s.name), f->second.path(), ": tensor \"", s.name, "\" is missing");
-    f->second.read_f32(s.name, params + s.offset, s.shape);  // shape, dtype and finiteness checked
-  }
-  for (const auto& [name, f] : files)
-    for (const io::TensorInfo& t : f.tensors())
-      MOE_CHECK(layout.contains(t.name), f.path(), ": unexpected tensor ", io::quoted(t.name),
-                " (not a parameter of this config)");
-}
 
 // Refuses a config whose weights this host cannot hold before anything is allocated: the
 // model's parameters and gradient block (Model allocates both) plus the host copy read from the
@@ -117,11 +73,12 @@ LoadedModel load_model_for_inference(const std::string& path_in) {
     load_checkpoint_tensors(path, out.model->layout(), host.data(), nullptr, nullptr);
   } else {
     out.source = path + "/config.json";
-    const model::ModelConfig cfg = model::load_config(out.source, /*in_folder=*/true);
-    check_fits(cfg, out.source);
-    out.model = std::make_unique<model::Model>(cfg);
+    const HfFolder hf = HfFolder::open(path);  // train/hf_folder.h: also train --init-from's reader
+    check_fits(hf.config(), out.source);
+    out.model = std::make_unique<model::Model>(hf.config());
     host.resize(out.model->num_params());
-    load_export_weights(path, out.model->layout(), host.data());
+    hf.check(out.model->layout());
+    hf.read(out.model->layout(), host.data());
   }
   device_copy(out.model->device(), out.model->params(), Device::kCpu, host.data(),
               host.size() * sizeof(float));
