@@ -26,6 +26,7 @@
 #include "apps/generate_cmd.h"
 #include "apps/eval_cmd.h"
 #include "apps/tokenize_cmd.h"
+#include "apps/upcycle_cmd.h"
 
 using namespace moe;
 
@@ -300,6 +301,8 @@ int main(int argc, char** argv) {
   apps::add_eval_command(app, eval_cli);
   apps::TokenizeCli tokenize_cli;
   apps::add_tokenize_command(app, tokenize_cli);
+  train::UpcycleOptions upcycle_cli;
+  apps::add_upcycle_command(app, upcycle_cli);
   std::string export_ckpt, export_out;
   double export_shard_mb = 2048;
   CLI::App* ex = app.add_subcommand("export", "checkpoint -> Hugging Face folder (config.json + safetensors)");
@@ -323,6 +326,7 @@ int main(int argc, char** argv) {
     if (int rc = apps::run_generate_command(app, generate_cli); rc >= 0) return rc;
     if (int rc = apps::run_eval_command(app, eval_cli); rc >= 0) return rc;
     if (int rc = apps::run_tokenize_command(app, tokenize_cli); rc >= 0) return rc;
+    if (int rc = apps::run_upcycle_command(app, upcycle_cli); rc >= 0) return rc;
     if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("a2a"))
       return run_a2a_bench_cli(&argc, &argv, a2a_cli);
     if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("pipeline"))
