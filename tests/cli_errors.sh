@@ -440,6 +440,9 @@ expect init-from-missing '`--init-from` a folder that does not exist' \
   "--init-from $dir/nofolder: no such folder" "${common[@]}" --init-from "$dir/nofolder" --out "$dir/oi1"
 expect init-from-not-a-model '`--init-from` a folder without config.json' \
   "checkpoints/config.json: cannot open config file" "${common[@]}" --init-from "$dir/dense-run/checkpoints" --out "$dir/oi2"
+expect init-from-checkpoint '`--init-from` a checkpoint folder' \
+  "--init-from $dir/dense-run/checkpoints/step-1: is a checkpoint (manifest.json), not a model folder: export it" \
+  "${common[@]}" --init-from "$dir/dense-run/checkpoints/step-1" --out "$dir/oi5"
 expect init-from-preset '`--init-from` with a `--preset` of another shape' \
   "--preset test-moe disagrees with --init-from's $dir/dense/config.json: " \
   "${common[@]}" --init-from "$dir/dense" --preset test-moe --out "$dir/oi3"

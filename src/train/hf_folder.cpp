@@ -186,11 +186,15 @@ nlohmann::json HfFolder::score_bias_json() const {
   nlohmann::json j = nlohmann::json::object();
   for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
     if (!cfg_.is_moe_layer(l)) continue;
-    const io::SafetensorsFile* f = file_of(score_bias_tensor_name(l));
+    const std::string name = score_bias_tensor_name(l);
+    const io::SafetensorsFile* f = file_of(name);
     if (!f) continue;
+    const io::TensorInfo& t = f->info(name);
+    MOE_CHECK(is_weight_dtype(t.dtype) && t.shape == std::vector<int64_t>{cfg_.n_routed_experts}, f->path(),
+              ": tensor \"", name, "\" has dtype ", t.dtype, " and shape ", io::shape_str(t.shape), ", expected ",
+              kHfWeightDtypes, " [", cfg_.n_routed_experts, "]");
     std::vector<float> bias(cfg_.n_routed_experts);
-    widen(static_cast<const uint8_t*>(f->data(score_bias_tensor_name(l))), f->info(score_bias_tensor_name(l)).dtype,
-          bias.size(), bias.data());
+    widen(static_cast<const uint8_t*>(f->data(name)), t.dtype, bias.size(), bias.data());
     j[std::to_string(l)] = bias;
   }
   return j.empty() ? nlohmann::json(nullptr) : j;

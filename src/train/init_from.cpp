@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/data_file.h"
 #include "train/hf_folder.h"
 
 namespace moe::train {
@@ -28,6 +29,9 @@ model::ModelConfig init_from_config(const ModelOptions& opts) {
   MOE_CHECK(std::filesystem::is_directory(opts.init_from, ec), "--init-from ", opts.init_from,
             ": no such folder (expected a Hugging Face model folder: config.json and model.safetensors, or shards "
             "with model.safetensors.index.json, e.g. from `moetrain export`)");
+  MOE_CHECK(io::entry_exists(opts.init_from + "/config.json") || !io::entry_exists(opts.init_from + "/manifest.json"),
+            "--init-from ", opts.init_from, ": is a checkpoint (manifest.json), not a model folder: export it ",
+            "(`moetrain export ", opts.init_from, " OUT`) and start from OUT, or continue it with --resume");
   const HfFolder hf = HfFolder::open(opts.init_from);
   model::ModelConfig cfg = hf.config();
   cfg.validate(hf.config_path());
