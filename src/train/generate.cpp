@@ -3,14 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <map>
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "io/token_corpus.h"
 #include "io/data_file.h"
-#include "io/json_file.h"
-#include "io/safetensors.h"
 #include "io/tokenizer.h"
 #include "kernels/device_select.h"
 #include "model/config.h"
