@@ -430,6 +430,49 @@ expect migrate-without-ep '`--balance.migrate-every` on one process (no expert p
 expect migrate-with-zero1 '`--balance.migrate-every` with `--zero1`' \
   '--balance.migrate-every with --zero1: moving experts with a sharded AdamW state is not supported' \
   "${common[@]}" --balance.migrate-every 5 --zero1 --out "$dir/om5"
+# train --init-from and upcycle: a dense and an MoE model folder to start from (tests/init_from.sh
+# has the bad tensors; tests/upcycle.sh the rule).
+"$bin" "${common[@]}" --preset test-dense --steps 1 --out "$dir/dense-run" >/dev/null 2>&1
+"$bin" export "$dir/dense-run/checkpoints/step-1" "$dir/dense" >/dev/null
+"$bin" "${common[@]}" --preset test-moe --steps 1 --out "$dir/moe-run" >/dev/null 2>&1
+"$bin" export "$dir/moe-run/checkpoints/step-1" "$dir/moe" >/dev/null
+expect init-from-missing '`--init-from` a folder that does not exist' \
+  "--init-from $dir/nofolder: no such folder" "${common[@]}" --init-from "$dir/nofolder" --out "$dir/oi1"
+expect init-from-not-a-model '`--init-from` a folder without config.json' \
+  "checkpoints/config.json: cannot open config file" "${common[@]}" --init-from "$dir/dense-run/checkpoints" --out "$dir/oi2"
+expect init-from-checkpoint '`--init-from` a checkpoint folder' \
+  "--init-from $dir/dense-run/checkpoints/step-1: is a checkpoint (manifest.json), not a model folder: export it" \
+  "${common[@]}" --init-from "$dir/dense-run/checkpoints/step-1" --out "$dir/oi5"
+expect init-from-preset '`--init-from` with a `--preset` of another shape' \
+  "--preset test-moe disagrees with --init-from's $dir/dense/config.json: " \
+  "${common[@]}" --init-from "$dir/dense" --preset test-moe --out "$dir/oi3"
+expect init-from-config '`--init-from` with a `--config` of another model' \
+  "--config $dir/moe/config.json disagrees with --init-from's $dir/dense/config.json: " \
+  "${common[@]}" --init-from "$dir/dense" --config "$dir/moe/config.json" --out "$dir/oi4"
+expect upcycle-missing '`upcycle` a folder that does not exist' \
+  "$dir/nofolder: no such folder" upcycle "$dir/nofolder" -o "$dir/ou1" --experts 4 --topk 2
+expect upcycle-moe '`upcycle` an MoE model' \
+  'upcycle: the input model already has n_routed_experts = 8' upcycle "$dir/moe" -o "$dir/ou2" --experts 4 --topk 2
+expect upcycle-topk '`upcycle --topk` above `--experts`' \
+  '--topk must be in [1, --experts 4], got 5' upcycle "$dir/dense" -o "$dir/ou3" --experts 4 --topk 5
+expect upcycle-experts '`upcycle --experts 0`' \
+  '--experts must be in [1, 4096], got 0' upcycle "$dir/dense" -o "$dir/ou4" --experts 0 --topk 1
+expect upcycle-split '`upcycle --split` not dividing intermediate_size' \
+  "--split 5 does not divide the dense model's intermediate_size 48" upcycle "$dir/dense" -o "$dir/ou5" --experts 4 --topk 2 --split 5
+expect upcycle-noise '`upcycle --noise nan`' \
+  '--noise must be a finite number in [0, 1]' upcycle "$dir/dense" -o "$dir/ou6" --experts 4 --topk 2 --noise nan
+expect upcycle-router '`upcycle --router-init big`' \
+  "--router-init: expected zero or a standard deviation in [0, 1] (e.g. 0.02), got 'big'" \
+  upcycle "$dir/dense" -o "$dir/ou7" --experts 4 --topk 2 --router-init big
+expect upcycle-first-dense '`upcycle --first-dense` past the last layer' \
+  '--first-dense 2 leaves no layer to upcycle (the model has 2 layers)' \
+  upcycle "$dir/dense" -o "$dir/ou8" --experts 4 --topk 2 --first-dense 2
+expect upcycle-over-input '`upcycle -o` its own input' \
+  "-o $dir/dense: is the folder it reads" upcycle "$dir/dense" -o "$dir/dense" --experts 4 --topk 2
+for o in "$dir"/ou*; do
+  [ -e "$o/model.safetensors" ] || [ -e "$o/config.json" ] && { echo "FAIL: $o has an upcycled model after an error" >&2; fail=$((fail + 1)); }
+done
+
 # OpenBLAS told to load kernels this CPU cannot run would die of SIGILL at the first GEMM. Only a
 # CPU without AVX-512 can show it; on one with AVX-512 the same run must train.
 if grep -qw avx512f /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo &&

@@ -26,6 +26,7 @@
 #include "apps/generate_cmd.h"
 #include "apps/eval_cmd.h"
 #include "apps/tokenize_cmd.h"
+#include "apps/upcycle_cmd.h"
 
 using namespace moe;
 
@@ -56,6 +57,8 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   t->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flag wins
   t->add_option("--preset", o.model.preset, "model preset: tiny, tiny-noaux, test-moe, test-moe-noaux, test-dense, ...")->capture_default_str();
   t->add_option("--config", o.model.config_path, "Hugging Face config.json (overrides --preset)");
+  t->add_option("--init-from", o.model.init_from,
+                "start from a Hugging Face model folder's config and weights (fresh optimizer and schedule)");
   t->add_option("--data", o.data.path, "text file, one token per byte (default: data/kjv.txt), or an indexed dataset PREFIX (moetrain tokenize)");
   t->add_option("--vocab-size", o.model.vocab_size, "override the model's vocab_size (e.g. a BPE dataset's)");
   t->add_option("--out", o.out_dir, "output folder")->capture_default_str();
@@ -302,6 +305,8 @@ int main(int argc, char** argv) {
   apps::add_eval_command(app, eval_cli);
   apps::TokenizeCli tokenize_cli;
   apps::add_tokenize_command(app, tokenize_cli);
+  train::UpcycleOptions upcycle_cli;
+  apps::add_upcycle_command(app, upcycle_cli);
   std::string export_ckpt, export_out;
   double export_shard_mb = 2048;
   CLI::App* ex = app.add_subcommand("export", "checkpoint -> Hugging Face folder (config.json + safetensors)");
@@ -329,6 +334,7 @@ int main(int argc, char** argv) {
     if (int rc = apps::run_generate_command(app, generate_cli); rc >= 0) return rc;
     if (int rc = apps::run_eval_command(app, eval_cli); rc >= 0) return rc;
     if (int rc = apps::run_tokenize_command(app, tokenize_cli); rc >= 0) return rc;
+    if (int rc = apps::run_upcycle_command(app, upcycle_cli); rc >= 0) return rc;
     if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("a2a"))
       return run_a2a_bench_cli(&argc, &argv, a2a_cli);
     if (app.got_subcommand("bench") && app.get_subcommand("bench")->got_subcommand("pipeline"))
@@ -380,6 +386,9 @@ int main(int argc, char** argv) {
                               train_opts.parallel.dims.ep, " x dp ", train_opts.parallel.dims.dp, " = ", data_ranks, ")"));
         train_opts.data.batch = g / data_ranks;
       }
+      // --init-from: the folder's config is the model; a --preset given as well is compared with it.
+      if (!train_opts.model.init_from.empty() && app.get_subcommand("train")->count("--preset") == 0)
+        train_opts.model.preset.clear();
       comm::MpiRuntime mpi(&argc, &argv);
       try {
         train_opts.progress = !quiet;

@@ -3,22 +3,18 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <map>
 #include <optional>
-#include <set>
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "io/token_corpus.h"
 #include "io/data_file.h"
-#include "io/json_file.h"
-#include "io/safetensors.h"
 #include "io/tokenizer.h"
 #include "kernels/device_select.h"
 #include "model/config.h"
 #include "model/decoder.h"
 #include "model/weights_io.h"
 #include "train/checkpoint.h"
+#include "train/hf_folder.h"
 #include "train/run_memory.h"
 #include "train/score_bias.h"
 #include "train/value_ranges.h"
@@ -31,71 +27,6 @@ namespace {
 // Whether the folder has an entry of that name, a symbolic link included (lstat): a symlinked
 // manifest.json or config.json is refused by its reader, not skipped or followed.
 bool has_entry(const std::string& p) { return io::entry_exists(p); }
-
-// An exported folder's weights into `params` (host, laid out by `layout`): model.safetensors, or
-// the shards model.safetensors.index.json names. Every parameter exactly once, nothing else. Each
-// file is opened as a checkpoint's shards are: a plain name inside the folder, O_NOFOLLOW, a
-// regular file (io::open_in_folder).
-// noaux_tc: `bias` (active) is filled from the routers' e_score_correction_bias tensors, which
-// must be there too.
-void load_export_weights(const std::string& dir, const model::ParamLayout& layout, float* params,
-                         ScoreBias& bias) {
-  std::set<std::string> state;  // the bias tensors' names: not parameters, but expected
-  for (int l : model::score_bias_layers(bias.config())) state.insert(model::score_bias_name(l));
-  auto known = [&](const std::string& name) { return layout.contains(name) || state.count(name) != 0; };
-  const std::string index_path = dir + "/model.safetensors.index.json";
-  std::map<std::string, std::string> file_of;  // tensor -> weight file (plain name in dir)
-  if (has_entry(index_path)) {
-    const nlohmann::json index = io::read_json_file(index_path, "safetensors index", /*no_follow=*/true);
-    MOE_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
-              index_path, ": no \"weight_map\" object");
-    for (const auto& [name, file] : index["weight_map"].items()) {
-      MOE_CHECK(known(name), index_path, ": unexpected tensor ", io::quoted(name),
-                " (not a parameter of this config)");
-      MOE_CHECK(file.is_string(), index_path, ": weight_map[\"", name, "\"] is not a file name");
-      const std::string f = file.get<std::string>();
-      // As a checkpoint's shard names: letters, digits, '.', '_', '-', no "..", ending .safetensors.
-      MOE_CHECK(is_plain_shard_name(f), index_path, ": weight_map[\"", name, "\"] = ", io::quoted(f),
-                " is not a plain file name inside the folder (allowed: letters, digits, '.', '_', '-'; no \"..\", "
-                "no '/', ending .safetensors)");
-      file_of[name] = f;
-    }
-  } else {
-    MOE_CHECK(has_entry(dir + "/model.safetensors"), dir,
-              ": neither model.safetensors nor model.safetensors.index.json is there");
-    for (const model::ParamSpec& s : layout.specs()) file_of[s.name] = "model.safetensors";
-    for (const std::string& name : state) file_of[name] = "model.safetensors";
-  }
-  std::map<std::string, io::SafetensorsFile> files;
-  // The file holding `name` (opened once), or null when no file names it.
-  auto file_with = [&](const std::string& name) -> io::SafetensorsFile* {
-    auto it = file_of.find(name);
-    if (it == file_of.end()) return nullptr;
-    auto f = files.find(it->second);
-    if (f == files.end()) {
-      const io::DataFile df = io::open_in_folder(dir, it->second, "weight file", "a model folder");
-      f = files.emplace(it->second, io::SafetensorsFile::from_fd(df.fd(), dir + "/" + it->second)).first;
-    }
-    return f->second.has(name) ? &f->second : nullptr;
-  };
-  for (const model::ParamSpec& s : layout.specs()) {
-    MOE_CHECK(file_of.count(s.name), index_path, ": tensor \"", s.name, "\" is missing");
-    io::SafetensorsFile* f = file_with(s.name);
-    MOE_CHECK(f, dir, "/", file_of[s.name], ": tensor \"", s.name, "\" is missing");
-    f->read_f32(s.name, params + s.offset, s.shape);  // shape, dtype and finiteness checked
-  }
-  if (bias.active())
-    bias.load_tensors([&](const std::string& name, float* out) {
-      io::SafetensorsFile* f = file_with(name);
-      if (!f) return false;
-      f->read_f32(name, out, {bias.config().n_routed_experts});
-      return true;
-    }, dir);
-  for (const auto& [name, f] : files)
-    for (const io::TensorInfo& t : f.tensors())
-      MOE_CHECK(known(t.name), f.path(), ": unexpected tensor ", io::quoted(t.name),
-                " (not a parameter of this config)");
-}
 
 // Refuses a config whose weights this host cannot hold before anything is allocated: the
 // model's parameters and gradient block (Model allocates both) plus the host copy read from the
@@ -141,12 +72,22 @@ LoadedModel load_model_for_inference(const std::string& path_in) {
     if (bias->active()) bias->load_json(meta.router_bias, out.source + ": field \"router_bias\"");
   } else {
     out.source = path + "/config.json";
-    const model::ModelConfig cfg = model::load_config(out.source, /*in_folder=*/true);
-    check_fits(cfg, out.source);
-    out.model = std::make_unique<model::Model>(cfg);
+    const HfFolder hf = HfFolder::open(path);  // train/hf_folder.h: also train --init-from's reader
+    check_fits(hf.config(), out.source);
+    out.model = std::make_unique<model::Model>(hf.config());
     host.resize(out.model->num_params());
-    bias.emplace(cfg, std::nullopt);
-    load_export_weights(path, out.model->layout(), host.data(), *bias);
+    hf.check(out.model->layout());
+    hf.read(out.model->layout(), host.data());
+    // noaux_tc: the routers' selection biases must be there (train --init-from may start without).
+    bias.emplace(hf.config(), std::nullopt);
+    if (bias->active()) {
+      const nlohmann::json b = hf.score_bias_json();
+      for (int l : model::score_bias_layers(hf.config()))
+        MOE_CHECK(b.is_object() && b.contains(std::to_string(l)), path, ": tensor \"", model::score_bias_name(l),
+                  "\" is missing (the noaux_tc router's selection bias: without it the model routes "
+                  "differently than it trained)");
+      bias->load_json(b, path);
+    }
   }
   device_copy(out.model->device(), out.model->params(), Device::kCpu, host.data(),
               host.size() * sizeof(float));

@@ -27,6 +27,7 @@
 #include "plan/time_model.h"
 #include "train/checkpoint.h"
 #include "train/checkpointer.h"
+#include "train/init_from.h"
 #include "train/run_memory.h"
 #include "train/score_bias.h"
 
@@ -153,7 +154,9 @@ std::unique_ptr<RunSetup> setup_run(const TrainOptions& opts) {
     require_device(device, "--device");
     MOE_CHECK(device == Device::kCpu || !opts.model.moe.padded,
               "--padded: the capacity-padded baseline runs on the CPU only (--device cpu)");
-    cfg = opts.model.config_path.empty() ? model::preset(opts.model.preset) : model::load_config(opts.model.config_path);
+    cfg = !opts.model.init_from.empty()      ? init_from_config(opts.model)  // train/init_from.h
+          : opts.model.config_path.empty() ? model::preset(opts.model.preset)
+                                           : model::load_config(opts.model.config_path);
     MOE_CHECK(opts.data.seq_len <= cfg.max_position_embeddings, "--seq-len ", opts.data.seq_len,
               " exceeds the model's max_position_embeddings ", cfg.max_position_embeddings);
     if (opts.model.vocab_size > 0) cfg.vocab_size = opts.model.vocab_size;  // --vocab-size: a tokenized dataset's
@@ -214,6 +217,11 @@ std::unique_ptr<RunSetup> setup_run(const TrainOptions& opts) {
     io::Corpus* corpus = r.corpus.get();
     // The model learns this tokenizer's ids: its identity goes into every checkpoint and export
     // with the config (io/token_corpus.h), whatever a --config said.
+    if (!opts.model.init_from.empty()) {  // the folder's model was trained on the data's tokenizer
+      const std::string note = io::check_tokenizer_match(cfg.tokenizer_fingerprint, opts.model.init_from + "/config.json",
+                                                         corpus->tokenizer_fingerprint(), str_cat("--data ", data_path));
+      if (!note.empty() && root && opts.progress) std::fprintf(stderr, "moetrain: %s\n", note.c_str());
+    }
     cfg.tokenizer_fingerprint = corpus->tokenizer_fingerprint();
     // Both splits must hold a window (the checks name the file and the sizes).
     const int n_data = opts.parallel.dims.dp * opts.parallel.dims.ep;
@@ -232,7 +240,8 @@ std::unique_ptr<RunSetup> setup_run(const TrainOptions& opts) {
       r.out_lock = DirLock::acquire(opts.out_dir, "--out", what);
       // Its files: new or regular (never a link, FIFO, device or folder), none of the run's
       // inputs (io/output_file.h): --data, --config, the --resume checkpoint.
-      std::vector<std::string> inputs = {opts.model.config_path, opts.checkpoint.resume == "latest" ? "" : opts.checkpoint.resume};
+      std::vector<std::string> inputs = {opts.model.config_path, opts.checkpoint.resume == "latest" ? "" : opts.checkpoint.resume,
+                                         opts.model.init_from};
       if (indexed) {
         const std::string prefix = io::indexed_prefix(data_path);
         inputs.insert(inputs.end(), {io::idx_path(prefix), io::bin_path(prefix), io::tokenizer_info_path(prefix)});

@@ -43,6 +43,7 @@
 #include "train/run_guard.h"
 #include "train/run_memory.h"
 #include "train/run_setup.h"
+#include "train/init_from.h"
 #include "train/score_bias.h"
 #include "train/value_ranges.h"
 
@@ -412,6 +413,7 @@ class Trainer {
   model::TensorParallel tp_ctx_;
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<ScoreBias> score_bias_;
+  double start_val_ = NAN;  // --init-from: the held-out loss of the loaded weights, before step 1
   std::unique_ptr<parallel::ZeroShard> shard_;
   std::unique_ptr<AdamW> opt_;
   std::vector<double> optimizer_bytes_;  // AdamW state bytes of every world rank
@@ -564,6 +566,8 @@ Trainer::Trainer(const TrainOptions& opts, RunSetup& setup)
     data_rng_.set_state(meta.data_rng_state);
     if (root_ && opts.progress)
       std::fprintf(stderr, "resumed from %s at step %d\n", setup.resume_path.c_str(), step0_);
+  } else if (!opts.model.init_from.empty()) {
+    init_from_folder(opts.model.init_from, model, *score_bias_);  // train/init_from.h; checked in setup
   }
   score_bias_->apply(model);
   tokens_.resize(static_cast<size_t>(B_global_) * (T_ + 1));
@@ -622,7 +626,8 @@ void Trainer::print_header() const {
                "moetrain: %s, %.2fM params (%.2fM active), %d layers, E=%d k=%d, global batch "
                "%dx%d in %d micro-batch(es), %s, %d rank(s) [%s, layers %s, %s, a2a %s, "
                "recompute %s, %s], %d BLAS thread(s) per rank (%s), peak %.1f GFLOP/s per rank (%s GEMM%s)\n",
-               opts_.model.config_path.empty() ? opts_.model.preset.c_str() : opts_.model.config_path.c_str(),
+               !opts_.model.init_from.empty() ? opts_.model.init_from.c_str()
+               : opts_.model.config_path.empty() ? opts_.model.preset.c_str() : opts_.model.config_path.c_str(),
                pc.total / 1e6, pc.active / 1e6, cfg_.num_hidden_layers, cfg_.n_routed_experts,
                cfg_.num_experts_per_tok, B_global_, T_, M_, steps_text.c_str(), grid_.world.size(),
                grid_.dims.describe().c_str(), split.c_str(), parallel::schedule_name(setup_.schedule),
@@ -888,6 +893,7 @@ void Trainer::log(int step, const StepOutcome& s, double vl) {
   if (!s.balance.migration.is_null()) rec["migration"] = s.balance.migration;
   if (!budget_json_.is_null()) rec["time_budget"] = std::exchange(budget_json_, nullptr);
   if (!std::isnan(vl)) rec["val_loss"] = vl;
+  if (step == 0 && !std::isnan(start_val_)) rec["val_loss_start"] = start_val_;
   // Tokenized data: the held-out loss per byte of text as well, comparable with a byte model's.
   if (!std::isnan(vl) && tokenized_ && bytes_per_token_ > 0) rec["val_loss_nats_per_byte"] = vl / bytes_per_token_;
   setup_.metrics << rec.dump() << "\n";
@@ -950,6 +956,14 @@ void Trainer::stop_on_data_error(int step, const std::string& what) {
 
 TrainResult Trainer::run() {
   print_header();
+  // --init-from: the loaded weights' held-out loss on the run's windows (`moetrain eval` of the
+  // folder with this --batch x ep x dp, --seq-len and --eval-batches gives the same figure).
+  if (!opts_.model.init_from.empty() && setup_.resume_path.empty()) {
+    start_val_ = evaluate();
+    if (root_ && opts_.progress)
+      std::fprintf(stderr, "--init-from %s: held-out loss %.6f before the first step\n", opts_.model.init_from.c_str(),
+                   start_val_);
+  }
   t_start_ = now_seconds();
   bool stopped_early = false;
   for (int step = step0_; step < total_steps_; ++step) {

@@ -27,6 +27,10 @@ namespace moe::train {
 struct ModelOptions {
   std::string preset = "tiny";
   std::string config_path;      // a Hugging Face config.json; overrides preset when set
+  // --init-from: a Hugging Face model folder whose config and weights the run starts from, with a
+  // fresh optimizer and schedule (train/init_from.h); preset ("" unless given) and config_path
+  // must then agree with its config.
+  std::string init_from;
   int vocab_size = 0;           // --vocab-size: overrides the preset's / config's (0 = keep it)
   model::MoeOptions moe;        // --capacity-factor, --padded
   std::string recompute = "none";  // activation checkpointing: none | moe | full
