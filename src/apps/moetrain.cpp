@@ -55,7 +55,9 @@ struct A2aCli {
 void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   CLI::App* t = app.add_subcommand("train", "train a model (default: the tiny preset on the built-in corpus)");
   t->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flag wins
-  t->add_option("--preset", o.model.preset, "model preset: tiny, tiny-noaux, test-moe, test-moe-noaux, test-dense, ...")->capture_default_str();
+  std::string presets;
+  for (const std::string& n : model::preset_names()) presets += (presets.empty() ? "" : ", ") + n;
+  t->add_option("--preset", o.model.preset, "model preset: " + presets)->capture_default_str();
   t->add_option("--config", o.model.config_path, "Hugging Face config.json (overrides --preset)");
   t->add_option("--init-from", o.model.init_from,
                 "start from a Hugging Face model folder's config and weights (fresh optimizer and schedule)");
