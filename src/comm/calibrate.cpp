@@ -26,33 +26,18 @@ std::vector<double> sizes(double lo, double hi) {
 // Mean over iterations of the slowest rank's time of `op`, all ranks of `world` together. The
 // mean, not the median: a step sums many such operations, occasional slow ones included (on a
 // machine with more ranks than cores, a descheduled peer costs a scheduler tick).
-template <class Op>
-double timed(const Group& world, int iters, Op op) {
-  op();  // warm-up
-  double sum = 0;
-  for (int i = 0; i < iters; ++i) {
-    world.barrier();
-    const double t0 = now_seconds();
-    op();
-    double dt = now_seconds() - t0;
-    world.allreduce_max(&dt, 1);
-    sum += dt;
-  }
-  return sum / iters;
-}
-
-// Like timed(), for an operation that training runs between stretches of compute: each
+// gaps: for an operation that training runs between stretches of compute (the exchange), each
 // iteration first leaves the network idle for as long as the previous one took (at least 1 ms),
-// sleeping, then times `op`. Back to back, a rate-limited link stays saturated: its queue fills,
-// TCP loses packets and its congestion window, and a MiB-sized exchange took 1.3-1.6x the link's
-// time on the namespace cluster, where training's exchanges (expert GEMMs between them) ran at
-// the link's time (docs/cluster.md). On an idle shared-memory node the gap changes nothing.
+// sleeping. Back to back, a rate-limited link stays saturated: its queue fills, TCP loses packets
+// and its congestion window, and a MiB-sized exchange took 1.3-1.6x the link's time on the
+// namespace cluster, where training's exchanges (expert GEMMs between them) ran at the link's
+// time (docs/cluster.md). On an idle shared-memory node the gap changes nothing.
 template <class Op>
-double timed_with_gaps(const Group& world, int iters, Op op) {
+double timed(const Group& world, int iters, Op op, bool gaps = false) {
   op();  // warm-up
   double sum = 0, last = 1e-3;
   for (int i = 0; i < iters; ++i) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(std::max(1e-3, last)));
+    if (gaps) std::this_thread::sleep_for(std::chrono::duration<double>(std::max(1e-3, last)));
     world.barrier();
     const double t0 = now_seconds();
     op();
@@ -107,14 +92,13 @@ std::vector<CommMeasurement> measure_a2a(const Group& world, const Topology& top
       const ExchangePlan plan = ex.plan(T, static_cast<int>(r.src_row.size()), r.src_row.data(),
                                         r.dst.data(), r.tag.data(), r.value.data());
       recv.resize(static_cast<size_t>(plan.num_recv) * H);
-      const double dispatch = timed_with_gaps(world, n_iters, [&] {
+      const double dispatch = timed(world, n_iters, [&] {
         ExchangePlan p = ex.plan(T, static_cast<int>(r.src_row.size()), r.src_row.data(), r.dst.data(),
                                  r.tag.data(), r.value.data());
         ex.multicast(p, src.data(), recv.data(), H);
-      });
-      const double combine = timed_with_gaps(world, n_iters, [&] {
-        ex.reduce(plan, recv.data(), back.data(), H);
-      });
+      }, /*gaps=*/true);
+      const double combine = timed(world, n_iters, [&] { ex.reduce(plan, recv.data(), back.data(), H); },
+                                   /*gaps=*/true);
       m.bytes.push_back(static_cast<double>(T) * k * H * 4);
       m.seconds.push_back((dispatch + combine) / 2);
     }

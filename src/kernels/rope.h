@@ -40,6 +40,8 @@ void rope_backward(float* dx, const RopeTable& table, int B, int T, int n_head, 
 namespace cuda {
 void rope_forward(float* x, const RopeTable& table, int B, int T, int n_head, int head_dim);
 void rope_backward(float* dx, const RopeTable& table, int B, int T, int n_head, int head_dim);
+// The table's cos/sin into its device copies, once (the kernels that rotate call it).
+void upload_rope_table(const RopeTable& table);
 }  // namespace cuda
 
 }  // namespace moe::kernels

@@ -114,17 +114,6 @@ __global__ void copy_cols_kernel(float* dst, int dst_cols, const float* src, int
   }
 }
 
-// The table's device copies (uploaded on first use, kept in the table, as rope.cu does).
-void upload(const RopeTable& table) {
-  if (table.dev_cos.size() == table.cos.size() && table.dev_sin.size() == table.sin.size()) return;
-  table.dev_cos.resize(table.cos.size(), nullptr, Device::kCuda);
-  table.dev_sin.resize(table.sin.size(), nullptr, Device::kCuda);
-  device_copy(Device::kCuda, table.dev_cos.data(), Device::kCpu, table.cos.data(),
-              table.cos.size() * sizeof(float));
-  device_copy(Device::kCuda, table.dev_sin.data(), Device::kCpu, table.sin.data(),
-              table.sin.size() * sizeof(float));
-}
-
 Dims dims_of(const MlaShape& s) { return {s.T, s.nh, s.dn, s.dr, s.dv, s.D}; }
 
 }  // namespace
@@ -134,7 +123,7 @@ void mla_heads_forward(float* Q, float* K, float* V, const float* q, const float
   check_mla_shape(rope, s, "mla_heads_forward");
   const size_t rows = static_cast<size_t>(s.B) * s.T * s.nh;
   if (rows == 0) return;
-  upload(rope);
+  upload_rope_table(rope);
   const Dims d = dims_of(s);
   const size_t n_elems = rows * s.D, n_pairs = rows * (s.dr / 2);
   MOE_LAUNCH(mla_plain_forward, elem_blocks(n_elems), kThreads, 0, stream())(Q, K, V, q, kv, n_elems,
@@ -150,7 +139,7 @@ void mla_heads_backward(float* dq, float* dkv, float* dkpe, const float* dQ, con
   check_mla_shape(rope, s, "mla_heads_backward");
   const size_t N = static_cast<size_t>(s.B) * s.T, rows = N * s.nh;
   if (rows == 0) return;
-  upload(rope);
+  upload_rope_table(rope);
   const Dims d = dims_of(s);
   const int width = s.dn + s.dv;  // dq's nope columns and all of dkv; the rotary ones below
   const size_t n_elems = rows * width, n_pairs = N * (s.dr / 2);

@@ -24,7 +24,20 @@ __global__ void rope_kernel(float* x, const float* cos_t, const float* sin_t, si
   }
 }
 
-void upload(const RopeTable& table) {
+void rotate(float* x, const RopeTable& table, int B, int T, int n_head, int head_dim, float sign,
+            const char* who) {
+  check_rope_args(table, B, T, n_head, head_dim, who);
+  const size_t n_pairs = static_cast<size_t>(B) * T * n_head * table.half;
+  if (n_pairs == 0) return;
+  upload_rope_table(table);
+  MOE_LAUNCH(rope_kernel, elem_blocks(n_pairs), kThreads, 0, stream())(
+      x, table.dev_cos.data(), table.dev_sin.data(), n_pairs, T, n_head, table.half, sign);
+  MOE_CUDA_LAUNCHED(who);
+}
+
+}  // namespace
+
+void upload_rope_table(const RopeTable& table) {
   if (table.dev_cos.size() == table.cos.size() && table.dev_sin.size() == table.sin.size()) return;
   table.dev_cos.resize(table.cos.size(), nullptr, Device::kCuda);
   table.dev_sin.resize(table.sin.size(), nullptr, Device::kCuda);
@@ -33,19 +46,6 @@ void upload(const RopeTable& table) {
   device_copy(Device::kCuda, table.dev_sin.data(), Device::kCpu, table.sin.data(),
               table.sin.size() * sizeof(float));
 }
-
-void rotate(float* x, const RopeTable& table, int B, int T, int n_head, int head_dim, float sign,
-            const char* who) {
-  check_rope_args(table, B, T, n_head, head_dim, who);
-  const size_t n_pairs = static_cast<size_t>(B) * T * n_head * table.half;
-  if (n_pairs == 0) return;
-  upload(table);
-  MOE_LAUNCH(rope_kernel, elem_blocks(n_pairs), kThreads, 0, stream())(
-      x, table.dev_cos.data(), table.dev_sin.data(), n_pairs, T, n_head, table.half, sign);
-  MOE_CUDA_LAUNCHED(who);
-}
-
-}  // namespace
 
 void rope_forward(float* x, const RopeTable& table, int B, int T, int n_head, int head_dim) {
   rotate(x, table, B, T, n_head, head_dim, 1.0f, "rope_forward");
