@@ -11,11 +11,9 @@
 set -euo pipefail
 bin="$1"; py="$2"; corpus="$3"; work="$4"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work"; mkdir -p "$work"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
-pass=0
-ok() { pass=$((pass + 1)); echo "ok: $*"; }
-mpirun --oversubscribe --bind-to none -np 2 "$bin" train --preset test-v3 --steps 6 --seq-len 32 \
+source "$here/lib.sh"
+scratch "$work"
+mpi 2 "$bin" train --preset test-v3 --steps 6 --seq-len 32 \
   --batch 4 --ep 2 --eval-every 6 --eval-batches 2 --quiet --data "$corpus" --out "$work/run"
 ckpt="$work/run/checkpoints/step-6"
 "$bin" export "$ckpt" "$work/keep" >/dev/null
@@ -81,8 +79,10 @@ open(dst, "wb").write(struct.pack("<Q", len(hb)) + hb + b"".join(parts))
 print(gone)
 PY
 if "$bin" generate "$work/nobias" --prompt "In" --tokens 4 >"$work/nobias.out" 2>&1; then
-  echo "FAIL: an export without its selection bias was accepted"; exit 1
+  not_ok "an export without its selection bias was accepted"
+elif grep -q 'e_score_correction_bias" is missing' "$work/nobias.out"; then
+  ok "an export without a selection bias is refused: $(tail -1 "$work/nobias.out")"
+else
+  not_ok "an export without a selection bias: $(tail -1 "$work/nobias.out")"
 fi
-grep -q 'e_score_correction_bias" is missing' "$work/nobias.out" || { cat "$work/nobias.out"; exit 1; }
-ok "an export without a selection bias is refused: $(tail -1 "$work/nobias.out")"
-echo "$pass passed, 0 failed"
+finish deepseek_v3

@@ -169,11 +169,9 @@ def metrics(name):
 def rel(a, b):  # a NaN on either side counts as an infinite difference
     d = abs(a - b) / abs(b) if b != 0 else (0.0 if a == 0 else float("inf"))
     return d if d == d else float("inf")
-passed = failed = 0
-def check(ok, msg):
-    global passed, failed
-    if ok: passed += 1
-    else: failed += 1; print("FAIL", msg)
+sys.path.insert(0, os.environ["TESTS_DIR"])
+from checks import Checks
+check = Checks(quiet_ok=True)
 runs = sorted(d for d in os.listdir(work) if not d.startswith("single") and os.path.isdir(os.path.join(work, d)))
 cols = list(BOUNDS) + ["step1"]
 print(f"{'run':22s} " + " ".join(f"{c:>10s}" for c in cols) + "   worst relative difference vs one process")
@@ -268,6 +266,5 @@ for name in runs:
                                     os.path.join(work, "single", "model.safetensors"), shallow=False)
         check(same, f"{name}: metrics/weights not bit-identical to single")
         print(f"{name:22s} bit-identical to single: {same}")
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+sys.exit(check.finish())
 PY

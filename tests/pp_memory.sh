@@ -8,15 +8,14 @@ set -euo pipefail
 bin="$1"
 corpus="$2"
 work="$3"
-rm -rf "$work"
-mkdir -p "$work"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+source "$(dirname "$0")/lib.sh"
+scratch "$work"
 common=(train --preset test-moe4 --steps 2 --seq-len 32 --eval-every 0 --eval-batches 1 --quiet
         --data "$corpus")
 run() {  # run NAME NP ARGS...
   local name="$1" np="$2"
   shift 2
-  mpirun --oversubscribe --bind-to none -np "$np" "$bin" "${common[@]}" "$@" --out "$work/$name"
+  mpi "$np" "$bin" "${common[@]}" "$@" --out "$work/$name"
 }
 # Micro-batches of 2 sequences everywhere.
 run pp2-m1 2 --pp 2 --batch 2 --micro-batches 1
@@ -34,12 +33,9 @@ work = sys.argv[1]
 def stages(name):
     with open(os.path.join(work, name, "metrics.jsonl")) as f:
         return json.loads(f.readlines()[-1])["stages"]
-passed = failed = 0
-def check(ok, msg):
-    global passed, failed
-    if ok: passed += 1
-    else: failed += 1
-    print(("ok   " if ok else "FAIL ") + msg)
+sys.path.insert(0, os.environ["TESTS_DIR"])
+from checks import Checks
+check = Checks()
 
 # 1. In-flight micro-batches from the high-water marks: peak(M) = min(PP - i, M) x peak(M = 1).
 for pp, ms, sched, name in [(2, 4, "1f1b", "pp2-m4"), (2, 2, "1f1b", "pp2-m2"),
@@ -84,6 +80,5 @@ for i, layers in enumerate(split):
         got = stages("pp2-m4")[i]["activation_peak_bytes"] / stages(f"pp2-m4-{mode}")[i]["activation_peak_bytes"]
         check(got >= pred * (1 - 1e-9),
               f"stage {i}: --recompute {mode} cuts the activation peak {got:.2f}x (predicted {pred:.2f}x)")
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+sys.exit(check.finish())
 PY
