@@ -76,7 +76,7 @@ TEST(Config, ErrorsNameTheProblem) {
             std::string::npos);
   EXPECT_NE(err([](json& j) { j["scoring_func"] = "sigmoid"; }).find("scoring_func \"sigmoid\""),
             std::string::npos);
-  EXPECT_NE(err([](json& j) { j["model_type"] = "mixtral"; }).find("model_type \"mixtral\""),
+  EXPECT_NE(err([](json& j) { j["model_type"] = "llama"; }).find("model_type \"llama\""),
             std::string::npos);
   EXPECT_NE(err([](json& j) { j.erase("moe_intermediate_size"); }).find("missing field \"moe_intermediate_size\""),
             std::string::npos);
