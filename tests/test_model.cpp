@@ -302,7 +302,9 @@ TEST(Model, StagesChainedEqualTheWholeModel) {
 // The planner's size functions are the allocations: the activation high-water mark of a whole
 // model equals their sum to the byte, for every recompute mode.
 TEST(Model, MemorySizeFunctionsMatchTheAllocations) {
-  model::ModelConfig c = model::preset("test-moe");
+  // test-qwen3moe: QK-norm's kept q, k; test-qwen2moe: the gated shared expert's output and gate.
+  for (const char* preset : {"test-moe", "test-qwen2moe", "test-qwen3moe"}) {
+  model::ModelConfig c = model::preset(preset);
   const int B = 2, T = 16;
   auto tok = random_tokens(B, T, 256, 3);
   for (const char* rc : {"none", "moe", "full"}) {
@@ -312,7 +314,8 @@ TEST(Model, MemorySizeFunctionsMatchTheAllocations) {
     size_t elems = model::head_kept_elems(c, B, T);
     for (int l = 0; l < c.num_hidden_layers; ++l)
       elems += model::layer_kept_elems(c, l, B, T, static_cast<size_t>(B) * T * c.num_experts_per_tok, rc);
-    EXPECT_EQ(m.activation_memory().peak(), 4 * elems) << rc;
+    EXPECT_EQ(m.activation_memory().peak(), 4 * elems) << preset << " " << rc;
     m.backward();
+  }
   }
 }
