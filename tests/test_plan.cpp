@@ -363,7 +363,7 @@ TEST(PlanModel, ReadsHuggingFaceConfigs) {
   const std::string p = temp_file("llama.json", bad.dump()).string();
   EXPECT_EQ(error_of([&] { plan::read_hf_config(p); }),
             p + ": model_type \"llama\" is not supported by the planner (supported: deepseek, deepseek_v2, "
-                "deepseek_v3, mixtral, qwen2_moe)");
+                "deepseek_v3, mixtral, qwen2_moe, qwen3_moe)");
   bad = mx;
   bad.erase("num_local_experts");
   const std::string p2 = temp_file("nolocal.json", bad.dump()).string();

@@ -16,7 +16,7 @@ namespace moe::plan {
 
 struct PlanModel {
   std::string name;                // preset name or config path
-  std::string model_type;          // deepseek | deepseek_v2 | deepseek_v3 | mixtral | qwen2_moe | xmoe | piper
+  std::string model_type;          // deepseek | deepseek_v2 | deepseek_v3 | mixtral | qwen2_moe | qwen3_moe | xmoe | piper
   long long vocab_size = 0;        // V
   int hidden = 0;                  // H (d)
   int layers = 0;                  // L
