@@ -171,6 +171,8 @@ TEST(Families, WhatTheTrainerCannotHonourIsAnErrorNamingIt) {
   has(err(kQwen3Moe, [](json& j) { j["num_experts_per_tok"] = 1; }), "num_experts_per_tok = 1 with renormalised weights");
   has(err(kQwen2Moe, [](json& j) { j["router_aux_loss_coef"] = -1; }), "\"router_aux_loss_coef\" must be >= 0");
   has(err(kQwen2Moe, [](json& j) { j["decoder_sparse_step"] = 0; }), "\"decoder_sparse_step\" must be >= 1");
+  has(err(kMixtral, [](json& j) { j["router_jitter_noise"] = 0.01; }), "router_jitter_noise = 0.01 is not supported");
+  has(err(kQwen2Moe, [](json& j) { j["attention_dropout"] = 0.1; }), "attention_dropout = 0.1 is not supported");
 
   // A sliding window shorter than the sequence: refused when the sequence is seen.
   model::ModelConfig c = model::preset("test-mixtral");

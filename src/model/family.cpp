@@ -111,6 +111,11 @@ ModelConfig family_config_from_json(const json& j, const std::string& src) {
   refuse_true(j, "tie_word_embeddings", src, "the head has its own weights");
   if (c.model_type != "qwen2_moe")  // qwen2_moe has q/k/v biases whatever the field says
     refuse_true(j, "attention_bias", src, str_cat(c.model_type, " has no attention biases").c_str());
+  for (const char* f : {"attention_dropout", "router_jitter_noise"}) {  // training-time noise
+    float v = 0.0f;
+    read_field(j, f, v, false, src);
+    MOE_CHECK(v == 0.0f, src, ": ", f, " = ", v, " is not supported (moetrain trains without it)");
+  }
   if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null())
     throw Error(str_cat(src, ": rope_scaling = ", io::excerpt(*it), " is not supported (plain RoPE only)"));
   if (auto it = j.find("hidden_act"); it != j.end() && !it->is_null()) {
