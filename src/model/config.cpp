@@ -236,18 +236,6 @@ ModelConfig load_config(const std::string& path, bool in_folder) {
   return config_from_json(io::read_json_file(path, "config file", /*no_follow=*/in_folder), path);
 }
 
-namespace {
-// 0.01f as 0.01, not 0.009999999776482582: shortest decimal that reads back as the same float.
-double float_json(float f) {
-  char buf[32];
-  for (int prec = 6; prec <= 9; ++prec) {
-    std::snprintf(buf, sizeof buf, "%.*g", prec, f);
-    if (std::strtof(buf, nullptr) == f) break;
-  }
-  return std::strtod(buf, nullptr);
-}
-}  // namespace
-
 static json config_json_common(const ModelConfig& c);  // every field but the balancing ones
 
 json config_to_json(const ModelConfig& c) {

@@ -1,7 +1,10 @@
-// Reading config.json fields with errors that name the field: shared by the DeepSeek reader
-// (model/config.cpp) and the other families' (model/family.cpp).
+// Reading and writing config.json fields: errors that name the field, floats written as their
+// shortest decimal. Shared by the DeepSeek reader (model/config.cpp) and the other families'
+// (model/family.cpp).
 #pragma once
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -46,6 +49,17 @@ inline void read_field(const nlohmann::json& j, const char* name, T& out, bool r
   } else {
     out = it->get<T>();
   }
+}
+
+// 0.01f as 0.01, not 0.009999999776482582: shortest decimal that reads back as the same float
+// (how config.json files are written).
+inline double float_json(float f) {
+  char buf[32];
+  for (int prec = 6; prec <= 9; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, f);
+    if (std::strtof(buf, nullptr) == f) break;
+  }
+  return std::strtod(buf, nullptr);
 }
 
 // "moetrain_tokenizer_fingerprint" (moetrain's field, every family): checked for its characters

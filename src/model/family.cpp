@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "core/checked_math.h"
@@ -21,16 +19,6 @@ namespace {
 
 bool is_mixtral(const ModelConfig& c) { return c.model_type == "mixtral"; }
 bool is_qwen(const ModelConfig& c) { return c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe"; }
-
-// 0.01f as 0.01: the shortest decimal that reads back as the same float (as config.cpp writes).
-double float_json(float f) {
-  char buf[32];
-  for (int prec = 6; prec <= 9; ++prec) {
-    std::snprintf(buf, sizeof buf, "%.*g", prec, f);
-    if (std::strtof(buf, nullptr) == f) break;
-  }
-  return std::strtod(buf, nullptr);
-}
 
 // A boolean field that must not be true (a feature this trainer does not have).
 void refuse_true(const json& j, const char* name, const std::string& src, const char* why) {
