@@ -194,7 +194,8 @@ void validate_family(const ModelConfig& c, const std::string& src) {
 
 bool family_is_moe_layer(const ModelConfig& c, int layer) {
   if (is_mixtral(c)) return true;
-  return (layer + 1) % c.decoder_sparse_step == 0 &&
+  // An unvalidated step (validate_family refuses < 1) must not divide by zero.
+  return c.decoder_sparse_step >= 1 && (layer + 1) % c.decoder_sparse_step == 0 &&
          std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), layer) == c.mlp_only_layers.end();
 }
 
