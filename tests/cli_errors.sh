@@ -115,6 +115,19 @@ expect odd-head-dim 'config: odd head_dim (12 / 4 heads = 3), no RoPE pairs' \
 cfg "$dir/gqa.json" 'c["num_key_value_heads"] = 2'
 expect gqa 'config: grouped-query attention (`num_key_value_heads` 2 of 4)' \
   'grouped-query attention is not supported' "${common[@]}" --config "$dir/gqa.json" --out "$dir/o18"
+# The other families (model/family.h): what the trainer cannot honour names its field.
+fam='c = {"model_type": "qwen3_moe", "vocab_size": 256, "hidden_size": 32, "num_hidden_layers": 2,
+     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 48,
+     "moe_intermediate_size": 16, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True}; '
+cfg "$dir/q3bias.json" "$fam"'c["attention_bias"] = True'
+expect family-attention-bias 'config: attention biases for a family without them (qwen3_moe `attention_bias` true)' \
+  'attention_bias = true is not supported (qwen3_moe has no attention biases)' "${common[@]}" --config "$dir/q3bias.json" --out "$dir/o18a"
+cfg "$dir/q3kv.json" "$fam"'c["num_key_value_heads"] = 3'
+expect family-kv-heads 'config: query heads not in whole groups (`num_key_value_heads` 3 of 4)' \
+  'num_attention_heads (4) is not a multiple of num_key_value_heads (3)' "${common[@]}" --config "$dir/q3kv.json" --out "$dir/o18b"
+cfg "$dir/mixwin.json" "$fam"'c.update(model_type="mixtral", num_local_experts=8, intermediate_size=16, sliding_window=8)'
+expect family-sliding-window 'config: a sliding window shorter than the sequence (mixtral `sliding_window` 8, --seq-len 16)' \
+  'sequence length 16 exceeds sliding_window 8 (mixtral)' "${common[@]}" --config "$dir/mixwin.json" --out "$dir/o18c"
 cfg "$dir/sigmoid.json" 'c["scoring_func"] = "sigmoid"'
 expect sigmoid-router 'config: unsupported router (`scoring_func` sigmoid)' \
   'scoring_func "sigmoid" is not supported' "${common[@]}" --config "$dir/sigmoid.json" --out "$dir/o19"

@@ -56,6 +56,15 @@ json.dump({"architectures": ["DeepseekForCausalLM"], "model_type": "deepseek", "
            "max_position_embeddings": 256, "vocab_size": 256}, open(sys.argv[1], "w"))
 PY
 expect tp-ffn 4 'tp(4) does not divide intermediate_size (50) of the dense layers' --tp 4 --config "$dir/ffn50.json"
+# Grouped-query attention (model/family.h): each TP rank keeps whole groups of query heads.
+/usr/bin/python3 - "$dir/qwen3.json" <<'PY'
+import json, sys
+json.dump({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 32,
+           "head_dim": 16, "intermediate_size": 48, "moe_intermediate_size": 16, "num_hidden_layers": 2,
+           "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "max_position_embeddings": 256, "vocab_size": 256}, open(sys.argv[1], "w"))
+PY
+expect tp-kv-heads 4 'tp(4) does not divide num_key_value_heads (2)' --tp 4 --config "$dir/qwen3.json"
 mkfifo "$dir/fifo"
 expect data-fifo 2 'fifo: --data must be a regular file, this is a FIFO' --ep 2 --data "$dir/fifo"
 expect out-of-memory 4 'not enough memory on .* for 4 ranks' --ep 2 --pp 2 --batch 20000 --seq-len 128

@@ -5,7 +5,8 @@
 # --device cpu within the bounds of their different reduction orders (tests/device_close.py):
 # every logged quantity (loss, CE, aux, gradient norm, validation loss) and the written weights;
 # a checkpoint written from the device and resumed there continues exactly (bit for bit), and on
-# the CPU within the same bounds; bf16 trains within a few percent of fp32.
+# the CPU within the same bounds; bf16 trains within a few percent of fp32; the Qwen families
+# (model/family.h) agree with the CPU as the default model does.
 # Usage: emulated_device.sh MOETRAIN CORPUS WORKDIR
 set -euo pipefail
 bin="$1"
@@ -56,6 +57,13 @@ close() {  # close A B: the device run against the CPU run (metrics 1e-4 relativ
   /usr/bin/python3 "$(dirname "$0")/device_close.py" "$work" "$1" "$2" 1e-4 1e-3
 }
 check "cuda ~ cpu: every logged quantity and the final weights within bounds" close cuda cpu
+# The other families (model/family.h) on the device: GQA, q/k/v biases and the gated shared
+# expert (test-qwen2moe), QK-norm and an explicit head_dim (test-qwen3moe).
+for p in test-qwen2moe test-qwen3moe; do
+  "$bin" "${common[@]}" --preset "$p" --device cpu --out "$work/$p.cpu"
+  "$bin" "${common[@]}" --preset "$p" --device cuda --out "$work/$p.cuda"
+  check "$p: cuda ~ cpu within the same bounds" close "$p.cuda" "$p.cpu"
+done
 
 # Checkpoint from the device at step 4, resume on the device to step 8.
 "$bin" "${common[@]}" --device cuda --steps 8 --checkpoint.every 4 --out "$work/ckpt" >/dev/null

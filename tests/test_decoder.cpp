@@ -81,8 +81,11 @@ double worst_decode_error(const std::string& preset, int T, int prompt, float in
 TEST(Decoder, IncrementalLogitsEqualTheFullForward) {
   // MoE (1 dense + 2 MoE layers, shared expert, batch aux), the other router branches (incl.
   // DeepSeek-V2 group-limited routing), dense only.
+  // DeepSeek-V2/V3's latent cache; the other families: GQA's cache of kv heads, q/k/v biases,
+  // QK-norm, the gated shared expert.
   for (const std::string preset : {"test-moe", "test-moe-seqaux", "test-moe-v2group", "test-dense",
-                                   "test-mla", "test-mla-noq", "test-v3", "test-moe-group"}) {
+                                   "test-mla", "test-mla-noq", "test-v3", "test-moe-group",
+                                   "test-mixtral", "test-qwen2moe", "test-qwen3moe"}) {
     const double worst = worst_decode_error(preset, 24, 7, 0.2f);
     EXPECT_LE(worst, 1e-5) << preset;
     std::printf("%s: worst max|decode - full| / max|full| over 24 positions: %.2e\n",

@@ -76,7 +76,7 @@ TEST(Config, ErrorsNameTheProblem) {
             std::string::npos);
   EXPECT_NE(err([](json& j) { j["scoring_func"] = "sigmoid"; }).find("scoring_func \"sigmoid\""),
             std::string::npos);
-  EXPECT_NE(err([](json& j) { j["model_type"] = "mixtral"; }).find("model_type \"mixtral\""),
+  EXPECT_NE(err([](json& j) { j["model_type"] = "llama"; }).find("model_type \"llama\""),
             std::string::npos);
   EXPECT_NE(err([](json& j) { j.erase("moe_intermediate_size"); }).find("missing field \"moe_intermediate_size\""),
             std::string::npos);
@@ -234,8 +234,9 @@ struct LossAndGrads {
   std::map<std::string, std::vector<float>> grads;
   size_t act_peak;
 };
-LossAndGrads run_whole(model::Recompute r, const std::vector<int32_t>& tok, int B, int T) {
-  model::Model m(model::preset("test-moe"), {}, nullptr, {}, r);
+LossAndGrads run_whole(model::Recompute r, const std::vector<int32_t>& tok, int B, int T,
+                       const char* preset = "test-moe") {
+  model::Model m(model::preset(preset), {}, nullptr, {}, r);
   m.init_weights(21);
   m.zero_grads();
   LossAndGrads out;
@@ -252,16 +253,19 @@ LossAndGrads run_whole(model::Recompute r, const std::vector<int32_t>& tok, int 
 // gradients, and less activation memory held between forward and backward.
 TEST(Model, RecomputeIsBitIdenticalAndHoldsLess) {
   auto tok = random_tokens(2, 16, 256, 31);
-  LossAndGrads none = run_whole(model::Recompute::kNone, tok, 2, 16);
-  LossAndGrads moe_r = run_whole(model::Recompute::kMoe, tok, 2, 16);
-  LossAndGrads full = run_whole(model::Recompute::kFull, tok, 2, 16);
-  for (const LossAndGrads* o : {&moe_r, &full}) {
-    EXPECT_EQ(o->loss, none.loss);
-    for (const auto& [name, g] : none.grads)
-      EXPECT_EQ(0, std::memcmp(g.data(), o->grads.at(name).data(), g.size() * sizeof(float))) << name;
+  // The families too: QK-norm's kept q and k, the gated shared expert (model/family.h).
+  for (const char* preset : {"test-moe", "test-qwen2moe", "test-qwen3moe"}) {
+    LossAndGrads none = run_whole(model::Recompute::kNone, tok, 2, 16, preset);
+    LossAndGrads moe_r = run_whole(model::Recompute::kMoe, tok, 2, 16, preset);
+    LossAndGrads full = run_whole(model::Recompute::kFull, tok, 2, 16, preset);
+    for (const LossAndGrads* o : {&moe_r, &full}) {
+      EXPECT_EQ(o->loss, none.loss) << preset;
+      for (const auto& [name, g] : none.grads)
+        EXPECT_EQ(0, std::memcmp(g.data(), o->grads.at(name).data(), g.size() * sizeof(float))) << name;
+    }
+    EXPECT_LT(moe_r.act_peak, none.act_peak) << preset;
+    EXPECT_LT(full.act_peak, moe_r.act_peak) << preset;
   }
-  EXPECT_LT(moe_r.act_peak, none.act_peak);
-  EXPECT_LT(full.act_peak, moe_r.act_peak);
 }
 
 // Two stages chained by hand (the pipeline's data path without MPI) equal the whole model.
@@ -303,8 +307,9 @@ TEST(Model, StagesChainedEqualTheWholeModel) {
 // model equals their sum to the byte, for every recompute mode.
 TEST(Model, MemorySizeFunctionsMatchTheAllocations) {
   // test-moe; DeepSeek-V2/V3's multi-head latent attention with and without a query latent, and
-  // test-v3's multi-token-prediction module on the head stage.
-  for (const char* preset : {"test-moe", "test-mla", "test-mla-noq", "test-v3"}) {
+  // test-v3's multi-token-prediction module on the head stage; test-qwen3moe: QK-norm's kept q, k;
+  // test-qwen2moe: the gated shared expert's output and gate.
+  for (const char* preset : {"test-moe", "test-mla", "test-mla-noq", "test-v3", "test-qwen2moe", "test-qwen3moe"}) {
   model::ModelConfig c = model::preset(preset);
   const int B = 2, T = 16;
   auto tok = random_tokens(B, T, 256, 3);

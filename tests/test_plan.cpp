@@ -113,7 +113,9 @@ TEST(PlanMemory, ActivationsAreTheTrainersSizeFunctions) {
   c2.n_shared_experts = 2;
   c2.first_k_dense_replace = 2;
   c2.num_hidden_layers = 5;
-  for (const model::ModelConfig& cfg : {c, c2}) {
+  // The other families (model/family.h): GQA, head_dim, QK-norm, the gated shared expert.
+  for (const model::ModelConfig& cfg : {c, c2, model::preset("test-mixtral"), model::preset("test-qwen2moe"),
+                                        model::preset("test-qwen3moe")}) {
     const plan::PlanModel m = plan::from_model_config(cfg, "cfg", "--preset cfg");
     const plan::MemoryOptions o = plan::memory_options(plan::cluster_preset("frontier"), "fp32", false);
     plan::MemoryOptions cpu = o;
@@ -363,7 +365,7 @@ TEST(PlanModel, ReadsHuggingFaceConfigs) {
   const std::string p = temp_file("llama.json", bad.dump()).string();
   EXPECT_EQ(error_of([&] { plan::read_hf_config(p); }),
             p + ": model_type \"llama\" is not supported by the planner (supported: deepseek, deepseek_v2, "
-                "deepseek_v3, mixtral, qwen2_moe)");
+                "deepseek_v3, mixtral, qwen2_moe, qwen3_moe)");
   bad = mx;
   bad.erase("num_local_experts");
   const std::string p2 = temp_file("nolocal.json", bad.dump()).string();

@@ -5,7 +5,8 @@
 #  1. parity: every logged loss (loss, ce_loss, aux_loss, val_loss) and grad_norm at every step, and
 #     every final weight, within 1e-5 relative of the one-process run, for TP2, TP4, TP2xEP2,
 #     TP2xPP2 (1F1B, 4 micro-batches), TP2xEP2xDP2 --zero1 (8 ranks), DP2 --zero1, and TP2 of the
-#     seq_aux and noaux_tc routers (whose selection bias must end bit for bit). None is bit for
+#     seq_aux and noaux_tc routers (whose selection bias must end bit for bit), TP2 of test-qwen2moe
+#     and TP2xEP2 of test-qwen3moe (the families' GQA, biases, QK-norm). None is bit for
 #     bit with one process: the row-parallel o_proj / down_proj outputs are sums of TP partial
 #     products (a reduce-scatter), and the replicated tensors' gradients TP all-reduced, in another
 #     order than one GEMM's. Bit for bit: TP2xDP2 with and without --zero1 (a 2-rank data group adds
@@ -43,6 +44,12 @@ run sa.single 1 --preset test-moe-seqaux --batch 8
 run sa.tp2 2 --preset test-moe-seqaux --batch 8 --tp 2
 run na.single 1 --preset test-moe-noaux --batch 8 --checkpoint.every 20
 run na.tp2ep2 4 --preset test-moe-noaux --batch 4 --tp 2 --ep 2 --checkpoint.every 20
+# The other families (model/family.h): grouped-query attention split by kv-head groups, Qwen2-MoE's
+# q/k/v biases (split with their rows) and gated shared expert, Qwen3-MoE's QK-norm and head_dim.
+run q2.single 1 --preset test-qwen2moe --batch 8
+run q2.tp2 2 --preset test-qwen2moe --batch 8 --tp 2
+run q3.single 1 --preset test-qwen3moe --batch 8
+run q3.tp2ep2 4 --preset test-qwen3moe --batch 4 --tp 2 --ep 2 --topo.ranks-per-node 4
 p=(--preset test-moe4 --micro-batches 4)
 run pp.single 1 "${p[@]}" --batch 8
 run pp.tp2pp2 4 "${p[@]}" --batch 8 --tp 2 --pp 2
@@ -77,6 +84,16 @@ for run, ref in [("tp2", "single"), ("tp4", "single"), ("tp2ep2", "single"), ("t
     check(sr == sf, f"{run}: model.safetensors has the one-process tensors and shapes")
     print(f"     {run} vs {ref}: losses bit-identical {bits_equal(metrics(run), metrics(ref))}, "
           f"weights bit-identical {same_file(run, ref)}")
+# The families: losses to 1e-5 as above; final weights to 2e-4, since the k_proj biases' gradient
+# is nearly zero (the bias shifts a query's scores almost uniformly; only RoPE's rotation makes
+# it count), so Adam turns its round-off into O(lr) steps: measured 7.3e-5 (q2.tp2, k_proj.bias),
+# 1.1e-5 (q3.tp2ep2); every loss within 7e-8.
+for run, ref in [("q2.tp2", "q2.single"), ("q3.tp2ep2", "q3.single")]:
+    wm = worst_metrics(metrics(run), metrics(ref))
+    (wr, sr), (wf, sf) = weights(run), weights(ref)
+    ww = worst_weights(wr, wf)
+    check(wm <= 1e-5 and ww <= 2e-4 and sr == sf,
+          f"{run} vs {ref}: losses and grad_norm {wm:.2e} (<= 1e-5), final weights {ww:.2e} (<= 2e-4), logical tensors")
 def router_bias(n):
     with open(os.path.join(work, n, "checkpoints", "step-20", "manifest.json")) as f:
         return json.load(f)["router_bias"]

@@ -53,9 +53,13 @@ void line(std::string& out, const std::string& key, const std::string& value) {
 
 // The model described by a config: architecture line and parameter counts.
 void describe_config(std::string& out, const model::ModelConfig& c) {
-  line(out, "model", str_cat(c.model_type, ": ", c.num_hidden_layers, " layers (", c.first_k_dense_replace,
-                             " dense first, ", c.num_moe_layers(), " MoE), hidden ", c.hidden_size, ", ",
-                             c.num_attention_heads, " heads, vocab ", c.vocab_size));
+  // The other families (model/family.h) place their dense layers anywhere and may group kv heads.
+  const std::string dense = c.is_deepseek() ? str_cat(c.first_k_dense_replace, " dense first, ")
+                                            : str_cat(c.num_hidden_layers - c.num_moe_layers(), " dense, ");
+  const std::string kv = c.kv_heads() == c.num_attention_heads ? "" : str_cat(" (", c.kv_heads(), " kv)");
+  line(out, "model", str_cat(c.model_type, ": ", c.num_hidden_layers, " layers (", dense, c.num_moe_layers(),
+                             " MoE), hidden ", c.hidden_size, ", ", c.num_attention_heads, " heads", kv,
+                             ", vocab ", c.vocab_size));
   if (c.n_routed_experts > 0)
     line(out, "experts", str_cat(c.n_routed_experts, " routed of width ", c.moe_intermediate_size, ", top-",
                                  c.num_experts_per_tok, c.norm_topk_prob ? " (renormalised)" : "", ", ",

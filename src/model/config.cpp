@@ -11,6 +11,8 @@
 #include "core/error.h"
 #include "io/json_file.h"
 #include "io/output_file.h"
+#include "model/config_fields.h"
+#include "model/family.h"
 
 namespace moe::model {
 namespace {
@@ -23,40 +25,6 @@ constexpr int64_t kMaxParams = int64_t{1} << 58;
 // Named tensors (ParamLayout entries, manifest index rows): each costs a name and a spec in
 // memory before any parameter is allocated. DeepSeek-V3 has about 45k, Kimi K2 about 70k.
 constexpr int64_t kMaxTensors = int64_t{1} << 20;
-
-template <class T>
-void read_field(const json& j, const char* name, T& out, bool required, const std::string& src) {
-  auto it = j.find(name);
-  if (it == j.end() || it->is_null()) {
-    MOE_CHECK(!required, src, ": missing field \"", name, "\"");
-    return;
-  }
-  if constexpr (std::is_same_v<T, bool>) {
-    MOE_CHECK(it->is_boolean(), src, ": field \"", name, "\" must be true or false, got ", io::excerpt(*it));
-  } else if constexpr (std::is_integral_v<T>) {
-    // Whole numbers (32 or 32.0) within T's range: casting a double outside it is undefined.
-    MOE_CHECK(it->is_number_integer() ||
-                  (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>()),
-              src, ": field \"", name, "\" must be an integer, got ", io::excerpt(*it));
-    MOE_CHECK(it->get<double>() >= static_cast<double>(std::numeric_limits<T>::min()) &&
-                  it->get<double>() <= static_cast<double>(std::numeric_limits<T>::max()),
-              src, ": field \"", name, "\" = ", io::excerpt(*it), " is out of range [",
-              std::numeric_limits<T>::min(), ", ", std::numeric_limits<T>::max(), "]");
-  } else if constexpr (std::is_floating_point_v<T>) {
-    MOE_CHECK(it->is_number(), src, ": field \"", name, "\" must be a number, got ", io::excerpt(*it));
-    // Beyond T's range a double would become inf (and config.json would save it as null).
-    MOE_CHECK(std::abs(it->get<double>()) <= static_cast<double>(std::numeric_limits<T>::max()),
-              src, ": field \"", name, "\" = ", io::excerpt(*it), " is out of range for a ",
-              8 * sizeof(T), "-bit float");
-  } else {
-    MOE_CHECK(it->is_string(), src, ": field \"", name, "\" must be a string, got ", io::excerpt(*it));
-  }
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    out = static_cast<T>(it->get<double>());
-  } else {
-    out = it->get<T>();
-  }
-}
 
 }  // namespace
 
@@ -99,8 +67,9 @@ static void check_sizes(const ModelConfig& c, const std::string& src) {
     attention = add(add(add(q, kv, "the attention parameters of a layer"), o,
                         "the attention parameters of a layer"), 2 * H, "the attention parameters of a layer");
   } else {
-    attention = add(mul(4 * H, H, "4 * hidden_size * hidden_size"), 2 * H,
-                    "the attention parameters of a layer");
+    attention = c.is_deepseek()
+                    ? add(mul(4 * H, H, "4 * hidden_size * hidden_size"), 2 * H, "the attention parameters of a layer")
+                    : add(family_attention_params(c), 2 * H, "the attention parameters of a layer");
   }
   int64_t tensors = 3;
   const int moe_layers = c.num_moe_layers();
@@ -116,7 +85,10 @@ static void check_sizes(const ModelConfig& c, const std::string& src) {
   }
   if (moe_layers > 0) {
     const int64_t expert = mul(3 * H, F, "3 * hidden_size * moe_intermediate_size");
-    const int64_t experts = mul(expert, E + S, "expert parameters * (n_routed_experts + n_shared_experts)");
+    const int64_t experts =
+        c.is_deepseek() ? mul(expert, E + S, "expert parameters * (n_routed_experts + n_shared_experts)")
+                        : add(mul(expert, E, "expert parameters * num_experts"), family_shared_params(c),
+                              "the expert parameters of an MoE layer");
     const int64_t layer = add(experts, mul(E, H, "n_routed_experts * hidden_size"),
                               "the parameters of an MoE layer");
     total = add(total, mul(moe_layers, layer, "MoE layers * parameters per MoE layer"),
@@ -188,6 +160,16 @@ double ModelConfig::softmax_scale() const {
   return s;
 }
 
+bool ModelConfig::is_moe_layer(int layer) const {
+  if (n_routed_experts <= 0) return false;
+  if (!is_deepseek()) return family_is_moe_layer(*this, layer);  // model/family.h
+  return layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
+}
+
+float ModelConfig::router_aux_alpha() const {
+  return is_deepseek() ? aux_loss_alpha : family_router_aux_alpha(*this);
+}
+
 int ModelConfig::num_moe_layers() const {
   int n = 0;
   for (int i = 0; i < num_hidden_layers; ++i) n += is_moe_layer(i) ? 1 : 0;
@@ -198,9 +180,8 @@ void ModelConfig::validate(const std::string& src) const {
   auto positive = [&](const char* name, long long v) {
     MOE_CHECK(v > 0, src, ": \"", name, "\" must be positive, got ", v);
   };
-  MOE_CHECK(model_type == "deepseek" || model_type == "deepseek_v2" || model_type == "deepseek_v3", src,
-            ": model_type ", io::quoted(model_type, 64),
-            " is not supported for training (supported: deepseek, deepseek_v2, deepseek_v3)");
+  MOE_CHECK(is_supported_model_type(model_type), src, ": model_type ", io::quoted(model_type, 64),
+            " is not supported for training (supported: ", supported_model_types(), ")");
   positive("vocab_size", vocab_size);
   positive("hidden_size", hidden_size);
   positive("num_hidden_layers", num_hidden_layers);
@@ -213,8 +194,9 @@ void ModelConfig::validate(const std::string& src) const {
   if (uses_mla()) {
     validate_mla(*this, src);
   } else {
-    MOE_CHECK(hidden_size % num_attention_heads == 0, src, ": hidden_size (", hidden_size,
+    MOE_CHECK(head_dim_field > 0 || hidden_size % num_attention_heads == 0, src, ": hidden_size (", hidden_size,
               ") is not divisible by num_attention_heads (", num_attention_heads, ")");
+    if (!is_deepseek()) validate_family(*this, src);  // model/family.h: heads, windows, layers
     MOE_CHECK(head_dim() % 2 == 0, src, ": head_dim = hidden_size / num_attention_heads = ", head_dim(),
               " must be even for rotary embeddings");
     MOE_CHECK(kv_lora_rank == 0 && q_lora_rank == 0, src, ": kv_lora_rank / q_lora_rank (multi-head "
@@ -262,10 +244,19 @@ void ModelConfig::validate(const std::string& src) const {
   check_sizes(*this, src);
 }
 
+void read_tokenizer_fingerprint(const json& j, const std::string& src, std::string& out) {
+  read_field(j, "moetrain_tokenizer_fingerprint", out, false, src);
+  // "<kind>-<vocab>-<16 hex>" (io/token_corpus.h), checked for its characters and length only
+  MOE_CHECK(out.size() <= 64 && out.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") == std::string::npos,
+            src, ": field \"moetrain_tokenizer_fingerprint\" must be a tokenizer fingerprint "
+            "(<kind>-<vocab>-<16 hex digits>), got ", io::excerpt(j.at("moetrain_tokenizer_fingerprint")));
+}
+
 ModelConfig config_from_json(const json& j, const std::string& src) {
   MOE_CHECK(j.is_object(), src, ": a config must be a JSON object");
   ModelConfig c;
   read_field(j, "model_type", c.model_type, false, src);
+  if (!c.is_deepseek()) return family_config_from_json(j, src);  // model/family.h
   read_field(j, "vocab_size", c.vocab_size, true, src);
   read_field(j, "hidden_size", c.hidden_size, true, src);
   read_field(j, "num_hidden_layers", c.num_hidden_layers, true, src);
@@ -290,13 +281,7 @@ ModelConfig config_from_json(const json& j, const std::string& src) {
   read_field(j, "rms_norm_eps", c.rms_norm_eps, false, src);
   read_field(j, "max_position_embeddings", c.max_position_embeddings, false, src);
   read_field(j, "initializer_range", c.initializer_range, false, src);
-  read_field(j, "moetrain_tokenizer_fingerprint", c.tokenizer_fingerprint, false, src);
-  {  // "<kind>-<vocab>-<16 hex>" (io/token_corpus.h), checked for its characters and length only
-    const std::string& f = c.tokenizer_fingerprint;
-    MOE_CHECK(f.size() <= 64 && f.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") == std::string::npos,
-              src, ": field \"moetrain_tokenizer_fingerprint\" must be a tokenizer fingerprint "
-              "(<kind>-<vocab>-<16 hex digits>), got ", io::excerpt(j.at("moetrain_tokenizer_fingerprint")));
-  }
+  read_tokenizer_fingerprint(j, src, c.tokenizer_fingerprint);
   // Read for every model_type, so that a latent on a deepseek (V1) config is refused, not ignored.
   read_field(j, "kv_lora_rank", c.kv_lora_rank, c.uses_mla(), src);
   read_field(j, "q_lora_rank", c.q_lora_rank, false, src);  // null: no query latent (V2-Lite)
@@ -351,21 +336,10 @@ ModelConfig load_config(const std::string& path, bool in_folder) {
   return config_from_json(io::read_json_file(path, "config file", /*no_follow=*/in_folder), path);
 }
 
-namespace {
-// 0.01f as 0.01, not 0.009999999776482582: shortest decimal that reads back as the same float.
-double float_json(float f) {
-  char buf[32];
-  for (int prec = 6; prec <= 9; ++prec) {
-    std::snprintf(buf, sizeof buf, "%.*g", prec, f);
-    if (std::strtof(buf, nullptr) == f) break;
-  }
-  return std::strtod(buf, nullptr);
-}
-}  // namespace
-
 static json config_json_common(const ModelConfig& c);  // every field but the balancing ones
 
 json config_to_json(const ModelConfig& c) {
+  if (!c.is_deepseek()) return family_config_to_json(c);  // model/family.h
   json j = config_json_common(c);
   // The router fields of aux-loss-free balancing and of group limits only when not the defaults:
   // a config (and a checkpoint manifest, which resume compares key by key) written before they
@@ -573,6 +547,41 @@ ModelConfig preset(const std::string& name) {
     c.n_group = 4;
     c.topk_group = 2;
     c.num_nextn_predict_layers = 1;
+  } else if (name == "test-mixtral" || name == "test-qwen2moe" || name == "test-qwen3moe") {
+    // The other families' PyTorch reference configs (model/family.h): grouped-query attention
+    // (4 heads over 2 key/value heads), E=8, k=2, the aux loss on (output_router_logits).
+    c.hidden_size = 32;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.moe_intermediate_size = 16;
+    c.intermediate_size = 48;
+    c.n_routed_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.aux_loss_alpha = 0.02f;
+    c.output_router_logits = true;
+    c.max_position_embeddings = 256;
+    if (name == "test-mixtral") {
+      // Every layer MoE, experts intermediate_size wide, top-k weights renormalised.
+      c.model_type = "mixtral";
+      c.intermediate_size = c.moe_intermediate_size;
+      c.norm_topk_prob = true;
+      c.rope_theta = 1e6f;
+      c.rms_norm_eps = 1e-5f;
+    } else if (name == "test-qwen2moe") {
+      // Layer 0 dense (mlp_only_layers), q/k/v biases, a gated shared expert 24 wide, raw softmax
+      // weights (norm_topk_prob false, as Qwen1.5-MoE and Qwen2-57B-A14B).
+      c.model_type = "qwen2_moe";
+      c.mlp_only_layers = {0};
+      c.n_shared_experts = 1;
+      c.shared_expert_intermediate_size = 24;
+    } else {
+      // head_dim 16, not hidden_size / heads = 8 (as Qwen3-30B-A3B: 32 heads of 128 on 2048),
+      // QK-norm, renormalised weights, every layer MoE.
+      c.model_type = "qwen3_moe";
+      c.head_dim_field = 16;
+      c.norm_topk_prob = true;
+    }
   } else if (name == "test-dense") {
     c.hidden_size = 32;
     c.num_hidden_layers = 2;
@@ -592,7 +601,7 @@ std::vector<std::string> preset_names() {
   return {"tiny",           "tiny-noaux",     "test-moe",         "test-moe-seqaux",
           "test-moe-noaux", "test-moe-group", "test-moe-v2group", "test-moe4",
           "test-dense",     "test-mla",       "test-mla-noq",     "test-v3",
-          "tiny-v3"};
+          "tiny-v3",        "test-mixtral",   "test-qwen2moe",    "test-qwen3moe"};
 }
 
 ParamCounts count_params(const ModelConfig& c) {
@@ -603,7 +612,8 @@ ParamCounts count_params(const ModelConfig& c) {
   auto add = [&](int64_t a, int64_t b) { return add_or_throw<int64_t>(a, b, what); };
   ParamCounts p;
   p.total = p.active = add(mul(2, mul(V, H)), H);  // embedding, lm_head, final norm
-  int64_t common = add(mul(4, mul(H, H)), mul(2, H));  // q, k, v, o and the two norms
+  // q, k, v, o (or the families' projections) and the two norms
+  int64_t common = add(c.is_deepseek() ? mul(4, mul(H, H)) : family_attention_params(c), mul(2, H));
   if (c.uses_mla()) {
     const int64_t nh = c.num_attention_heads, rq = c.q_lora_rank, rkv = c.kv_lora_rank;
     const int64_t qk = mul(nh, c.qk_head_dim());
@@ -618,8 +628,14 @@ ParamCounts count_params(const ModelConfig& c) {
     if (c.is_moe_layer(i)) {
       const int64_t expert = mul(3, mul(H, c.moe_intermediate_size));
       const int64_t router = mul(c.n_routed_experts, H);
-      p.total = add(p.total, add(router, mul(expert, add(c.n_routed_experts, c.n_shared_experts))));
-      p.active = add(p.active, add(router, mul(expert, add(c.num_experts_per_tok, c.n_shared_experts))));
+      if (c.is_deepseek()) {
+        p.total = add(p.total, add(router, mul(expert, add(c.n_routed_experts, c.n_shared_experts))));
+        p.active = add(p.active, add(router, mul(expert, add(c.num_experts_per_tok, c.n_shared_experts))));
+      } else {
+        const int64_t shared = add(router, family_shared_params(c));
+        p.total = add(p.total, add(shared, mul(expert, c.n_routed_experts)));
+        p.active = add(p.active, add(shared, mul(expert, c.num_experts_per_tok)));
+      }
     } else {
       const int64_t dense = mul(3, mul(H, c.intermediate_size));
       p.total = add(p.total, dense);

@@ -1,5 +1,7 @@
 // ModelConfig: the Hugging Face DeepSeek-MoE config.json fields the model uses, named as in
 // config.json, plus named presets. Validation errors name the field and the offending value.
+// Mixtral, Qwen2-MoE and Qwen3-MoE configs are read and written with their own field names by
+// model/family.h; their extra fields are below ("Other families").
 #pragma once
 #include <string>
 #include <vector>
@@ -84,10 +86,34 @@ struct ModelConfig {
   // mscale_all_dim)^2 when rope_scaling asks for it.
   double softmax_scale() const;
 
-  int head_dim() const { return hidden_size / num_attention_heads; }
-  bool is_moe_layer(int layer) const {
-    return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
+  // Other families (model/family.h: model_type mixtral, qwen2_moe, qwen3_moe). DeepSeek keeps the
+  // defaults: multi-head attention of hidden_size / num_attention_heads, no gate on the shared
+  // experts, the aux loss as configured.
+  int num_key_value_heads = 0;      // grouped-query attention; 0 = num_attention_heads
+  int head_dim_field = 0;           // config.json "head_dim"; 0 = hidden_size / num_attention_heads
+  int shared_expert_intermediate_size = 0;  // qwen2_moe: the gated shared expert's width
+  int decoder_sparse_step = 1;      // qwen: layer i is MoE when (i + 1) % step == 0 ...
+  std::vector<int> mlp_only_layers; // ... and i is not listed here
+  bool output_router_logits = false;  // mixtral / qwen: HF adds the aux loss only when true
+  int sliding_window = 0;           // attention window (mixtral; qwen when use_sliding_window); 0 = null
+  bool use_sliding_window = false;  // qwen
+
+  int head_dim() const { return head_dim_field > 0 ? head_dim_field : hidden_size / num_attention_heads; }
+  int kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads; }
+  // DeepSeek-MoE, -V2 and -V3 (model_type deepseek, deepseek_v2, deepseek_v3): config.cpp's fields.
+  bool is_deepseek() const { return model_type == "deepseek" || uses_mla(); }
+  bool qkv_bias() const { return model_type == "qwen2_moe"; }   // q/k/v projections have biases
+  bool qk_norm() const { return model_type == "qwen3_moe"; }    // RMSNorm on each q and k head
+  bool gated_shared_expert() const { return model_type == "qwen2_moe"; }  // sigmoid(x·g) · shared
+  // Width of the shared experts' concatenated FFN (0: none).
+  int shared_ffn() const {
+    return gated_shared_expert() ? shared_expert_intermediate_size * n_shared_experts
+                                 : moe_intermediate_size * n_shared_experts;
   }
+  // The alpha each MoE layer's router applies (model/family.h: the families' aux loss as a
+  // per-layer DeepSeek aux loss).
+  float router_aux_alpha() const;
+  bool is_moe_layer(int layer) const;
   int num_moe_layers() const;
   bool aux_free_balancing() const { return topk_method == "noaux_tc"; }
   // Throws moe::Error naming the field (and `source`, e.g. the config.json path) on a bad value.

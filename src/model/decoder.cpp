@@ -10,6 +10,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/router_ops.h"
 #include "kernels/swiglu_mlp.h"
+#include "model/family.h"
 #include "model/mla_block.h"
 
 namespace moe::model {
@@ -27,9 +28,9 @@ mx::MoeConfig inference_moe_config(const ModelConfig& c, MemTracker* scratch, co
   m.ffn = c.moe_intermediate_size;
   m.num_experts = c.n_routed_experts;
   m.top_k = c.num_experts_per_tok;
-  m.shared_ffn = c.moe_intermediate_size * c.n_shared_experts;
+  m.shared_ffn = c.shared_ffn();
   m.norm_topk_prob = c.norm_topk_prob;
-  m.aux_loss_alpha = c.aux_loss_alpha;
+  m.aux_loss_alpha = c.router_aux_alpha();
   m.seq_aux = c.seq_aux;
   m.routed_scaling_factor = c.routed_scaling_factor;
   m.n_group = c.n_group;
@@ -45,6 +46,7 @@ mx::MoeWeights moe_weights(const LayerTensors& L) {
   w.gate_EH = L.router;
   w.experts = {L.experts_gate, L.experts_up, L.experts_down};
   w.shared = {L.shared_gate, L.shared_up, L.shared_down};
+  w.shared_gate_H = L.shared_expert_gate;
   return w;
 }
 
@@ -76,7 +78,8 @@ Decoder::Decoder(const Model& model, int max_len)
             "active one");
   MOE_CHECK(max_len >= 1 && max_len <= c_.max_position_embeddings, "decoding length ", max_len,
             " must be in [1, max_position_embeddings = ", c_.max_position_embeddings, "]");
-  const size_t SH = static_cast<size_t>(max_len) * c_.hidden_size;
+  MOE_CHECK(attention_window(c_) == 0 || max_len <= attention_window(c_), "decoding length ", max_len,
+            " exceeds sliding_window ", attention_window(c_), ": windowed attention is not supported");
   if (c_.uses_mla()) {
     rope_ = mla_rope_table(c_);
     latent_cache_.resize(c_.num_hidden_layers);
@@ -87,6 +90,8 @@ Decoder::Decoder(const Model& model, int max_len)
     }
   } else {
     rope_ = k::make_rope_table(c_.max_position_embeddings, c_.head_dim(), c_.rope_theta);
+    // The cache holds the key/value heads only (grouped-query attention: nkv of them).
+    const size_t SH = static_cast<size_t>(max_len) * c_.kv_heads() * c_.head_dim();
     k_cache_.resize(c_.num_hidden_layers);
     v_cache_.resize(c_.num_hidden_layers);
     for (int l = 0; l < c_.num_hidden_layers; ++l) {
@@ -113,9 +118,11 @@ const std::vector<float>& Decoder::feed(const int32_t* tokens, int n) {
     MOE_CHECK(tokens[i] >= 0 && tokens[i] < V, "token id ", tokens[i],
               " is outside the vocabulary [0, ", V, ")");
   const size_t NH = static_cast<size_t>(n) * H;
+  const size_t NA = static_cast<size_t>(n) * c_.num_attention_heads * c_.head_dim();
   k::ensure_buffer(tokens_, n, &mem_);
-  for (Buffer<float>* b : {&x_, &ln_, &q_, &h_, &out_}) k::ensure_buffer(*b, NH, &mem_);
-  // The attention's output is [n, nh·v_head_dim] (H without MLA).
+  for (Buffer<float>* b : {&x_, &ln_, &h_, &out_}) k::ensure_buffer(*b, NH, &mem_);
+  k::ensure_buffer(q_, NA, &mem_);
+  // The attention's output is [n, nh·v_head_dim] (nh·head_dim without MLA).
   k::ensure_buffer(attn_, static_cast<size_t>(n) * c_.num_attention_heads * c_.value_head_dim(), &mem_);
   k::ensure_buffer(rstd_, n, &mem_);
   device_copy(dev_, tokens_.data(), Device::kCpu, tokens, n * sizeof(int32_t));
@@ -138,25 +145,22 @@ const std::vector<float>& Decoder::feed(const int32_t* tokens, int n) {
 void Decoder::layer(int l, int n) {
   const LayerTensors& W = model_.weights().layers[l];
   const int H = c_.hidden_size, nh = c_.num_attention_heads, hd = c_.head_dim();
+  const int Akv = c_.kv_heads() * hd;
   const size_t NH = static_cast<size_t>(n) * H;
   // Attention block: h = x + o_proj(attn(rope(q, k), v)(rmsnorm(x))); k and v of the new tokens
-  // are written straight into the cache rows [pos_, pos_ + n).
+  // (their nkv heads, model/attention_proj.h) are written straight into the cache rows
+  // [pos_, pos_ + n); MLA caches its latent instead (mla_attention).
   k::rmsnorm_forward(ln_.data(), rstd_.data(), x_.data(), W.input_norm, n, H, c_.rms_norm_eps);
   if (c_.uses_mla()) {
     mla_attention(l, n);
   } else {
-    float* kc = k_cache_[l].data() + static_cast<size_t>(pos_) * H;
-    float* vc = v_cache_[l].data() + static_cast<size_t>(pos_) * H;
-    k::linear_forward(q_.data(), ln_.data(), W.q, n, H, H);
-    k::linear_forward(kc, ln_.data(), W.k, n, H, H);
-    k::linear_forward(vc, ln_.data(), W.v, n, H, H);
-    if (pos_ == 0) {  // positions [0, n): the table as the full forward uses it
-      k::rope_forward(q_.data(), rope_, 1, n, nh, hd);
-      k::rope_forward(kc, rope_, 1, n, nh, hd);
-    } else {          // one token at position pos_
-      k::rope_forward(q_.data(), step_rope_, 1, 1, nh, hd);
-      k::rope_forward(kc, step_rope_, 1, 1, nh, hd);
-    }
+    float* kc = k_cache_[l].data() + static_cast<size_t>(pos_) * Akv;
+    float* vc = v_cache_[l].data() + static_cast<size_t>(pos_) * Akv;
+    // positions [0, n): the table as the full forward uses it; later, one token at position pos_
+    const QkvDims d{1, pos_ == 0 ? n : 1, H, nh, c_.kv_heads(), hd};
+    qkv_forward(q_.data(), kc, vc, nullptr, ln_.data(),
+                {W.q, W.k, W.v, W.q_bias, W.k_bias, W.v_bias, W.q_norm, W.k_norm}, d,
+                pos_ == 0 ? rope_ : step_rope_, c_.rms_norm_eps, qkv_scratch_, &mem_, &mem_);
     attention(l, n);
   }
   k::copy(h_.data(), x_.data(), NH);
@@ -265,29 +269,40 @@ void Decoder::mla_attention(int l, int n) {
 }
 
 void Decoder::attention(int l, int n) {
-  const int H = c_.hidden_size, nh = c_.num_attention_heads, hd = c_.head_dim();
+  const int nh = c_.num_attention_heads, nkv = c_.kv_heads(), hd = c_.head_dim();
+  const int A = nh * hd, Akv = nkv * hd, rep = nh / nkv;
   const float* kc = k_cache_[l].data();
   const float* vc = v_cache_[l].data();
   if (pos_ == 0) {
-    // The prompt: the cache rows [0, n) are the [1, n, H] keys and values of the full forward.
+    // The prompt: the cache rows [0, n) are the [1, n, Akv] keys and values of the full forward,
+    // repeated to the nh query heads for the attention kernel under GQA (as the model does).
     k::ensure_buffer(att_, k::attention_saved_floats(1, n, nh, hd), &mem_);
+    if (rep > 1) {
+      const QkvDims d{1, n, c_.hidden_size, nh, nkv, hd};
+      for (Buffer<float>* b : {&k_rep_, &v_rep_}) k::ensure_buffer(*b, static_cast<size_t>(n) * A, &mem_);
+      repeat_kv(k_rep_.data(), kc, d, qkv_scratch_);
+      repeat_kv(v_rep_.data(), vc, d, qkv_scratch_);
+      kc = k_rep_.data();
+      vc = v_rep_.data();
+    }
     k::attention_forward(attn_.data(), att_.data(), q_.data(), kc, vc, 1, n, nh, hd);
     return;
   }
-  // One query at position p over the cache rows [0, p], per head h (column block h·hd of a row):
-  //   scores_h = scale · q_h · K_h^T [1, p+1];  probs_h = softmax(scores_h);  out_h = probs_h · V_h
+  // One query at position p over the cache rows [0, p], per head h (column block h·hd of a row;
+  // its key/value head g = h / rep, column block g·hd of a cache row):
+  //   scores_h = scale · q_h · K_g^T [1, p+1];  probs_h = softmax(scores_h);  out_h = probs_h · V_g
   // No mask: every cached position precedes the query. The row softmax is router_topk's (k = 1,
   // its top-1 output unused): the same softmax_row of element_math.h that the attention kernel's
   // rows use, and a kernel with a CUDA twin, so this loop runs on either device.
   const int S = pos_ + 1;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int h = 0; h < nh; ++h)
-    k::gemm(false, true, 1, S, hd, scale, q_.data() + h * hd, H, kc + h * hd, H, 0.0f,
+    k::gemm(false, true, 1, S, hd, scale, q_.data() + h * hd, A, kc + (h / rep) * hd, Akv, 0.0f,
             scores_.data() + static_cast<size_t>(h) * S, S);
   k::router_topk(scores_.data(), top1_idx_.data(), top1_w_.data(), nh, S, 1, /*renorm=*/false);
   for (int h = 0; h < nh; ++h)
     k::gemm(false, false, 1, hd, S, 1.0f, scores_.data() + static_cast<size_t>(h) * S, S,
-            vc + h * hd, H, 0.0f, attn_.data() + h * hd, H);
+            vc + (h / rep) * hd, Akv, 0.0f, attn_.data() + h * hd, A);
 }
 
 }  // namespace moe::model

@@ -10,7 +10,9 @@ namespace moe::model {
 LayerActivationSizes layer_activation_elems(const ModelConfig& c, int B, int T, size_t R) {
   const size_t N = static_cast<size_t>(B) * T, H = c.hidden_size, nh = c.num_attention_heads;
   const size_t E = c.n_routed_experts, k = c.num_experts_per_tok, F = c.moe_intermediate_size;
-  const size_t Fs = F * c.n_shared_experts, I = c.intermediate_size;
+  const size_t Fs = c.shared_ffn(), I = c.intermediate_size;
+  // q, k, v and the attention output span the query heads: A = nh·hd (H for DeepSeek).
+  const size_t A = nh * c.head_dim(), nkv = c.kv_heads(), hd = c.head_dim();
   LayerActivationSizes s;
   if (c.uses_mla()) {
     // Multi-head latent attention (model/mla_block.h): x, ln1, h, ln2 (4·N·H), attn_out
@@ -22,12 +24,16 @@ LayerActivationSizes layer_activation_elems(const ModelConfig& c, int B, int T, 
     s.attention = 4 * N * H + N * nh * dv + 2 * N + (rq > 0 ? 2 * N * rq + N : 0) + 2 * N * rkv + N +
                   3 * N * nh * D + s.attention_state;
   } else {
-    s.attention_state = static_cast<size_t>(B) * nh * T + N * H;
-    s.attention = 8 * N * H + 2 * N + s.attention_state;
+    s.attention_state = static_cast<size_t>(B) * nh * T + N * A;
+    s.attention = 4 * N * H + 4 * N * A + 2 * N + s.attention_state;
+    // QK-norm (qwen3_moe) keeps q, k before the norm and the norm's rstd per head.
+    if (c.qk_norm()) s.attention += N * (A + nkv * hd) + N * (nh + nkv);
   }
   s.dense_ffn = 3 * N * I;
-  const size_t aux = c.aux_loss_alpha > 0 ? (c.seq_aux ? static_cast<size_t>(B) * E : E) : 0;
+  const size_t aux = c.router_aux_alpha() > 0 ? (c.seq_aux ? static_cast<size_t>(B) * E : E) : 0;
   s.moe_ffn = N * E + 2 * N * k + aux + (2 * E + 1) + R + N * k + 2 * R * H + 3 * R * F + 3 * N * Fs;
+  // Gated shared expert (qwen2_moe): its output [N,H], gate value, index, weight, row map [N].
+  if (c.gated_shared_expert() && Fs > 0) s.moe_ffn += N * H + 4 * N;
   s.input = N * H;
   return s;
 }

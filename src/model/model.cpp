@@ -14,6 +14,7 @@
 #include "kernels/gemm_bf16_cpu.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/swiglu_mlp.h"
+#include "model/family.h"
 #include "model/mla_block.h"
 
 namespace moe::model {
@@ -23,12 +24,14 @@ namespace mx = moe::mixture;
 
 
 // What one layer's forward keeps for its backward. Shapes use N = B·T tokens; under tensor
-// parallelism n = N/tp rows of this rank's shard, Ha = H/tp (its heads), I = intermediate_size/tp.
+// parallelism n = N/tp rows of this rank's shard, Ha = nh·hd/tp (its heads: H/tp for DeepSeek),
+// I = intermediate_size/tp.
 struct Model::LayerActs {
   Buffer<float> x;          // [n,H] layer input (residual stream): always kept
   Buffer<float> ln1;        // [N,H] rmsnorm(x), gathered over TP (the q/k/v input)
   Buffer<float> rstd1;      // [n]
-  Buffer<float> q, k, v;    // [N,Ha] after rope (q, k); multi-head latent attention: in `mla`
+  Buffer<float> q, k, v;    // [N,Ha] after rope (q, k); k, v repeated to nh heads under GQA; MLA: in `mla`
+  QkvKept qkv;              // QK-norm (qwen3_moe): q, k before their norm, and its rstd
   Buffer<float> att;        // attention_saved_floats: row LSE [B,nh,T] + a copy of out [N,Ha]
   Buffer<float> attn_out;   // [N,Ha] heads concatenated, before o_proj
   Buffer<float> h;          // [n,H] x + attention
@@ -89,9 +92,9 @@ mx::MoeConfig moe_config(const ModelConfig& c, const MoeOptions& o, const mx::Ex
   m.ffn = c.moe_intermediate_size;
   m.num_experts = c.n_routed_experts;
   m.top_k = c.num_experts_per_tok;
-  m.shared_ffn = c.moe_intermediate_size * c.n_shared_experts;
+  m.shared_ffn = c.shared_ffn();
   m.norm_topk_prob = c.norm_topk_prob;
-  m.aux_loss_alpha = c.aux_loss_alpha;
+  m.aux_loss_alpha = c.router_aux_alpha();
   m.seq_aux = c.seq_aux;
   m.sigmoid = c.scoring_func == "sigmoid";
   m.score_bias_E = score_bias_E;
@@ -111,6 +114,7 @@ mx::MoeWeights moe_weights(const LayerTensors& L) {
   w.gate_EH = L.router;
   w.experts = {L.experts_gate, L.experts_up, L.experts_down};
   w.shared = {L.shared_gate, L.shared_up, L.shared_down};
+  w.shared_gate_H = L.shared_expert_gate;
   return w;
 }
 
@@ -119,7 +123,16 @@ mx::MoeGrads moe_grads(const LayerTensors& L) {
   g.gate_EH = L.router;
   g.experts = {L.experts_gate, L.experts_up, L.experts_down};
   g.shared = {L.shared_gate, L.shared_up, L.shared_down};
+  g.shared_gate_H = L.shared_expert_gate;
   return g;
+}
+
+QkvWeights qkv_weights(const LayerTensors& L) {
+  return {L.q, L.k, L.v, L.q_bias, L.k_bias, L.v_bias, L.q_norm, L.k_norm};
+}
+
+QkvGrads qkv_grads(const LayerTensors& L) {
+  return {L.q, L.k, L.v, L.q_bias, L.k_bias, L.v_bias, L.q_norm, L.k_norm};
 }
 
 }  // namespace
@@ -142,6 +155,8 @@ TpShard tp_shard_of(const ModelConfig& c, const TensorParallel* tp) {
             "tensor parallelism: rank ", tp->rank, " of ", tp->size, " needs its TP group");
   MOE_CHECK(c.num_attention_heads % tp->size == 0, "tensor parallelism ", tp->size,
             " does not divide num_attention_heads (", c.num_attention_heads, ")");
+  MOE_CHECK(c.kv_heads() % tp->size == 0, "tensor parallelism ", tp->size,
+            " does not divide num_key_value_heads (", c.kv_heads(), ")");
   return {tp->rank, tp->size};
 }
 }  // namespace
@@ -242,7 +257,9 @@ void Model::init_weights(uint64_t seed) {
     host.resize(s.numel);
     float* p = host.data();
     if (s.shape.size() == 1) {
-      for (size_t i = 0; i < s.numel; ++i) p[i] = 1.0f;  // norm weights
+      // Norm weights 1; the q/k/v biases (qwen2_moe) 0, as HF initialises a Linear's bias.
+      const bool bias = s.name.size() > 5 && s.name.compare(s.name.size() - 5, 5, ".bias") == 0;
+      for (size_t i = 0; i < s.numel; ++i) p[i] = bias ? 0.0f : 1.0f;
     } else {
       Rng rng = derive_rng(seed, fnv1a(s.name));
       float* draw = p;
@@ -316,6 +333,7 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
   const LayerTensors& W = w_.layers[l];
   const int tp = tp_size(), N = B * T, n = N / tp, H = c.hidden_size, hd = c.head_dim();
   const int nh = c.num_attention_heads / tp, Ha = nh * c.value_head_dim();  // this rank's heads, their width
+  const int nkv = c.kv_heads() / tp;                         // this rank's key/value heads
   const int I = c.intermediate_size / tp;
   const size_t NH = static_cast<size_t>(N) * H, nH = static_cast<size_t>(n) * H;
   const size_t NA = static_cast<size_t>(N) * Ha, mine = nH * tp_rank();  // this shard's rows
@@ -333,12 +351,22 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
     a.q.resize_for_overwrite(NA, mem, dev_);
     a.k.resize_for_overwrite(NA, mem, dev_);
     a.v.resize_for_overwrite(NA, mem, dev_);
-    const k::Bf16InputScope ln1_once(a.ln1.data(), NH);  // q, k and v read the same rows
-    k::linear_forward(a.q.data(), a.ln1.data(), W.q, N, H, Ha);
-    k::linear_forward(a.k.data(), a.ln1.data(), W.k, N, H, Ha);
-    k::linear_forward(a.v.data(), a.ln1.data(), W.v, N, H, Ha);
-    k::rope_forward(a.q.data(), rope_, B, T, nh, hd);
-    k::rope_forward(a.k.data(), rope_, B, T, nh, hd);
+    {  // q, k, v (model/attention_proj.h); grouped-query attention: k, v of nkv heads, repeated
+      const QkvDims d{B, T, H, nh, nkv, hd};
+      Buffer<float> k_kv, v_kv;  // [N,Akv] (GQA only; MHA writes a.k, a.v directly)
+      if (nkv != nh) {
+        k_kv.resize_for_overwrite(static_cast<size_t>(N) * d.Akv(), &work_mem_, dev_);
+        v_kv.resize_for_overwrite(static_cast<size_t>(N) * d.Akv(), &work_mem_, dev_);
+      }
+      float* kp = nkv != nh ? k_kv.data() : a.k.data();
+      float* vp = nkv != nh ? v_kv.data() : a.v.data();
+      qkv_forward(a.q.data(), kp, vp, &a.qkv, a.ln1.data(), qkv_weights(W), d, rope_, c.rms_norm_eps,
+                  qkv_scratch_, mem, &work_mem_);
+      if (nkv != nh) {
+        repeat_kv(a.k.data(), kp, d, qkv_scratch_);
+        repeat_kv(a.v.data(), vp, d, qkv_scratch_);
+      }
+    }
     a.att.resize_for_overwrite(k::attention_saved_floats(B, T, nh, hd), mem, dev_);
     k::attention_forward(a.attn_out.data(), a.att.data(), a.q.data(), a.k.data(), a.v.data(), B, T,
                          nh, hd);
@@ -389,7 +417,8 @@ void Model::drop_activations(LayerActs& a, Keep keep) {
   a.moe = mx::MoeActivations{};  // MoE activations are recomputed in both modes
   if (keep == Keep::kNoMoe) return;
   for (Buffer<float>* b : {&a.ln1, &a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.attn_out, &a.h, &a.ln2,
-                           &a.rstd2, &a.mlp_g, &a.mlp_u, &a.mlp_h})
+                           &a.rstd2, &a.mlp_g, &a.mlp_u, &a.mlp_h, &a.qkv.q_raw, &a.qkv.k_raw,
+                           &a.qkv.q_rstd, &a.qkv.k_rstd})
     b->release();
   for (Buffer<float>* b : a.mla.buffers()) b->release();
 }
@@ -399,7 +428,7 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
   const LayerTensors& W = w_.layers[l];
   const LayerTensors& G = g_.layers[l];
   const int tp = tp_size(), N = B * T, n = N / tp, H = c.hidden_size, hd = c.head_dim();
-  const int nh = c.num_attention_heads / tp, Ha = nh * c.value_head_dim();
+  const int nh = c.num_attention_heads / tp, Ha = nh * c.value_head_dim(), nkv = c.kv_heads() / tp;
   const int I = c.intermediate_size / tp;
   const size_t NH = static_cast<size_t>(N) * H, nH = static_cast<size_t>(n) * H;
   const size_t NA = static_cast<size_t>(N) * Ha, mine = nH * tp_rank();
@@ -464,12 +493,18 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
     Buffer<float> att_scratch(k::attention_scratch_floats(T), work, dev_);
     k::attention_backward(dq.data(), dk.data(), dv.data(), dattn.data(), a.q.data(), a.k.data(),
                           a.v.data(), a.att.data(), B, T, nh, hd, att_scratch.data());
-    k::rope_backward(dq.data(), rope_, B, T, nh, hd);
-    k::rope_backward(dk.data(), rope_, B, T, nh, hd);
-    const k::Bf16InputScope ln1_once(a.ln1.data(), NH);
-    k::linear_backward(dln.data(), G.q, dq.data(), a.ln1.data(), W.q, N, H, Ha);
-    k::linear_backward(dln.data(), G.k, dk.data(), a.ln1.data(), W.k, N, H, Ha);
-    k::linear_backward(dln.data(), G.v, dv.data(), a.ln1.data(), W.v, N, H, Ha);
+    // back through the projections; grouped-query attention: dk, dv summed over each group first
+    const QkvDims d{B, T, H, nh, nkv, hd};
+    Buffer<float> dk_kv, dv_kv;
+    if (nkv != nh) {
+      dk_kv.resize(static_cast<size_t>(N) * d.Akv(), work, dev_);
+      dv_kv.resize(static_cast<size_t>(N) * d.Akv(), work, dev_);
+      repeat_kv_backward(dk_kv.data(), dk.data(), d, qkv_scratch_);
+      repeat_kv_backward(dv_kv.data(), dv.data(), d, qkv_scratch_);
+    }
+    qkv_backward(dln.data(), qkv_grads(G), dq.data(), nkv != nh ? dk_kv.data() : dk.data(),
+                 nkv != nh ? dv_kv.data() : dv.data(), a.qkv, a.ln1.data(), qkv_weights(W), d, rope_,
+                 qkv_scratch_, work);
   }
   tp_reduce_scatter(dln.data(), nH);
   k::rmsnorm_backward(dx, G.input_norm, dln.data() + mine, a.x.data(), W.input_norm, a.rstd1.data(), n, H);
@@ -482,12 +517,16 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
   MOE_CHECK(B > 0 && T > 0, "forward: batch (", B, ") and sequence length (", T, ") must be positive");
   MOE_CHECK(T <= c.max_position_embeddings, "sequence length ", T, " exceeds max_position_embeddings ",
             c.max_position_embeddings);
+  // The attention is full causal: a sliding window shorter than the sequence would change it.
+  MOE_CHECK(attention_window(c) == 0 || T <= attention_window(c), "sequence length ", T,
+            " exceeds sliding_window ", attention_window(c), " (", c.model_type,
+            "): windowed attention is not supported");
   MOE_CHECK(st.embedding || x_in, "forward: a stage without the embedding needs its input x_in");
   MOE_CHECK(st.head || x_out, "forward: a stage without the head needs an output buffer x_out");
   const int tp = tp_size();
   MOE_CHECK(T % tp == 0, "sequence length ", T, " does not split over tensor parallelism ", tp);
   // The router's per-sequence aux statistics (seq_aux) need whole sequences on each shard.
-  MOE_CHECK(!(c.seq_aux && c.aux_loss_alpha > 0 && c.n_routed_experts > 0) || B % tp == 0,
+  MOE_CHECK(!(c.seq_aux && c.router_aux_alpha() > 0 && c.n_routed_experts > 0) || B % tp == 0,
             "seq_aux: the batch of ", B, " sequences does not split over tensor parallelism ", tp,
             " (each TP rank's shard must hold whole sequences)");
   const int N = B * T, n = N / tp, H = c.hidden_size, V = c.vocab_size;
@@ -547,7 +586,8 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
       drop_activations(*a, km);
       if (km != Keep::kAll)
         for (Buffer<float>* b : {&a->ln1, &a->rstd1, &a->q, &a->k, &a->v, &a->att, &a->attn_out,
-                                 &a->h, &a->ln2, &a->rstd2, &a->mlp_g, &a->mlp_u, &a->mlp_h})
+                                 &a->h, &a->ln2, &a->rstd2, &a->mlp_g, &a->mlp_u, &a->mlp_h,
+                                 &a->qkv.q_raw, &a->qkv.k_raw, &a->qkv.q_rstd, &a->qkv.k_rstd})
           b->set_tracker(mem);
       if (km != Keep::kAll)
         for (Buffer<float>* b : a->mla.buffers()) b->set_tracker(mem);

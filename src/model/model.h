@@ -18,6 +18,7 @@
 
 #include "core/buffer.h"
 #include "kernels/rope.h"
+#include "model/attention_proj.h"
 #include "model/config.h"
 #include "model/params.h"
 #include "moe/moe_layer.h"
@@ -221,6 +222,7 @@ class Model {
   MicroBatchPtr whole_;  // state of the whole-model API
   Buffer<float> score_bias_;  // [num_hidden_layers + mtp, E] on dev_ (noaux_tc only; rows of MoE layers)
   float mtp_weight_ = 0.3f;
+  QkvScratch qkv_scratch_{&total_mem_};  // row map and ones of GQA and the q/k/v biases
 };
 
 }  // namespace moe::model

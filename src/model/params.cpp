@@ -5,6 +5,7 @@
 #include "core/checked_math.h"
 #include "core/error.h"
 #include "io/safetensors.h"  // shape_str
+#include "model/family.h"
 
 namespace moe::model {
 
@@ -86,7 +87,10 @@ ParamLayout::ParamLayout(const ModelConfig& c, ExpertShard shard, StageSpec stag
   MOE_CHECK(!shard_.per_layer.empty() || (shard_.begin >= 0 && shard_.begin + shard_.count <= E),
             "expert shard [", shard_.begin, ", ", shard_.begin + shard_.count, ") is outside the ", E,
             " routed experts");
-  const int64_t Fs = F * c.n_shared_experts;
+  const int64_t Fs = c.shared_ffn();
+  // Attention widths: q and o span heads · head_dim, k and v kv_heads · head_dim (both H for
+  // DeepSeek's multi-head attention).
+  const int64_t A = int64_t{c.num_attention_heads} * c.head_dim(), Akv = int64_t{c.kv_heads()} * c.head_dim();
   const int l_end = stage_.end_layer(c);
   MOE_CHECK(stage_.first_layer >= 0 && stage_.first_layer <= l_end && l_end <= c.num_hidden_layers,
             "stage layers [", stage_.first_layer, ", ", l_end, ") are outside the model's ",
@@ -121,8 +125,16 @@ ParamLayout::ParamLayout(const ModelConfig& c, ExpertShard shard, StageSpec stag
       add(p + "self_attn.kv_b_proj.weight", {nh * (dn + dv), rkv}, true, false, 0);
       add(p + "self_attn.o_proj.weight", {H, nh * dv}, true, false, 1);
     } else {
-      for (const char* m : {"q_proj", "k_proj", "v_proj"}) add(p + "self_attn." + m + ".weight", {H, H}, true, false, 0);
-      add(p + "self_attn.o_proj.weight", {H, H}, true, false, 1);
+      for (const char* m : {"q_proj", "k_proj", "v_proj"})
+        add(p + "self_attn." + m + ".weight", {m[0] == 'q' ? A : Akv, H}, true, false, 0);
+      add(p + "self_attn.o_proj.weight", {H, A}, true, false, 1);
+      if (c.qkv_bias())  // qwen2_moe; split with their rows, no weight decay, initialised to 0
+        for (const char* m : {"q_proj", "k_proj", "v_proj"})
+          add(p + "self_attn." + m + ".bias", {m[0] == 'q' ? A : Akv}, false, false, 0);
+      if (c.qk_norm()) {  // qwen3_moe: one [head_dim] RMSNorm weight shared by every q (k) head
+        add(p + "self_attn.q_norm.weight", {c.head_dim()}, false);
+        add(p + "self_attn.k_norm.weight", {c.head_dim()}, false);
+      }
     }
     add(p + "post_attention_layernorm.weight", {H}, false);
     if (!c.is_moe_layer(l)) {
@@ -131,7 +143,8 @@ ParamLayout::ParamLayout(const ModelConfig& c, ExpertShard shard, StageSpec stag
       add(p + "mlp.down_proj.weight", {H, I}, true, false, 1);
       return;
     }
-    add(p + "mlp.gate.weight", {E, H}, true);
+    // The MoE block's names are the family's (model/family.h).
+    add(router_name(c, l), {E, H}, true);
     // Stacked by projection, so each projection of all experts is one [E, ...] array.
     std::vector<int> held;
     if (mtp) {
@@ -139,16 +152,16 @@ ParamLayout::ParamLayout(const ModelConfig& c, ExpertShard shard, StageSpec stag
     } else {
       held = shard_.experts(l, static_cast<int>(E));
     }
-    for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
-      bool down = std::string(m) == "down_proj";
+    for (Proj m : {Proj::kGate, Proj::kUp, Proj::kDown}) {
+      const bool down = m == Proj::kDown;
       for (int e : held)
-        add(p + "mlp.experts." + std::to_string(e) + "." + m + ".weight",
-            down ? std::vector<int64_t>{H, F} : std::vector<int64_t>{F, H}, true, !mtp);
+        add(expert_name(c, l, e, m), down ? std::vector<int64_t>{H, F} : std::vector<int64_t>{F, H}, true, !mtp);
     }
     if (Fs > 0) {
-      add(p + "mlp.shared_experts.gate_proj.weight", {Fs, H}, true);
-      add(p + "mlp.shared_experts.up_proj.weight", {Fs, H}, true);
-      add(p + "mlp.shared_experts.down_proj.weight", {H, Fs}, true);
+      add(shared_name(c, l, Proj::kGate), {Fs, H}, true);
+      add(shared_name(c, l, Proj::kUp), {Fs, H}, true);
+      add(shared_name(c, l, Proj::kDown), {H, Fs}, true);
+      if (c.gated_shared_expert()) add(shared_gate_name(c, l), {1, H}, true);
     }
   };
   for (int l = stage_.first_layer; l < l_end; ++l) add_layer(l, false);
@@ -217,26 +230,35 @@ ModelTensors bind_tensors(const ParamLayout& layout, const ModelConfig& c, float
     }
     L.o = at(p + "self_attn.o_proj.weight");
     L.post_norm = at(p + "post_attention_layernorm.weight");
+    if (c.qkv_bias()) {
+      L.q_bias = at(p + "self_attn.q_proj.bias");
+      L.k_bias = at(p + "self_attn.k_proj.bias");
+      L.v_bias = at(p + "self_attn.v_proj.bias");
+    }
+    if (c.qk_norm()) {
+      L.q_norm = at(p + "self_attn.q_norm.weight");
+      L.k_norm = at(p + "self_attn.k_norm.weight");
+    }
     if (!c.is_moe_layer(l)) {
       L.mlp_gate = at(p + "mlp.gate_proj.weight");
       L.mlp_up = at(p + "mlp.up_proj.weight");
       L.mlp_down = at(p + "mlp.down_proj.weight");
       continue;
     }
-    L.router = at(p + "mlp.gate.weight");
+    L.router = at(router_name(c, l));
     // The MTP block holds every expert in order; the others the shard's.
     const std::vector<int> held = l == c.num_hidden_layers ? std::vector<int>{0}
                                                            : layout.shard().experts(l, c.n_routed_experts);
     if (!held.empty()) {  // the stacked arrays start at the first slot's expert
-      const std::string first = p + "mlp.experts." + std::to_string(held[0]) + ".";
-      L.experts_gate = at(first + "gate_proj.weight");
-      L.experts_up = at(first + "up_proj.weight");
-      L.experts_down = at(first + "down_proj.weight");
+      L.experts_gate = at(expert_name(c, l, held[0], Proj::kGate));
+      L.experts_up = at(expert_name(c, l, held[0], Proj::kUp));
+      L.experts_down = at(expert_name(c, l, held[0], Proj::kDown));
     }
-    if (c.n_shared_experts > 0) {
-      L.shared_gate = at(p + "mlp.shared_experts.gate_proj.weight");
-      L.shared_up = at(p + "mlp.shared_experts.up_proj.weight");
-      L.shared_down = at(p + "mlp.shared_experts.down_proj.weight");
+    if (c.shared_ffn() > 0) {
+      L.shared_gate = at(shared_name(c, l, Proj::kGate));
+      L.shared_up = at(shared_name(c, l, Proj::kUp));
+      L.shared_down = at(shared_name(c, l, Proj::kDown));
+      if (c.gated_shared_expert()) L.shared_expert_gate = at(shared_gate_name(c, l));
     }
   }
   return t;

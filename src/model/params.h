@@ -1,7 +1,8 @@
 // Parameter layout: every parameter of a model in one contiguous fp32 block, named with its
-// Hugging Face DeepSeek name. Routed experts of a layer are stacked ([E,F,H] for gate, [E,F,H] for
-// up, [E,H,F] for down) so the grouped GEMM reads them in place, while each expert still has its
-// own name (model.layers.3.mlp.experts.5.up_proj.weight). Gradients and Adam moments use the same
+// Hugging Face name (DeepSeek's, or its family's: model/family.h names the MoE blocks). Routed
+// experts of a layer are stacked ([E,F,H] for gate, [E,F,H] for up, [E,H,F] for down) so the
+// grouped GEMM reads them in place, while each expert still has its own name
+// (model.layers.3.mlp.experts.5.up_proj.weight). Gradients and Adam moments use the same
 // layout; ModelTensors names the pieces of any such block.
 #pragma once
 #include <cstddef>
@@ -95,10 +96,16 @@ class ParamLayout {
 // lm_head when the stage does not hold them.
 struct LayerTensors {
   float* input_norm = nullptr;   // [H]
-  float* q = nullptr;            // [H,H] ([H/tp,H] under tensor parallelism)
-  float* k = nullptr;            // [H,H] ([H/tp,H])
-  float* v = nullptr;            // [H,H] ([H/tp,H])
-  float* o = nullptr;            // [H,H] ([H,H/tp]); MLA: [H, nh·dv] ([H, nh·dv/tp])
+  // A = heads·head_dim, Akv = kv_heads·head_dim (both H for DeepSeek; model/family.h)
+  float* q = nullptr;            // [A,H] ([A/tp,H] under tensor parallelism)
+  float* k = nullptr;            // [Akv,H] ([Akv/tp,H])
+  float* v = nullptr;            // [Akv,H] ([Akv/tp,H])
+  float* o = nullptr;            // [H,A] ([H,A/tp]); MLA: [H, nh·dv] ([H, nh·dv/tp])
+  float* q_bias = nullptr;       // [A] ([A/tp]), qwen2_moe; else null
+  float* k_bias = nullptr;       // [Akv] ([Akv/tp])
+  float* v_bias = nullptr;       // [Akv] ([Akv/tp])
+  float* q_norm = nullptr;       // [head_dim], qwen3_moe; else null
+  float* k_norm = nullptr;       // [head_dim]
   // Multi-head latent attention (config.uses_mla(); q, k, v above are null, but q is q_proj when
   // there is no query latent): heads split by rows of q/q_b and kv_b under TP, the latents'
   // down-projections and norms replicated.
@@ -121,6 +128,7 @@ struct LayerTensors {
   float* shared_gate = nullptr;  // [Fs,H]
   float* shared_up = nullptr;    // [Fs,H]
   float* shared_down = nullptr;  // [H,Fs]
+  float* shared_expert_gate = nullptr;  // [1,H] qwen2_moe: sigmoid(x·g) scales the shared expert
 };
 // DeepSeek-V3's multi-token prediction module (depth 1), on the stage that holds the head:
 //   x' = block(eh_proj([enorm(embed(t+1)) | hnorm(h)]));  logits' = lm_head(norm'(x'))

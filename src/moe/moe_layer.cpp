@@ -19,6 +19,9 @@
 #include "moe/bench_moe_layer.h"
 #include "moe/token_dispatcher.h"
 #include "kernels/device_select.h"
+#include "kernels/gemm.h"
+#include "kernels/permute.h"
+#include "kernels/router_ops.h"
 
 namespace moe::mixture {
 namespace {
@@ -148,6 +151,58 @@ class OverlapWindow {
   BackgroundWork work_;
 };
 
+// The shared experts' gate (Qwen2-MoE, MoeWeights::shared_gate_H) as the router's sigmoid scoring
+// of one expert with k = 1: a = sigmoid(x · g) and its backward da -> dz = da · a · (1 - a).
+kernels::math::RouterScoring gate_scoring() {
+  kernels::math::RouterScoring s;
+  s.sigmoid = true;
+  return s;
+}
+
+// y[T,H] += a_t · shared(x)_t, shared(x) from the up half (act.shared_h) into act.shared_y.
+void gated_shared_forward(float* y, MoeActivations& act, const float* x, const MoeWeights& w, int T,
+                          int H, int Fs, MemTracker* tracker) {
+  ensure_buffer(act.shared_y, static_cast<size_t>(T) * H, tracker);
+  ensure_buffer(act.shared_gate, T, tracker);
+  ensure_buffer(act.shared_gate_w, T, tracker);
+  ensure_buffer(act.shared_gate_idx, T, tracker);
+  if (act.shared_rows.size() != static_cast<size_t>(T) || act.shared_rows.device() != kernels::active_device()) {
+    std::vector<int32_t> rows(T);
+    for (int t = 0; t < T; ++t) rows[t] = t;
+    ensure_buffer(act.shared_rows, T, tracker);
+    device_copy(act.shared_rows.device(), act.shared_rows.data(), Device::kCpu, rows.data(),
+                rows.size() * sizeof(int32_t));
+  }
+  kernels::swiglu_mlp_forward_down(act.shared_y.data(), act.shared_h.data(), w.shared, T, H, Fs,
+                                   /*accumulate=*/false);
+  kernels::linear_forward(act.shared_gate.data(), x, w.shared_gate_H, T, H, 1);
+  kernels::router_topk(act.shared_gate.data(), act.shared_gate_idx.data(), act.shared_gate_w.data(), T,
+                       1, 1, /*renorm=*/false, gate_scoring());
+  kernels::combine_rows(y, act.shared_y.data(), act.shared_gate_w.data(), act.shared_rows.data(), T, 1,
+                        H, /*accumulate=*/true);
+}
+
+// Its backward: ds = a · dy (the shared experts' d output), da = dot(s, dy), dz = da · a(1 - a);
+// dg += dz^T · x, dx += dz · g, then the shared experts' own backward from ds. scratch holds
+// gated_shared_scratch floats (allocated by the caller: this may run beside the exchange); each
+// part is written whole before it is read.
+size_t gated_shared_scratch(int T, int H, int Fs) {
+  return 2 * static_cast<size_t>(T) * Fs + static_cast<size_t>(T) * H + 2 * static_cast<size_t>(T);
+}
+void gated_shared_backward(float* dx, const MoeGrads& grads, const float* dy, const MoeActivations& act,
+                           const float* x, const MoeWeights& w, int T, int H, int Fs, float* scratch) {
+  float* ds = scratch + 2 * static_cast<size_t>(T) * Fs;  // [T,H]
+  float* da = ds + static_cast<size_t>(T) * H;             // [T]
+  float* dz = da + T;                                      // [T]
+  kernels::combine_rows_backward(ds, da, dy, act.shared_y.data(), act.shared_gate_w.data(),
+                                 act.shared_rows.data(), T, 1, H);
+  kernels::router_topk_backward(dz, act.shared_gate.data(), act.shared_gate_idx.data(), da, T, 1, 1,
+                                /*renorm=*/false, nullptr, 1, 0.0f, gate_scoring());
+  kernels::linear_backward(dx, grads.shared_gate_H, dz, x, w.shared_gate_H, T, H, 1);
+  kernels::swiglu_mlp_backward(dx, grads.shared, ds, x, act.shared_g.data(), act.shared_u.data(),
+                               act.shared_h.data(), w.shared, T, H, Fs, scratch);
+}
+
 }  // namespace
 
 MoeStepTimes* set_moe_step_times(MoeStepTimes* times) {
@@ -235,7 +290,10 @@ void moe_forward(float* y, MoeActivations& act, const float* x, const MoeWeights
     if (!overlap)
       kernels::swiglu_mlp_forward_up(act.shared_g.data(), act.shared_u.data(), act.shared_h.data(),
                                      x, w.shared, T, H, Fs);
-    kernels::swiglu_mlp_forward_down(y, act.shared_h.data(), w.shared, T, H, Fs, /*accumulate=*/true);
+    if (w.shared_gate_H)
+      gated_shared_forward(y, act, x, w, T, H, Fs, tracker);
+    else
+      kernels::swiglu_mlp_forward_down(y, act.shared_h.data(), w.shared, T, H, Fs, /*accumulate=*/true);
   } else {
     act.shared_g.release();
     act.shared_u.release();
@@ -260,10 +318,14 @@ void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_g
   std::optional<OverlapWindow> overlap;
   if (Fs > 0) {
     StepTimer st(&MoeStepTimes::shared_bwd);
-    shared_scratch.emplace(2 * static_cast<size_t>(T) * Fs, cfg.scratch_tracker);
+    shared_scratch.emplace(w.shared_gate_H ? gated_shared_scratch(T, H, Fs) : 2 * static_cast<size_t>(T) * Fs,
+                           cfg.scratch_tracker);
     auto shared_bwd = [&, scratch = shared_scratch->data()] {
-      kernels::swiglu_mlp_backward(dx, grads.shared, dy, x, act.shared_g.data(), act.shared_u.data(),
-                                   act.shared_h.data(), w.shared, T, H, Fs, scratch);
+      if (w.shared_gate_H)
+        gated_shared_backward(dx, grads, dy, act, x, w, T, H, Fs, scratch);
+      else
+        kernels::swiglu_mlp_backward(dx, grads.shared, dy, x, act.shared_g.data(), act.shared_u.data(),
+                                     act.shared_h.data(), w.shared, T, H, Fs, scratch);
     };
     if (overlaps_shared(cfg))
       overlap.emplace(shared_bwd, &MoeStepTimes::shared_bwd);

@@ -75,11 +75,15 @@ struct MoeWeights {
   const float* gate_EH = nullptr;   // router, [E,H]
   kernels::MlpWeights experts;      // stacked [El,F,H], [El,F,H], [El,H,F] (El = local experts)
   kernels::MlpWeights shared;       // [Fs,H], [Fs,H], [H,Fs]; unused when shared_ffn == 0
+  // Qwen2-MoE's shared_expert_gate [1,H]: the shared experts' output is scaled per token by
+  // sigmoid(x · g). Null: not gated (DeepSeek).
+  const float* shared_gate_H = nullptr;
 };
 struct MoeGrads {
   float* gate_EH = nullptr;
   kernels::MlpGrads experts;
   kernels::MlpGrads shared;
+  float* shared_gate_H = nullptr;
 };
 
 // Everything forward keeps for backward. Buffers are charged to the tracker given to forward.
@@ -91,6 +95,12 @@ struct MoeActivations {
   Buffer<float> g, u, h;           // [R,F]
   Buffer<float> y_rows;            // [R,H] expert outputs
   Buffer<float> shared_g, shared_u, shared_h;  // [T,Fs]
+  // Gated shared experts (MoeWeights::shared_gate_H): y += a_t · s_t with s = shared(x) [T,H]
+  // and a_t = sigmoid(x_t · g) [T], computed as the router's sigmoid top-1 over one "expert"
+  // (shared_gate holds a; shared_gate_idx its zero index, shared_gate_w a again) and added as a
+  // combine over the identity row map shared_rows (kernels with CUDA twins, no new kernel).
+  Buffer<float> shared_y, shared_gate, shared_gate_w;
+  Buffer<int32_t> shared_gate_idx, shared_rows;
   double aux_loss = 0.0;           // alpha-scaled auxiliary loss of this layer
   // Expert parallelism only: the dispatch handle (reused by backward), where each received pair
   // sits in the local-expert-contiguous buffers (on the active device, for the kernels), the

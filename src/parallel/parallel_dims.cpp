@@ -15,6 +15,9 @@ void ParallelDims::validate(int world_size, const model::ModelConfig& cfg) const
     // Heads and the dense FFN's columns split over TP (model.h: TensorParallel).
     MOE_CHECK(cfg.num_attention_heads % tp == 0, "tp(", tp, ") does not divide num_attention_heads (",
               cfg.num_attention_heads, ")");
+    // Grouped-query attention: each rank keeps whole groups (its kv heads and their query heads).
+    MOE_CHECK(cfg.kv_heads() % tp == 0, "tp(", tp, ") does not divide num_key_value_heads (",
+              cfg.kv_heads(), ")");
     MOE_CHECK(cfg.num_moe_layers() == cfg.num_hidden_layers || cfg.intermediate_size % tp == 0, "tp(", tp,
               ") does not divide intermediate_size (", cfg.intermediate_size, ") of the dense layers");
   }

@@ -18,6 +18,8 @@ struct Split {
   size_t rows = 0, cols = 0;
 };
 Split split_of(const model::ParamSpec& s) {
+  // A split vector (qwen2_moe's q/k/v biases, split with their projections' rows) is one column.
+  if (s.full_shape.size() == 1 && s.tp_dim == 0) return {static_cast<size_t>(s.full_shape[0]), 1};
   MOE_CHECK(s.full_shape.size() == 2, "tensor parallelism: parameter ", s.name, " is split but not a matrix");
   return {static_cast<size_t>(s.full_shape[0]), static_cast<size_t>(s.full_shape[1])};
 }

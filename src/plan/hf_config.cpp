@@ -147,7 +147,7 @@ PlanModel read_hf_config(const std::string& path) {
   MOE_CHECK(j.is_object(), path, ": a config must be a JSON object");
   MOE_CHECK(j.contains("model_type") && j["model_type"].is_string(), path,
             ": missing field \"model_type\" (supported: deepseek, deepseek_v2, deepseek_v3, "
-            "mixtral, qwen2_moe)");
+            "mixtral, qwen2_moe, qwen3_moe)");
   const std::string type = j["model_type"].get<std::string>();
   Reader r(j, path);
   PlanModel m;
@@ -160,9 +160,13 @@ PlanModel read_hf_config(const std::string& path) {
     m = read_mixtral(r);
   } else if (type == "qwen2_moe") {
     m = read_qwen2_moe(r);
+  } else if (type == "qwen3_moe") {
+    // A family the trainer reads (model/family.h): planned as the model `train --config` runs.
+    m = from_model_config(model::config_from_json(j, path), path, "--config " + path);
+    m.default_seq_len = std::min(4096, m.max_position_embeddings);
   } else {
     throw Error(str_cat(path, ": model_type \"", type, "\" is not supported by the planner ",
-                        "(supported: deepseek, deepseek_v2, deepseek_v3, mixtral, qwen2_moe)"));
+                        "(supported: deepseek, deepseek_v2, deepseek_v3, mixtral, qwen2_moe, qwen3_moe)"));
   }
   m.name = path;
   m.validate(path);

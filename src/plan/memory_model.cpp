@@ -85,17 +85,27 @@ LayerActivation layer_activation(const PlanModel& m, int l, long long Bm, int T,
   // ln1 and a dense layer's ln2 stay gathered [N, H] (the column-parallel GEMMs' inputs, kept
   // for their weight gradients). attention_s2 models an unfused kernel instead: the B·nh·T²
   // probabilities in place of that state.
-  const AttentionWidths w = attention_widths(m);
+  AttentionWidths w = attention_widths(m);
+  // A model the trainer runs (its other families included, model/family.h): the size function
+  // already has its widths, k and v repeated to every query head under GQA (attention_proj.h).
+  double A_trainer = H;
+  if (m.trainer_config) {
+    w.k = w.v = w.q;
+    A_trainer = static_cast<double>(shadow.num_attention_heads) * shadow.head_dim();
+  }
   const double lse = static_cast<double>(Bm) * m.heads * T;
   const double state = lse + N * w.o;
-  a.attention = static_cast<double>(s.attention) + N * (w.sum() - 4 * H) + N * w.latent +
+  a.attention = static_cast<double>(s.attention) + N * (w.sum() - 4 * A_trainer) + N * w.latent +
                 (state - static_cast<double>(s.attention_state));
-  const double sharded = N * (w.sum() + 2 * H + (moe ? H : 0)) + 2 * N + state;
+  double sharded = N * (w.sum() + 2 * H + (moe ? H : 0)) + 2 * N + state;
+  if (shadow.qk_norm())  // QK-norm's kept q, k and rstd split by heads as well
+    sharded += N * (A_trainer + static_cast<double>(shadow.kv_heads()) * shadow.head_dim()) +
+               N * (shadow.num_attention_heads + shadow.kv_heads());
   a.attention -= (1 - 1 / tp) * sharded;
   if (o.attention_s2) a.attention += (s2 - state) / tp;
   if (moe) {
     const double R = a.rows;
-    const double Fs_trainer = static_cast<double>(shadow.n_shared_experts) * m.moe_ffn;
+    const double Fs_trainer = static_cast<double>(shadow.shared_ffn());
     size_t R_int = static_cast<size_t>(std::llround(R));
     // The MoE part on the shard's Nm tokens as the trainer calls it (Model::moe_sequences): its
     // Bm/tp whole sequences, else one run of Nm tokens (only the per-sequence aux statistics,

@@ -48,15 +48,19 @@ PlanModel from_model_config(const model::ModelConfig& c, const std::string& name
   m.vocab_size = c.vocab_size;
   m.hidden = c.hidden_size;
   m.layers = c.num_hidden_layers;
-  m.heads = m.kv_heads = c.num_attention_heads;
+  m.heads = c.num_attention_heads;
+  m.kv_heads = c.kv_heads();
   m.head_dim = c.head_dim();
   m.dense_ffn = c.intermediate_size;
   m.moe_ffn = c.moe_intermediate_size;
-  m.shared_ffn = c.moe_intermediate_size * c.n_shared_experts;
+  m.shared_ffn = c.shared_ffn();
+  m.qkv_bias = c.qkv_bias();
+  m.shared_expert_gate = c.gated_shared_expert() && c.shared_ffn() > 0;
+  m.qk_norm = c.qk_norm();
   m.experts = c.n_routed_experts;
   m.top_k = c.num_experts_per_tok;
   for (int l = 0; l < c.num_hidden_layers; ++l) m.moe_layer.push_back(c.is_moe_layer(l));
-  m.aux_loss_alpha = c.aux_loss_alpha;
+  m.aux_loss_alpha = c.router_aux_alpha();
   m.seq_aux = c.seq_aux;
   m.max_position_embeddings = c.max_position_embeddings;
   m.default_seq_len = std::min(128, c.max_position_embeddings);
@@ -244,7 +248,7 @@ LayerParams layer_params(const PlanModel& m, int l) {
   } else {
     const double qd = static_cast<double>(m.heads) * m.head_dim, kvd = m.kv_dim();
     p.attention = H * qd + 2 * H * kvd + qd * H + (m.qkv_bias ? qd + 2 * kvd : 0);
-    p.norms = 2 * H;
+    p.norms = 2 * H + (m.qk_norm ? 2.0 * m.head_dim : 0.0);
   }
   if (m.is_moe_layer(l)) {
     p.router = static_cast<double>(m.experts) * H;
@@ -279,10 +283,10 @@ double model_flops_per_token(const PlanModel& m, int seq_len) {
   // The embedding lookup is not a matmul (with tied embeddings the one matrix is the head).
   const double lookup = m.tied_embeddings ? 0.0 : static_cast<double>(m.vocab_size) * m.hidden;
   // Scores and weighted sums: 6·T·nh·(qk + v head widths) a layer and token (12·H·T for
-  // multi-head attention, whose widths are both H/nh).
+  // DeepSeek's multi-head attention, whose widths are both H/nh; Qwen3's head_dim may differ).
   const double widths = m.has_mla() ? static_cast<double>(m.heads) *
                                           (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
-                                    : 2.0 * m.hidden;
+                                    : 2.0 * m.heads * m.head_dim;
   return 6.0 * (p.active - lookup) + 6.0 * m.layers * widths * seq_len;
 }
 

@@ -16,7 +16,7 @@ namespace moe::plan {
 
 struct PlanModel {
   std::string name;                // preset name or config path
-  std::string model_type;          // deepseek | deepseek_v2 | deepseek_v3 | mixtral | qwen2_moe | xmoe | piper
+  std::string model_type;          // deepseek | deepseek_v2 | deepseek_v3 | mixtral | qwen2_moe | qwen3_moe | xmoe | piper
   long long vocab_size = 0;        // V
   int hidden = 0;                  // H (d)
   int layers = 0;                  // L
@@ -33,6 +33,7 @@ struct PlanModel {
   bool tied_embeddings = false;
   bool qkv_bias = false;           // Qwen2: biases on q, k, v
   bool shared_expert_gate = false; // Qwen2-MoE: a [1, H] gate on the shared expert
+  bool qk_norm = false;            // Qwen3-MoE: [head_dim] RMSNorm weights on q and k
   // Multi-head latent attention (DeepSeek-V2/V3); 0 = standard attention.
   int q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   // Router auxiliary statistics (the trainer keeps E floats per layer, or B·E with seq_aux).

@@ -13,6 +13,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_moe_ref  # noqa: E402
 from deepseek_ref import Config, bias_name, forward, load_safetensors  # noqa: E402
 
 
@@ -31,8 +32,12 @@ def load_hf(d):
 def main():
     d, batch_path = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
+    global Config, forward
     with open(os.path.join(d, "config.json")) as f:
-        cfg = Config(json.load(f))
+        raw = json.load(f)
+    if raw.get("model_type") in hf_moe_ref.FAMILIES:  # Mixtral, Qwen2-MoE, Qwen3-MoE
+        Config, forward = hf_moe_ref.Config, hf_moe_ref.forward
+    cfg = Config(raw)
     weights = load_hf(d)
     # noaux_tc: the routers' selection biases (e_score_correction_bias), state beside the weights.
     biases = {}
