@@ -44,6 +44,7 @@
 #include "train/run_memory.h"
 #include "train/run_setup.h"
 #include "train/score_bias.h"
+#include "train/step_record.h"
 #include "train/value_ranges.h"
 
 namespace moe::train {
@@ -161,13 +162,6 @@ class MoeStepRecorder {
   bool installed_;
   mixture::MoeStepTimes* old_;
 };
-
-// The MoE layers' step times in seconds, by step name (the metrics' time_s.moe).
-json moe_times_json(const mixture::MoeStepTimes& t) {
-  json j;
-  for (const auto& [name, ms] : mixture::moe_step_times_ms(t)) j[name] = ms * 1e-3;
-  return j;
-}
 
 // --profile's summary on stderr (rank 0's view): the steps' seconds split into the MoE layers'
 // steps, the rest of forward + backward (attention, dense GEMMs, norms, embedding, loss), the
@@ -298,9 +292,9 @@ std::vector<int64_t> global_expert_loads(const parallel::Grid& grid, std::vector
 // What a step did for expert balance: each MoE layer's tokens per EP rank and their max/mean under
 // the placement of this step, and the migration after it ({} when none).
 struct StepBalance {
-  json rank_loads = json::array();
+  std::vector<std::vector<double>> rank_loads;
   std::vector<double> imbalance;
-  json migration;
+  std::optional<MigrationRecord> migration;
 };
 
 // Expert parallelism, after the update: the step's global loads (every MoE layer's, the same on
@@ -330,11 +324,9 @@ StepBalance balance_step(model::Model& model, const TrainOptions& opts, const pa
   double seconds = now_seconds() - t0;
   grid.world.allreduce_sum(&moved, 1);
   grid.world.allreduce_max(&seconds, 1);
-  json layers = json::array();
-  for (const LayerMigration& lm : changed)
-    layers.push_back({{"layer", lm.layer}, {"swaps", lm.swaps}, {"imbalance_before", lm.imbalance_before},
-                      {"imbalance_after", lm.imbalance_after}});
-  out.migration = {{"layers", layers}, {"bytes_moved", moved}, {"seconds", seconds}};
+  MigrationRecord m{{}, moved, seconds};
+  for (const LayerMigration& lm : changed) m.layers.push_back({lm.layer, lm.swaps, lm.imbalance_before, lm.imbalance_after});
+  out.migration = std::move(m);
   if (report)
     for (const LayerMigration& lm : changed)
       std::fprintf(stderr, "%sstep %d: layer %d migrated %d expert swap(s), rank imbalance %.3f -> %.3f "
@@ -429,7 +421,7 @@ class Trainer {
   bool budget_pending_ = false;  // --time-budget: the step count is not chosen yet
   std::vector<double> warmup_times_;  // --time-budget: the timed warm-up steps of this process
   double train_s_ = 0;           // seconds inside step() in this process: --time-budget's clock
-  json budget_json_;             // the choice, until the metrics line of its step carries it
+  std::optional<TimeBudgetRecord> budget_record_;  // the choice, until the metrics line of its step carries it
   int step0_ = 0, bad_steps_ = 0, bad_in_a_row_ = 0, good_steps_ = 0, steps_run_ = 0, bad_steps_at_start_ = 0;
   double t_start_ = 0, ema_tps_ = 0;
   mixture::MoeStepTimes profile_moe_;  // --profile: totals over the run
@@ -812,9 +804,8 @@ void Trainer::choose_steps(int step, double step_seconds) {
   total_steps_ = static_cast<int>(std::min<double>(opts_.steps, step + 1 + more));
   opt_->set_total_steps(total_steps_);
   budget_pending_ = false;
-  budget_json_ = {{"budget_s", opts_.time_budget_s}, {"step_time_s", median},
-                  {"timed_steps", static_cast<int>(warmup_times_.size())}, {"spent_s", spent},
-                  {"steps", total_steps_}};
+  budget_record_ = TimeBudgetRecord{opts_.time_budget_s, median, spent, static_cast<int>(warmup_times_.size()),
+                                    total_steps_};
   if (root_ && opts_.progress)
     std::fprintf(stderr, "%s--time-budget %s: %d steps (median step %.3g s over %d warm-up steps; `--steps %d` "
                  "repeats this run)\n", tty_ ? "\n" : "", format_budget(opts_.time_budget_s).c_str(),
@@ -826,63 +817,47 @@ void Trainer::log(int step, const StepOutcome& s, double vl) {
   ema_tps_ = step == step0_ ? tps : 0.9 * ema_tps_ + 0.1 * tps;
   const double mfu = flops_per_step_ / s.seconds / (res_.peak_gflops * 1e9 * grid_.world.size());
   if (!root_) return;
-  json loads_json = json::array();
-  const int E = cfg_.n_routed_experts;
-  for (size_t pos = 0; E > 0 && pos < s.loads.size(); pos += E)
-    loads_json.push_back(std::vector<int64_t>(s.loads.begin() + pos, s.loads.begin() + pos + E));
-  json stages_json = json::array();
+  StepRecord rec;
+  rec.step = step + 1;
+  rec.loss = s.loss.total;
+  rec.ce_loss = s.loss.ce;
+  rec.aux_loss = s.loss.aux;
+  rec.lr = learning_rate(opt_->config(), step);
+  rec.grad_norm = s.grad_norm;
+  rec.tokens = static_cast<double>(static_cast<long long>(B_global_) * T_);
+  rec.tokens_per_s = tps;
+  rec.mfu = mfu;
+  rec.mfu_peak = {res_.peak_gflops, peak_precision_, peak_source_};
+  rec.step_time_s = s.seconds;
+  rec.elapsed_s = now_seconds() - t_start_;  // wall time since this process started training
+  rec.bubble_fraction = s.bubble;
+  rec.time_s = {s.pipe.total_s, s.pipe.compute_s, s.pipe.wait_s, s.sync_s, s.optimizer_s, s.a2a_s, {}};
+  if (opts_.profile)
+    for (const auto& [name, ms] : mixture::moe_step_times_ms(s.moe_times)) rec.time_s.moe.emplace_back(name, ms * 1e-3);
+  rec.a2a_rank_s = s.a2a_by_rank;
+  rec.ranks_per_node = grid_.topo.ranks_per_node;
+  for (int c = 0; c < 4; ++c) rec.a2a_bytes[c] = static_cast<double>(s.bytes[c]);
+  rec.activation_peak_bytes = static_cast<double>(model_->activation_memory().peak());
+  rec.optimizer_bytes = optimizer_bytes_;
+  rec.moe_dispatch_bytes = s.dispatch_bytes;
   for (size_t i = 0; i < s.stages.size(); ++i) {
     const StageStats& st = s.stages[i];
-    stages_json.push_back({{"stage", i},
-                           {"layers", layers_per_stage_[i]},
-                           {"compute_s", st.compute_s},
-                           {"bubble_s", st.bubble_s},
-                           {"all_to_all_s", st.a2a_s},
-                           {"step_s", st.step_s},
-                           {"activation_peak_bytes", st.activation_peak_bytes},
-                           {"total_peak_bytes", st.total_peak_bytes},
-                           {"max_in_flight", st.max_in_flight}});
+    rec.stages.push_back({static_cast<int>(i), static_cast<double>(layers_per_stage_[i]), st.compute_s, st.bubble_s,
+                          st.a2a_s, st.step_s, st.activation_peak_bytes, st.total_peak_bytes,
+                          static_cast<double>(st.max_in_flight)});
   }
-  const model::LossParts& loss = s.loss;
-  json rec = {{"step", step + 1},
-              {"loss", loss.total},
-              {"ce_loss", loss.ce},
-              {"aux_loss", loss.aux},
-              {"lr", learning_rate(opt_->config(), step)},
-              {"grad_norm", s.grad_norm},
-              {"tokens", static_cast<long long>(B_global_) * T_},
-              {"tokens_per_s", tps},
-              {"mfu", mfu},
-              {"mfu_peak", {{"gflops", res_.peak_gflops}, {"precision", peak_precision_},
-                            {"source", peak_source_}}},
-              {"step_time_s", s.seconds},
-              {"elapsed_s", now_seconds() - t_start_},  // wall time since this process started training
-              {"bubble_fraction", s.bubble},
-              {"time_s",
-               {{"pipeline", s.pipe.total_s}, {"compute", s.pipe.compute_s}, {"bubble", s.pipe.wait_s},
-                {"grad_sync", s.sync_s}, {"optimizer", s.optimizer_s}, {"all_to_all", s.a2a_s}}},
-              {"a2a_rank_s", s.a2a_by_rank},
-              {"ranks_per_node", grid_.topo.ranks_per_node},
-              {"a2a_bytes",
-               {{"same_rank", s.bytes[0]}, {"intra_node", s.bytes[1]}, {"inter_node", s.bytes[2]},
-                {"inter_group", s.bytes[3]}}},
-              {"activation_peak_bytes", model_->activation_memory().peak()},
-              {"optimizer_bytes", optimizer_bytes_},
-              {"moe_dispatch_bytes", s.dispatch_bytes},
-              {"stages", stages_json},
-              {"expert_loads", loads_json},
-              {"expert_loads_layers", moe_layer_ids_}};
-  if (opts_.profile) rec["time_s"]["moe"] = moe_times_json(s.moe_times);
-  if (!s.balance.imbalance.empty()) {  // per MoE layer: tokens per EP rank, and their max/mean
-    rec["rank_loads"] = s.balance.rank_loads;
-    rec["load_imbalance"] = s.balance.imbalance;
-  }
-  if (!s.balance.migration.is_null()) rec["migration"] = s.balance.migration;
-  if (!budget_json_.is_null()) rec["time_budget"] = std::exchange(budget_json_, nullptr);
-  if (!std::isnan(vl)) rec["val_loss"] = vl;
+  const int E = cfg_.n_routed_experts;
+  for (size_t pos = 0; E > 0 && pos < s.loads.size(); pos += E)
+    rec.expert_loads.emplace_back(s.loads.begin() + pos, s.loads.begin() + pos + E);
+  rec.expert_loads_layers = moe_layer_ids_;
+  rec.rank_loads = s.balance.rank_loads;  // per MoE layer: tokens per EP rank, and their max/mean
+  rec.load_imbalance = s.balance.imbalance;
+  rec.migration = s.balance.migration;
+  rec.time_budget = std::exchange(budget_record_, std::nullopt);
+  rec.val_loss = vl;
   // Tokenized data: the held-out loss per byte of text as well, comparable with a byte model's.
-  if (!std::isnan(vl) && tokenized_ && bytes_per_token_ > 0) rec["val_loss_nats_per_byte"] = vl / bytes_per_token_;
-  setup_.metrics << rec.dump() << "\n";
+  if (!std::isnan(vl) && tokenized_ && bytes_per_token_ > 0) rec.val_loss_nats_per_byte = vl / bytes_per_token_;
+  setup_.metrics << to_json(rec).dump() << "\n";
   setup_.metrics.flush();
   // A write that fails (a full disk, a file-size limit: EFBIG, SIGXFSZ being ignored) stops the
   // run with one line instead of training on with metrics silently cut short.
@@ -901,7 +876,7 @@ void Trainer::log(int step, const StepOutcome& s, double vl) {
   std::snprintf(line, sizeof line,
                 "step %5d/%s  loss %.4f  aux %.4f  %7.0f tok/s  MFU %5.1f%%  a2a %4.1f%%  "
                 "bubble %4.1f%%  ETA %s",
-                step + 1, total_text.c_str(), loss.total, loss.aux, ema_tps_, 100.0 * mfu, 100.0 * s.a2a_s / s.seconds,
+                step + 1, total_text.c_str(), s.loss.total, s.loss.aux, ema_tps_, 100.0 * mfu, 100.0 * s.a2a_s / s.seconds,
                 100.0 * s.bubble, format_duration(eta).c_str());
   std::string text = line;
   if (!std::isnan(vl)) text += str_cat("  val ", vl);
