@@ -1,5 +1,8 @@
 #include "train/step_record.h"
 
+#include <cerrno>
+#include <cstring>
+
 #include "core/error.h"
 #include "io/json_file.h"
 
@@ -71,6 +74,13 @@ json to_json(const StepRecord& r) {
   if (!std::isnan(r.val_loss)) j["val_loss"] = r.val_loss;
   if (!std::isnan(r.val_loss_nats_per_byte)) j["val_loss_nats_per_byte"] = r.val_loss_nats_per_byte;
   return j;
+}
+
+void append_step_record(std::ostream& out, const StepRecord& r, const std::string& path) {
+  out << to_json(r).dump() << "\n";
+  out.flush();
+  if (!out.good())
+    throw Error(str_cat(path, ": cannot write the record of step ", r.step, " (", std::strerror(errno), ")"));
 }
 
 namespace {

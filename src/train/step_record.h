@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,6 +82,10 @@ constexpr const char* kLinkClassNames[4] = {"same_rank", "intra_node", "inter_no
 constexpr size_t kMaxRecordRanks = size_t{1} << 16;
 
 nlohmann::json to_json(const StepRecord& r);
+// Appends r to `out` (metrics.jsonl) as one line and flushes. A write that fails (a full disk, a
+// file-size limit: EFBIG, SIGXFSZ being ignored) throws naming `path` and the step, so the run
+// stops with one line instead of training on with its metrics silently cut short.
+void append_step_record(std::ostream& out, const StepRecord& r, const std::string& path);
 // Throws moe::Error "<where>: \"<field>\" must be ..." on a field of the wrong type or range.
 StepRecord step_record_from_json(const nlohmann::json& j, const std::string& where);
 
