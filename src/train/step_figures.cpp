@@ -11,6 +11,19 @@ double data_mean(const parallel::Grid& g, double v) {
   return v / g.tokens.size();
 }
 
+model::LossParts global_loss(const parallel::Grid& g, model::LossParts loss) {
+  loss.ce = data_mean(g, loss.ce);
+  loss.aux = data_mean(g, loss.aux);
+  if (g.pp.size() > 1) {
+    double parts[2] = {loss.ce, loss.aux};
+    g.pp.allreduce_sum(parts, 2);
+    loss.ce = parts[0];
+    loss.aux = parts[1];
+  }
+  loss.total = loss.ce + loss.aux;
+  return loss;
+}
+
 std::vector<StageStats> gather_stage_stats(const parallel::Grid& grid, const parallel::PipelineTimes& pt,
                                            double a2a_seconds, model::Model& model,
                                            std::vector<double>& a2a_by_rank) {

@@ -15,6 +15,11 @@ namespace moe::train {
 // Mean over the tokens group (every rank of a stage holds as many tokens) of one value per rank.
 double data_mean(const parallel::Grid& g, double v);
 
+// The global batch's losses from this rank's micro-batch means: averaged over the ranks of a
+// stage and summed over the stages (ce lives on the last stage, each stage has its own layers' aux
+// losses); total = ce + aux. The same on every rank.
+model::LossParts global_loss(const parallel::Grid& g, model::LossParts stage);
+
 // Per-stage figures of a step: the worst rank of each stage (collective over the world).
 // a2a_by_rank: each world rank's own exchange seconds (a slow node shows in its ranks').
 std::vector<StageStats> gather_stage_stats(const parallel::Grid& grid, const parallel::PipelineTimes& pt,

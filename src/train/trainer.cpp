@@ -71,6 +71,10 @@ class Trainer {
   void read_batch(int step);
   // Forward and backward of the M micro-batches through the pipeline schedule, into s.
   void forward_backward(StepOutcome& s, std::vector<int64_t>& stage_loads, double& dispatch_bytes);
+  void sync_gradients(StepOutcome& s);  // over TP, then the data ranks (or ZeRO-1's reduce-scatter)
+  // The optimizer step (skipped on a non-finite loss or gradient), the fault hooks around it, and
+  // the bad-step policy after it.
+  void update(int step, StepOutcome& s);
   // The weights, AdamW state and data cursor after steps_done steps as a checkpoint.
   void save_checkpoint_at(int steps_done);
   // The training data could not be read (a .bin truncated under the run): every rank stops here,
@@ -238,9 +242,34 @@ void Trainer::forward_backward(StepOutcome& s, std::vector<int64_t>& stage_loads
   s.pipe = parallel::run_pipeline(grid_.pp, setup_.schedule, M_, act_floats, cb, pipe_mem_.get(), setup_.device);
 }
 
+void Trainer::sync_gradients(StepOutcome& s) {
+  model::Model& model = run_model_.model();
+  ScopedTimer t(s.sync_s);
+  parallel::sync_tensor_parallel(model.layout(), model.grads(), grid_);
+  if (optim_.shard->sharded())
+    optim_.shard->reduce_scatter(model.grads());
+  else
+    parallel::sync_gradients(model.layout(), model.grads(), grid_);
+}
+
+void Trainer::update(int step, StepOutcome& s) {
+  model::Model& model = run_model_.model();
+  faults_.before_update(step, model.grads());
+  {
+    ScopedTimer t(s.optimizer_s);
+    // A non-finite loss or gradient norm (the same on every rank) skips the update.
+    const bool loss_finite = std::isfinite(s.loss.total);
+    if (loss_finite) s.grad_norm = optim_.adamw->step(model.params(), model.grads(), step);
+    s.skipped = !loss_finite || !std::isfinite(s.grad_norm);
+    if (optim_.shard->sharded() && !s.skipped) optim_.shard->allgather(model.params());  // every rank's updated slice
+  }
+  faults_.after_update(step, model.params());
+  bad_steps_.after_step(step, s.skipped, std::isfinite(s.loss.total), *checkpointer_);
+}
+
+// data -> forward/backward -> sync -> update -> components, then the figures over the ranks.
 StepOutcome Trainer::step(int step) {
   model::Model& model = run_model_.model();
-  const parallel::Grid& grid = grid_;
   StepOutcome s;
   run_model_.traffic().reset();
   const double t0 = now_seconds();
@@ -248,41 +277,13 @@ StepOutcome Trainer::step(int step) {
   std::vector<int64_t> stage_loads;  // tokens per expert of this stage's MoE layers
   double dispatch_bytes = 0;         // the largest micro-batch's
   forward_backward(s, stage_loads, dispatch_bytes);
-  {
-    ScopedTimer t(s.sync_s);
-    parallel::sync_tensor_parallel(model.layout(), model.grads(), grid);
-    if (optim_.shard->sharded())
-      optim_.shard->reduce_scatter(model.grads());
-    else
-      parallel::sync_gradients(model.layout(), model.grads(), grid);
-  }
-  // Global figures: losses averaged over the ranks of a stage and summed over the stages (ce lives
-  // on the last stage, each stage has its own layers' aux losses).
-  model::LossParts& loss = s.loss;
-  loss.ce = data_mean(grid, loss.ce);
-  loss.aux = data_mean(grid, loss.aux);
-  if (grid.pp.size() > 1) {
-    double parts[2] = {loss.ce, loss.aux};
-    grid.pp.allreduce_sum(parts, 2);
-    loss.ce = parts[0];
-    loss.aux = parts[1];
-  }
-  loss.total = loss.ce + loss.aux;
-  faults_.before_update(step, model.grads());
-  {
-    ScopedTimer t(s.optimizer_s);
-    // A non-finite loss or gradient norm (the same on every rank) skips the update.
-    if (std::isfinite(loss.total)) s.grad_norm = optim_.adamw->step(model.params(), model.grads(), step);
-    s.skipped = !std::isfinite(loss.total) || !std::isfinite(s.grad_norm);
-    if (optim_.shard->sharded() && !s.skipped) optim_.shard->allgather(model.params());  // every rank's updated slice
-  }
-  faults_.after_update(step, model.params());
-  bad_steps_.after_step(step, s.skipped, std::isfinite(loss.total), *checkpointer_);
+  sync_gradients(s);
+  s.loss = global_loss(grid_, s.loss);
+  update(step, s);
   s.seconds = now_seconds() - t0;
-  // The components after the update, then the step's figures over the ranks.
   s.balance = balance_.after_update(model, std::move(stage_loads), step, budget_.total_steps(), s.skipped,
                                     {model.params(), optim_.adamw->m().data(), optim_.adamw->v().data()});
-  s.fig = gather_step_figures(grid, s.pipe, run_model_.traffic(), model, dispatch_bytes);
+  s.fig = gather_step_figures(grid_, s.pipe, run_model_.traffic(), model, dispatch_bytes);
   return s;
 }
 
