@@ -23,3 +23,5 @@ add_test(NAME report_numbers
          COMMAND ${CMAKE_SOURCE_DIR}/tests/report_numbers.sh $<TARGET_FILE:moetrain> ${CMAKE_SOURCE_DIR}/data/kjv.txt
                  ${CMAKE_BINARY_DIR}/report_numbers ${MOETRAIN_REPORT_MPIRUN})
 set_tests_properties(report_numbers PROPERTIES LABELS "mpi;report" TIMEOUT 300)
+# docs/metrics.md is printed from the metrics schema (src/train/step_record.cpp): stale = failure.
+add_test(NAME metrics_doc COMMAND tool_metrics_doc --check ${CMAKE_SOURCE_DIR}/docs/metrics.md)

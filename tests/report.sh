@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# moetrain report: the pages of a short single-rank run and a 4-rank EP 2 x PP 2 run, rendered in
-# headless Chromium: a screenshot that is not blank, no JavaScript error in the browser's log, the
-# browser's DOM holding every plot, every plot drawing data, the page self-contained; the sections
-# a run lacks say so in a line. Expert loads of the PP 2 run cover both stages' layers (equal to
-# one process's at step 1). Bad inputs: one line each, no page written.
+# moetrain report: the pages of a short single-rank run, a 4-rank EP 2 x PP 2 run and a 4-rank EP 4
+# run with expert migration, rendered in headless Chromium: a screenshot that is not blank, no
+# JavaScript error in the browser's log, the browser's DOM holding every plot, every plot drawing
+# data, the page self-contained; the sections a run lacks say so in a line. Expert loads of the
+# PP 2 run cover both stages' layers (equal to one process's at step 1). The EP 4 run's balance and
+# migration sections hold the numbers of its metrics.jsonl. Bad inputs: one line each, no page written.
 # Usage: report.sh MOETRAIN CORPUS WORK [MPIRUN]. Exits 77 (ctest: SKIPPED) without chromium.
 set -euo pipefail
 bin="$1"; corpus="$2"; work="$3"; mpirun="${4:-}"
@@ -67,7 +68,59 @@ assert grid["expert_loads_layers"] == [1, 2], grid["expert_loads_layers"]
 assert grid["expert_loads"] == one["expert_loads"], (grid["expert_loads"], one["expert_loads"])
 EOF
   ok "EP 2 x PP 2 report renders; expert loads of both stages equal one process's"
+
+  # A real EP 4 run whose experts migrate (every 2 steps, any imbalance above 1.0001): the balance
+  # and migration sections render, and their numbers are the metrics file's.
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$mpirun" --oversubscribe --bind-to none -np 4 \
+    "$bin" train --preset test-moe --data "$corpus" --steps 12 --eval-every 6 --seq-len 32 --batch 2 --ep 4 \
+    --topo.ranks-per-node 2 --balance.migrate-every 2 --balance.threshold 1.0001 --quiet --out "$work/mig"
+  "$bin" report "$work/mig" -o "$work/mig.html" >/dev/null
+  "$py" "$here/report_check.py" html "$work/mig.html" 9 loss all-to-all expert-load balance migrations
+  render "$work/mig.html" mig
+  "$py" - "$work/mig/metrics.jsonl" "$work/mig.html" <<'EOF' || die "EP 4: balance and migration numbers"
+import html, json, re, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+page = open(sys.argv[2]).read()
+def table(section):
+    body = page.split(f'<h2 id="{section}">', 1)[1].split("<h2", 1)[0]
+    t = body.split("<table>", 1)[1].split("</table>", 1)[0]
+    rows = [[html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", tr)] for tr in re.findall(r"<tr>(.*?)</tr>", t)]
+    return body, [r for r in rows if r]
+def fmt_bytes(b):
+    u, i = ["B", "KiB", "MiB", "GiB", "TiB"], 0
+    while b >= 1024 and i < 4: b /= 1024; i += 1
+    return (f"{b:.0f}" if i == 0 else f"{b:.2f}") + " " + u[i]
+# Balance: per MoE layer, its load_imbalance first, last, mean, max; mean tokens per EP rank; migrations.
+ids = recs[0]["expert_loads_layers"]
+assert all(len(r["rank_loads"][0]) == 4 for r in recs), "rank_loads is not per EP rank"
+want = []
+for i, layer in enumerate(ids):
+    v = [r["load_imbalance"][i] for r in recs]
+    ranks = [sum(r["rank_loads"][i][q] for r in recs) / len(recs) for q in range(4)]
+    moves = [l for r in recs if "migration" in r for l in r["migration"]["layers"] if l["layer"] == layer]
+    want.append([f"layer {layer}", f"{v[0]:.3f}", f"{v[-1]:.3f}", f"{sum(v) / len(v):.3f}", f"{max(v):.3f}",
+                 " / ".join(f"{x:.0f}" for x in ranks), f"{len(moves)} ({sum(l['swaps'] for l in moves)} swap(s))"])
+_, got = table("balance")
+assert got == want, f"balance rows {got} != metrics {want}"
+# Migrations: one row per layer that moved, before the next step, the move's bytes on its first row.
+want, total = [], 0
+for r in recs:
+    m = r.get("migration")
+    if not m: continue
+    total += m["bytes_moved"]
+    for k, l in enumerate(m["layers"]):
+        want.append([str(r["step"] + 1), str(l["layer"]), f'{l["swaps"]} swap(s)',
+                     f'{l["imbalance_before"]:.3f} -> {l["imbalance_after"]:.3f}',
+                     fmt_bytes(m["bytes_moved"]) if k == 0 else ""])
+body, got = table("migrations")
+assert len(want) >= 2, f"the run migrated too little to check: {want}"
+assert [g[:5] for g in got] == want, f"migration rows {got} != metrics {want}"
+assert f"{len(want)} migration(s), {fmt_bytes(total)} moved." in body, "migration summary line"
+print(f"balance: {len(ids)} layers; migrations: {len(want)} rows, {fmt_bytes(total)}")
+EOF
+  ok "EP 4 run with migration: balance and migration sections render, their numbers are the metrics'"
 fi
+
 
 # Bad inputs: one line naming the thing, non-zero exit, no page.
 expect_error() {  # expect_error "WHAT" "MESSAGE PART" ARGS...
@@ -95,20 +148,21 @@ expect_error "an output folder that does not exist" "$work/no/dir/r.html: cannot
 [ ! -e "$work/no" ] || die "the report created a folder"
 [ -z "$(find "$work" -name '*.tmp' -o -name '*.tmp.[0-9]*')" ] || die "a temporary file was left behind"
 
-# A run killed mid-line, then resumed (steps logged twice), with a migration record and an event
-# of another kind: the torn line is left out, later records win, the migration section appears.
+# A run killed mid-line, then resumed (steps logged twice), with a line of a kind moetrain does not
+# write (an "event"): the torn line is left out, later records win, the event is counted.
 mkdir -p "$work/resumed"
 { head -n 12 "$work/one/metrics.jsonl"; sed -n 9,24p "$work/one/metrics.jsonl"
-  echo '{"event":"migration","step":20,"layer":1,"expert":5,"from_rank":0,"to_rank":1,"bytes":12345,"seconds":0.01}'
   echo '{"event":"rebalance-plan","step":20}'
   head -c 100 "$work/one/metrics.jsonl"; } > "$work/resumed/metrics.jsonl"
 "$bin" report "$work/resumed" >/dev/null
-"$py" "$here/report_check.py" html "$work/resumed/report.html" 8 migrations
-for s in "4 step(s) were logged twice" "last line of the file is incomplete" "1 migration(s)" \
+"$py" "$here/report_check.py" html "$work/resumed/report.html" 8 loss
+for s in "4 step(s) were logged twice" "last line of the file is incomplete" \
          "1 event record(s) of unknown kind" "steps</td><td>1 .. 24 (24 records)"; do
   grep -qF "$s" "$work/resumed/report.html" || die "resumed run: the page lacks '$s'"
 done
-grep -q 'id="migrations"' "$work/one/report.html" && die "a migration section without migration records"
-ok "resumed run with a torn line, a migration and an unknown event"
+for id in migrations balance; do
+  grep -q "id=\"$id\"" "$work/one/report.html" && die "a $id section in a single-rank run"
+done
+ok "resumed run with a torn line and an unknown event"
 
 echo "$pass passed, 0 failed"

@@ -1,21 +1,11 @@
 // `moetrain report`: metrics.jsonl -> one self-contained HTML page. See report_cmd.h.
 //
-// What it reads, one JSON object per line (written by train/trainer.cpp):
-//   step records: step, loss, ce_loss, aux_loss, lr, grad_norm, tokens, tokens_per_s, mfu,
-//     step_time_s, elapsed_s (wall time since the process began training; absent in older files:
-//     the step times are summed instead), bubble_fraction, time_s {pipeline, compute, bubble,
-//     grad_sync, optimizer, all_to_all}, a2a_bytes {same_rank, intra_node, inter_node,
-//     inter_group}, a2a_rank_s [each world rank's exchange seconds] with ranks_per_node,
-//     stages [{stage, layers, compute_s, bubble_s, all_to_all_s, step_s,
-//     activation_peak_bytes, total_peak_bytes, max_in_flight}], expert_loads [[tokens per expert]
-//     per MoE layer], expert_loads_layers [layer index of each], val_loss on evaluation steps.
-//     A non-finite loss is written as null (a skipped step).
-//     migration (after this step, train --balance.migrate-every): {"layers": [{"layer", "swaps",
-//     "imbalance_before", "imbalance_after"}], "bytes_moved", "seconds"} -- what the trainer writes.
-//   event records (no "step" of their own kind): {"event": "migration", "step": N, "layer": L,
-//     "expert": e, "from_rank": a, "to_rank": b, "bytes": B, "seconds": s} -- one expert moved
-//     before step N (a per-expert form nothing in moetrain writes; still read). The migrations
-//     section appears only when either kind exists, its rows in step order, then layer order.
+// What it reads: metrics.jsonl, one step record per line, through the schema the trainer writes
+// with (train::StepRecord, src/train/step_record.h; its fields: docs/metrics.md). Fields a file
+// lacks (older runs) read as absent and the section that needs them says so in a line or is left
+// out; a line with an "event" field (no moetrain writes one) is counted and not shown.
+// Migrations come from the step records' "migration" (after step N: before N + 1), the balance
+// section from "rank_loads" / "load_imbalance" (runs with --ep > 1).
 // A resumed run appends to the same file, so step numbers can repeat: the later record wins.
 // A last line without its newline that does not parse (the run was killed mid-write) is left out
 // and the page says so; any other bad line is an error naming the file and the line.
@@ -43,6 +33,7 @@
 #include "io/json_file.h"
 #include "io/output_file.h"
 #include "model/config.h"
+#include "train/step_record.h"
 
 namespace moe::apps {
 
@@ -59,39 +50,19 @@ constexpr size_t kMaxLoadValues = size_t{1} << 24;
 // The heatmap draws at most this many cells (rows = layer x expert, columns = time buckets).
 constexpr size_t kMaxHeatmapCells = 120000;
 constexpr int kMaxHeatmapColumns = 60;
-// Per-rank lists (a2a_rank_s) longer than this are refused.
-constexpr size_t kMaxRanks = 1 << 16;
-constexpr const char* kLinkClasses[4] = {"same_rank", "intra_node", "inter_node", "inter_group"};
+constexpr const auto& kLinkClasses = train::kLinkClassNames;
 
-struct StageRec {
-  double compute_s = NAN, bubble_s = NAN, a2a_s = NAN, step_s = NAN, act_peak = NAN, total_peak = NAN;
-  double in_flight = NAN, layers = NAN;
-};
-
-struct Migration {
-  int step = 0, layer = 0, expert = 0, from = 0, to = 0;
-  int swaps = -1;                          // >= 0: a layer's migration from a step record
-  double imbalance_before = NAN, imbalance_after = NAN;
-  double bytes = NAN, seconds = NAN;       // step records: on the step's first layer only
-};
-
+// A step record as the report keeps it: the line (its expert_loads moved into `loads`, as floats,
+// possibly thinned) and its wall time across resumed processes.
 struct Rec {
-  int step = 0;
-  double loss = NAN, ce = NAN, aux = NAN, lr = NAN, gnorm = NAN, tokens = NAN, tps = NAN, mfu = NAN;
-  double step_time = NAN, elapsed = NAN, wall = NAN, val = NAN, bubble = NAN;
-  double t_compute = NAN, t_sync = NAN, t_opt = NAN, t_a2a = NAN, t_bubble = NAN;
-  std::array<double, 4> bytes{NAN, NAN, NAN, NAN};
-  std::vector<StageRec> stages;
+  train::StepRecord m;
+  double wall = NAN;
   std::vector<float> loads;  // [layer][expert] flattened; empty when absent or not kept
-  std::vector<Migration> migrations;  // after this step, by layer (a resumed run's later record wins)
-  std::vector<double> a2a_rank;  // each world rank's exchange seconds (a2a_rank_s); may be empty
-  int ranks_per_node = 0;        // of the run's topology (0: not logged)
 };
 
 struct Run {
   std::string metrics_path;
   std::map<int, Rec> recs;  // by step: a resumed run's later record replaces the earlier one
-  std::vector<Migration> migrations;
   int lines = 0, replaced = 0, other_events = 0;
   bool dropped_torn_line = false;
   int loads_layers = 0, loads_experts = 0, loads_stride = 1;
@@ -121,58 +92,22 @@ bool read_line(std::istream& f, std::string& line, const std::string& path, int 
   }
 }
 
-// A numeric field: absent or null -> NaN (null is how a non-finite number is written); any
-// other non-number is an error naming the line and the field.
-double number(const json& j, const char* key, const std::string& where) {
-  if (!j.is_object()) return NAN;
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return NAN;
-  MOE_CHECK(it->is_number(), where, ": \"", key, "\" must be a number, got ", io::excerpt(*it));
-  return it->get<double>();
-}
-
-int integer(const json& j, const char* key, const std::string& where) {
-  auto it = j.find(key);
-  MOE_CHECK(it != j.end(), where, ": no \"", key, "\"");
-  MOE_CHECK(it->is_number_integer() && it->get<int64_t>() >= 0 && it->get<int64_t>() < (int64_t{1} << 31), where,
-            ": \"", key, "\" must be an integer in [0, 2^31), got ", io::excerpt(*it));
-  return static_cast<int>(it->get<int64_t>());
-}
-
-void read_loads(Run& run, Rec& r, const json& j, const std::string& where) {
-  auto it = j.find("expert_loads");
-  if (it == j.end() || it->is_null()) return;
-  MOE_CHECK(it->is_array(), where, ": \"expert_loads\" must be a list of lists");
-  if (it->empty()) return;  // a dense model
-  const int L = static_cast<int>(it->size());
-  int E = -1;
-  for (const json& layer : *it) {
-    MOE_CHECK(layer.is_array() && !layer.empty(), where, ": \"expert_loads\" must be a list of lists");
-    MOE_CHECK(E < 0 || static_cast<int>(layer.size()) == E, where, ": \"expert_loads\" has layers of ", E, " and ",
-              layer.size(), " experts");
-    E = static_cast<int>(layer.size());
-  }
+// The record's expert loads into r.loads (floats, [layer][expert]): every line's must have the
+// shape of the first's; the layer ids are the first line's that names them.
+void keep_loads(Run& run, Rec& r, const std::string& where) {
+  std::vector<std::vector<int64_t>> loads = std::move(r.m.expert_loads);
+  r.m.expert_loads.clear();
+  if (loads.empty()) return;  // absent, or a dense model
+  const int L = static_cast<int>(loads.size()), E = static_cast<int>(loads[0].size());
   MOE_CHECK(run.loads_layers == 0 || (run.loads_layers == L && run.loads_experts == E), where, ": \"expert_loads\" is ",
             L, " layers x ", E, " experts, earlier lines had ", run.loads_layers, " x ", run.loads_experts);
   run.loads_layers = L;
   run.loads_experts = E;
-  if (auto ids = j.find("expert_loads_layers"); ids != j.end() && run.loads_layer_ids.empty()) {
-    MOE_CHECK(ids->is_array() && static_cast<int>(ids->size()) == L, where,
-              ": \"expert_loads_layers\" must list one layer per row of \"expert_loads\"");
-    for (const json& id : *ids) {
-      MOE_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < 1000000, where,
-                ": \"expert_loads_layers\" holds ", io::excerpt(id), ", not a layer index");
-      run.loads_layer_ids.push_back(static_cast<int>(id.get<int64_t>()));
-    }
-  }
-  if (r.step % run.loads_stride != 0) return;
+  if (run.loads_layer_ids.empty()) run.loads_layer_ids = r.m.expert_loads_layers;
+  if (r.m.step % run.loads_stride != 0) return;
   r.loads.reserve(static_cast<size_t>(L) * E);
-  for (const json& layer : *it)
-    for (const json& x : layer) {
-      MOE_CHECK(x.is_number() && x.get<double>() >= 0 && std::isfinite(x.get<double>()), where, ": expert load ",
-                io::excerpt(x), " is not a count");
-      r.loads.push_back(static_cast<float>(x.get<double>()));
-    }
+  for (const auto& layer : loads)
+    for (int64_t x : layer) r.loads.push_back(static_cast<float>(x));
 }
 
 // Keeps the loads within kMaxLoadValues by keeping only every (2 * stride)-th step's.
@@ -242,118 +177,35 @@ Run read_metrics(const std::string& path, bool in_folder) {
       throw;
     }
     MOE_CHECK(j.is_object(), where, ": not a JSON object (not a metrics.jsonl?)");
-    if (auto ev = j.find("event"); ev != j.end()) {
-      MOE_CHECK(ev->is_string(), where, ": \"event\" must be a string");
-      if (ev->get<std::string>() != "migration") {
-        ++run.other_events;
-        continue;
-      }
-      Migration m;
-      m.step = integer(j, "step", where);
-      m.layer = integer(j, "layer", where);
-      m.expert = integer(j, "expert", where);
-      m.from = integer(j, "from_rank", where);
-      m.to = integer(j, "to_rank", where);
-      m.bytes = number(j, "bytes", where);
-      m.seconds = number(j, "seconds", where);
-      run.migrations.push_back(m);
+    if (j.contains("event")) {
+      ++run.other_events;
       continue;
     }
-    MOE_CHECK(j.contains("step"), where, ": neither a step record (\"step\") nor an event (\"event\")");
+    MOE_CHECK(j.contains("step"), where, ": not a step record (no \"step\")");
     Rec r;
-    r.step = integer(j, "step", where);
-    r.loss = number(j, "loss", where);
-    r.ce = number(j, "ce_loss", where);
-    r.aux = number(j, "aux_loss", where);
-    r.lr = number(j, "lr", where);
-    r.gnorm = number(j, "grad_norm", where);
-    r.tokens = number(j, "tokens", where);
-    r.tps = number(j, "tokens_per_s", where);
-    r.mfu = number(j, "mfu", where);
-    r.step_time = number(j, "step_time_s", where);
-    r.elapsed = number(j, "elapsed_s", where);
-    r.val = number(j, "val_loss", where);
-    r.bubble = number(j, "bubble_fraction", where);
-    if (auto t = j.find("time_s"); t != j.end()) {
-      r.t_compute = number(*t, "compute", where);
-      r.t_sync = number(*t, "grad_sync", where);
-      r.t_opt = number(*t, "optimizer", where);
-      r.t_a2a = number(*t, "all_to_all", where);
-      r.t_bubble = number(*t, "bubble", where);
-    }
-    if (auto ar = j.find("a2a_rank_s"); ar != j.end() && !ar->is_null()) {
-      MOE_CHECK(ar->is_array() && ar->size() <= kMaxRanks, where, ": \"a2a_rank_s\" must be a list of at most ",
-                kMaxRanks, " numbers");
-      for (const json& v : *ar) {
-        MOE_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0 && v.get<double>() < 1e7,
-                  where, ": \"a2a_rank_s\" holds ", io::excerpt(v), ", not a number of seconds in [0, 1e7)");
-        r.a2a_rank.push_back(v.get<double>());
-      }
-      if (j.contains("ranks_per_node")) {
-        r.ranks_per_node = integer(j, "ranks_per_node", where);
-        MOE_CHECK(r.ranks_per_node >= 1, where, ": \"ranks_per_node\" must be >= 1");
-      }
-    }
-    if (auto b = j.find("a2a_bytes"); b != j.end())
-      for (int c = 0; c < 4; ++c) r.bytes[c] = number(*b, kLinkClasses[c], where);
-    if (auto st = j.find("stages"); st != j.end()) {
-      MOE_CHECK(st->is_array(), where, ": \"stages\" must be a list");
-      for (const json& s : *st) {
-        MOE_CHECK(s.is_object(), where, ": \"stages\" must be a list of objects");
-        StageRec x;
-        x.compute_s = number(s, "compute_s", where);
-        x.bubble_s = number(s, "bubble_s", where);
-        x.a2a_s = number(s, "all_to_all_s", where);
-        x.step_s = number(s, "step_s", where);
-        x.act_peak = number(s, "activation_peak_bytes", where);
-        x.total_peak = number(s, "total_peak_bytes", where);
-        x.in_flight = number(s, "max_in_flight", where);
-        x.layers = number(s, "layers", where);
-        r.stages.push_back(x);
-      }
-    }
-    read_loads(run, r, j, where);
-    if (auto mg = j.find("migration"); mg != j.end() && !mg->is_null()) {
-      MOE_CHECK(mg->is_object() && mg->contains("layers") && (*mg)["layers"].is_array(), where,
-                ": \"migration\" must be an object with a \"layers\" list");
-      for (const json& l : (*mg)["layers"]) {
-        MOE_CHECK(l.is_object(), where, ": \"migration\".\"layers\" must be a list of objects");
-        Migration m;
-        m.step = r.step + 1;  // it moved experts after this step: before the next
-        m.layer = integer(l, "layer", where);
-        m.swaps = integer(l, "swaps", where);
-        m.imbalance_before = number(l, "imbalance_before", where);
-        m.imbalance_after = number(l, "imbalance_after", where);
-        if (r.migrations.empty()) {
-          m.bytes = number(*mg, "bytes_moved", where);
-          m.seconds = number(*mg, "seconds", where);
-        }
-        r.migrations.push_back(m);
-      }
-    }
-    if (auto tb = j.find("time_budget"); tb != j.end() && !tb->is_null()) {
-      MOE_CHECK(tb->is_object(), where, ": \"time_budget\" must be an object");
-      run.budget_s = number(*tb, "budget_s", where);
-      run.budget_step_time = number(*tb, "step_time_s", where);
-      MOE_CHECK(run.budget_s > 0 && run.budget_s <= 1e7 && run.budget_step_time > 0 && run.budget_step_time <= 1e7,
-                where, ": \"time_budget\" needs budget_s and step_time_s in (0, 1e7] seconds");
-      run.budget_steps = integer(*tb, "steps", where);
-      run.budget_at = r.step;
+    r.m = train::step_record_from_json(j, where);
+    keep_loads(run, r, where);
+    if (r.m.time_budget) {
+      run.budget_s = r.m.time_budget->budget_s;
+      run.budget_step_time = r.m.time_budget->step_time_s;
+      run.budget_steps = r.m.time_budget->steps;
+      run.budget_at = r.m.step;
     }
     // Wall time across processes: a resumed run's elapsed_s starts again from 0.
-    if (std::isfinite(r.elapsed)) {
-      if (r.elapsed < last_elapsed) wall_offset = last_wall;
-      r.wall = wall_offset + r.elapsed;
-      last_elapsed = r.elapsed;
+    if (std::isfinite(r.m.elapsed_s)) {
+      if (r.m.elapsed_s < last_elapsed) wall_offset = last_wall;
+      r.wall = wall_offset + r.m.elapsed_s;
+      last_elapsed = r.m.elapsed_s;
     } else {
-      r.wall = last_wall + (std::isfinite(r.step_time) ? r.step_time : 0.0);
+      r.wall = last_wall + (std::isfinite(r.m.step_time_s) ? r.m.step_time_s : 0.0);
       wall_offset = r.wall;
       last_elapsed = -1;
     }
     last_wall = r.wall;
     loads_since_thin += r.loads.size();
-    if (run.recs.count(r.step)) ++run.replaced;
-    run.recs[r.step] = std::move(r);
+    if (run.recs.count(r.m.step)) ++run.replaced;
+    const int step = r.m.step;
+    run.recs[step] = std::move(r);
     if (loads_since_thin > kMaxLoadValues / 4) {
       thin_loads(run);
       loads_since_thin = 0;
@@ -456,24 +308,24 @@ void section_summary(Page& pg, const Run& run, const std::vector<const Rec*>& rs
   int skipped = 0;
   std::vector<double> mfu;
   for (const Rec* r : rs) {
-    if (std::isfinite(r->tokens) && std::isfinite(r->step_time)) tokens += r->tokens, time += r->step_time;
-    if (!std::isfinite(r->loss)) ++skipped;
-    mfu.push_back(r->mfu);
+    if (std::isfinite(r->m.tokens) && std::isfinite(r->m.step_time_s)) tokens += r->m.tokens, time += r->m.step_time_s;
+    if (!std::isfinite(r->m.loss)) ++skipped;
+    mfu.push_back(r->m.mfu);
   }
   double final_val = NAN, best_val = NAN;
   int best_val_step = 0;
   for (const Rec* r : rs)
-    if (std::isfinite(r->val)) {
-      final_val = r->val;
-      if (!(r->val >= best_val)) best_val = r->val, best_val_step = r->step;
+    if (std::isfinite(r->m.val_loss)) {
+      final_val = r->m.val_loss;
+      if (!(r->m.val_loss >= best_val)) best_val = r->m.val_loss, best_val_step = r->m.step;
     }
   std::vector<double> mfu_sorted;
   for (double m : mfu)
     if (std::isfinite(m)) mfu_sorted.push_back(m);
   std::sort(mfu_sorted.begin(), mfu_sorted.end());
-  rows.push_back({"steps", str_cat(rs.front()->step, " .. ", last.step, " (", rs.size(), " records)")});
+  rows.push_back({"steps", str_cat(rs.front()->m.step, " .. ", last.m.step, " (", rs.size(), " records)")});
   rows.push_back({"wall time", fmt_seconds(last.wall)});
-  rows.push_back({"final training loss", fmt(last.loss)});
+  rows.push_back({"final training loss", fmt(last.m.loss)});
   rows.push_back({"final validation loss", std::isfinite(final_val) ? str_cat(fmt(final_val), " (best ", fmt(best_val),
                                                                                " at step ", best_val_step, ")")
                                                                      : "none logged"});
@@ -485,7 +337,7 @@ void section_summary(Page& pg, const Run& run, const std::vector<const Rec*>& rs
                                            run.budget_at, " from a median warm-up step of ",
                                            fmt(run.budget_step_time, "%.3g"), " s; the steps shown took ",
                                            fmt_seconds(time))});
-  if (!rs.front()->stages.empty()) rows.push_back({"pipeline stages", std::to_string(rs.front()->stages.size())});
+  if (!rs.front()->m.stages.empty()) rows.push_back({"pipeline stages", std::to_string(rs.front()->m.stages.size())});
   pg.table({"", ""}, rows);
   std::vector<std::string> notes;
   if (run.replaced > 0)
@@ -493,7 +345,7 @@ void section_summary(Page& pg, const Run& run, const std::vector<const Rec*>& rs
   if (run.dropped_torn_line)
     notes.push_back("the last line of the file is incomplete (the run was stopped while writing it) and is left out");
   if (run.other_events > 0) notes.push_back(str_cat(run.other_events, " event record(s) of unknown kind are not shown"));
-  if (!std::isfinite(rs.front()->elapsed))
+  if (!std::isfinite(rs.front()->m.elapsed_s))
     notes.push_back("no elapsed_s in these metrics: wall time is the sum of the step times (evaluation time not included)");
   std::error_code ec;
   if (fs::exists(run_dir + "/metrics.jsonl.prev", ec))
@@ -517,11 +369,11 @@ void section_summary(Page& pg, const Run& run, const std::vector<const Rec*>& rs
 void section_losses(Page& pg, const std::vector<const Rec*>& rs) {
   std::vector<double> step, wall, loss, ce, val;
   for (const Rec* r : rs) {
-    step.push_back(r->step);
+    step.push_back(r->m.step);
     wall.push_back(r->wall);
-    loss.push_back(r->loss);
-    ce.push_back(r->ce);
-    val.push_back(r->val);
+    loss.push_back(r->m.loss);
+    ce.push_back(r->m.ce_loss);
+    val.push_back(r->m.val_loss);
   }
   pg.h2("loss", "Loss");
   if (!any_finite(loss) && !any_finite(val)) return pg.none("No finite loss in these metrics (every step was skipped).");
@@ -537,9 +389,9 @@ void section_losses(Page& pg, const std::vector<const Rec*>& rs) {
 void section_throughput(Page& pg, const std::vector<const Rec*>& rs) {
   std::vector<double> step, tps, mfu;
   for (const Rec* r : rs) {
-    step.push_back(r->step);
-    tps.push_back(r->tps);
-    mfu.push_back(100 * r->mfu);
+    step.push_back(r->m.step);
+    tps.push_back(r->m.tokens_per_s);
+    mfu.push_back(100 * r->m.mfu);
   }
   pg.h2("throughput", "Throughput");
   if (any_finite(tps)) {
@@ -562,9 +414,9 @@ void section_step_time(Page& pg, const std::vector<const Rec*>& rs) {
   pg.h2("step-time", "Step time");
   std::vector<double> step, t, sorted;
   for (const Rec* r : rs) {
-    step.push_back(r->step);
-    t.push_back(r->step_time);
-    if (std::isfinite(r->step_time)) sorted.push_back(r->step_time);
+    step.push_back(r->m.step);
+    t.push_back(r->m.step_time_s);
+    if (std::isfinite(r->m.step_time_s)) sorted.push_back(r->m.step_time_s);
   }
   if (sorted.empty()) return pg.none("No step_time_s in these metrics.");
   std::sort(sorted.begin(), sorted.end());
@@ -574,7 +426,7 @@ void section_step_time(Page& pg, const std::vector<const Rec*>& rs) {
   const double fence = q3 + 3 * (q3 - q1);
   std::vector<std::pair<double, int>> out;
   for (const Rec* r : rs)
-    if (r->step_time > fence) out.push_back({r->step_time, r->step});
+    if (r->m.step_time_s > fence) out.push_back({r->m.step_time_s, r->m.step});
   std::sort(out.rbegin(), out.rend());
   svg::Axes h{"Step-time distribution", "step time (s)", "steps"};
   pg.plot(svg::histogram(h, t, 40, {{"p50 " + fmt_seconds(p50), p50}, {"p95 " + fmt_seconds(p95), p95}}));
@@ -598,8 +450,8 @@ void section_step_time(Page& pg, const std::vector<const Rec*>& rs) {
   pg.p(svg::escape(line));
   // Where the time goes (means over the run).
   std::vector<double> c, s, o, a2a, b;
-  for (const Rec* r : rs) c.push_back(r->t_compute), s.push_back(r->t_sync), o.push_back(r->t_opt),
-                          a2a.push_back(r->t_a2a), b.push_back(r->t_bubble);
+  for (const Rec* r : rs) c.push_back(r->m.time_s.compute), s.push_back(r->m.time_s.grad_sync), o.push_back(r->m.time_s.optimizer),
+                          a2a.push_back(r->m.time_s.all_to_all), b.push_back(r->m.time_s.bubble);
   if (any_finite(c))
     pg.p(svg::escape(str_cat("Mean per step on rank 0: compute ", fmt_seconds(mean(c)), ", pipeline wait ",
                              fmt_seconds(mean(b)), ", gradient sync ", fmt_seconds(mean(s)), ", optimizer ",
@@ -612,12 +464,12 @@ void section_a2a_ranks(Page& pg, const std::vector<const Rec*>& rs) {
   size_t n = 0;
   int rpn = 0;
   for (const Rec* r : rs)
-    if (!r->a2a_rank.empty()) n = r->a2a_rank.size(), rpn = r->ranks_per_node;
+    if (!r->m.a2a_rank_s.empty()) n = r->m.a2a_rank_s.size(), rpn = r->m.ranks_per_node;
   if (n < 2) return;
   std::vector<std::vector<double>> per(n);
   for (const Rec* r : rs)
-    if (r->a2a_rank.size() == n)
-      for (size_t q = 0; q < n; ++q) per[q].push_back(r->a2a_rank[q]);
+    if (r->m.a2a_rank_s.size() == n)
+      for (size_t q = 0; q < n; ++q) per[q].push_back(r->m.a2a_rank_s[q]);
   std::vector<double> means(n);
   for (size_t q = 0; q < n; ++q) means[q] = mean(per[q]);
   std::vector<double> sorted = means;
@@ -644,14 +496,14 @@ void section_a2a(Page& pg, const std::vector<const Rec*>& rs) {
   std::array<double, 4> total{0, 0, 0, 0};
   bool any = false;
   for (const Rec* r : rs) {
-    step.push_back(r->step);
-    share.push_back(r->step_time > 0 ? 100 * r->t_a2a / r->step_time : NAN);
+    step.push_back(r->m.step);
+    share.push_back(r->m.step_time_s > 0 ? 100 * r->m.time_s.all_to_all / r->m.step_time_s : NAN);
     for (int c = 0; c < 4; ++c) {
-      bytes[c].push_back(r->bytes[c]);
-      if (std::isfinite(r->bytes[c])) total[c] += r->bytes[c];
-      any = any || r->bytes[c] > 0;
+      bytes[c].push_back(r->m.a2a_bytes[c]);
+      if (std::isfinite(r->m.a2a_bytes[c])) total[c] += r->m.a2a_bytes[c];
+      any = any || r->m.a2a_bytes[c] > 0;
     }
-    any = any || r->t_a2a > 0;
+    any = any || r->m.time_s.all_to_all > 0;
   }
   if (!any)
     return pg.none("No all-to-all in this run: no bytes and no time logged for the token exchange (expert parallelism "
@@ -703,7 +555,7 @@ void section_expert_load(Page& pg, const Run& run, const std::vector<const Rec*>
     for (const Rec* r : with) {
       const float* v = r->loads.data() + static_cast<size_t>(l) * E;
       const double mx = *std::max_element(v, v + E), mn = std::accumulate(v, v + E, 0.0) / E;
-      s.x.push_back(r->step);
+      s.x.push_back(r->m.step);
       s.y.push_back(mn > 0 ? mx / mn : NAN);
     }
     imb.push_back(std::move(s));
@@ -734,8 +586,8 @@ void section_expert_load(Page& pg, const Run& run, const std::vector<const Rec*>
     for (int x = 0; x < E; ++x)
       h.row_labels.push_back(ids.empty() ? str_cat("M", l, " e", x) : str_cat("L", ids[static_cast<size_t>(l)], " e", x));
   }
-  h.x0 = with.front()->step;
-  h.x1 = with.back()->step;
+  h.x0 = with.front()->m.step;
+  h.x1 = with.back()->m.step;
   h.legend_high = ">= 2x mean";
   h.legend_low = "<= 0.5x mean";
   pg.plot(svg::heatmap({"Tokens per expert over time, relative to the layer's mean (rows: layer, expert)", "step", ""}, h));
@@ -749,7 +601,7 @@ void section_expert_load(Page& pg, const Run& run, const std::vector<const Rec*>
 void section_pipeline(Page& pg, const std::vector<const Rec*>& rs) {
   pg.h2("pipeline", "Pipeline bubble per stage");
   size_t P = 0;
-  for (const Rec* r : rs) P = std::max(P, r->stages.size());
+  for (const Rec* r : rs) P = std::max(P, r->m.stages.size());
   if (P == 0) return pg.none("No per-stage figures (\"stages\") in these metrics.");
   if (P == 1) return pg.none("One pipeline stage (no pipeline parallelism): no bubble.");
   std::vector<svg::Series> ss;
@@ -759,18 +611,18 @@ void section_pipeline(Page& pg, const std::vector<const Rec*>& rs) {
     svg::Series x{str_cat("stage ", s), {}, {}};
     std::vector<double> comp, bub, a2a, frac, act, tot, fl, layers;
     for (const Rec* r : rs) {
-      if (s >= r->stages.size()) continue;
-      const StageRec& st = r->stages[s];
-      x.x.push_back(r->step);
+      if (s >= r->m.stages.size()) continue;
+      const train::StageRecord& st = r->m.stages[s];
+      x.x.push_back(r->m.step);
       const double f = st.step_s > 0 ? 100 * st.bubble_s / st.step_s : NAN;
       x.y.push_back(f);
       frac.push_back(f);
-      comp.push_back(st.compute_s - (std::isfinite(st.a2a_s) ? st.a2a_s : 0.0));
-      a2a.push_back(st.a2a_s);
+      comp.push_back(st.compute_s - (std::isfinite(st.all_to_all_s) ? st.all_to_all_s : 0.0));
+      a2a.push_back(st.all_to_all_s);
       bub.push_back(st.bubble_s);
-      act.push_back(st.act_peak);
-      tot.push_back(st.total_peak);
-      fl.push_back(st.in_flight);
+      act.push_back(st.activation_peak_bytes);
+      tot.push_back(st.total_peak_bytes);
+      fl.push_back(st.max_in_flight);
       layers.push_back(st.layers);
     }
     ss.push_back(std::move(x));
@@ -795,28 +647,81 @@ void section_pipeline(Page& pg, const std::vector<const Rec*>& rs) {
            rows);
 }
 
-void section_migrations(Page& pg, const Run& run) {
-  // The step records' (one row per layer that migrated) and the per-expert events, by step; a
-  // step's rows keep their order (layers ascending, events as logged).
-  std::vector<Migration> all;
-  for (const auto& [step, r] : run.recs) all.insert(all.end(), r.migrations.begin(), r.migrations.end());
-  all.insert(all.end(), run.migrations.begin(), run.migrations.end());
-  if (all.empty()) return;  // rendered only when the metrics hold migration records
-  std::stable_sort(all.begin(), all.end(), [](const Migration& a, const Migration& b) { return a.step < b.step; });
-  pg.h2("migrations", "Expert migrations");
+// Expert parallelism: each MoE layer's tokens per EP rank (rank_loads) and their max/mean
+// (load_imbalance) over the run, the migrations marked where they happened. Left out when no record
+// has them (--ep 1, or older metrics).
+void section_balance(Page& pg, const Run& run, const std::vector<const Rec*>& rs) {
+  std::vector<const Rec*> with;
+  for (const Rec* r : rs)
+    if (!r->m.load_imbalance.empty()) with.push_back(r);
+  if (with.empty()) return;
+  pg.h2("balance", "Expert balance across EP ranks");
+  const size_t L = with.back()->m.load_imbalance.size(), R = with.back()->m.rank_loads.empty() ? 0 : with.back()->m.rank_loads[0].size();
+  const std::vector<int>& ids = run.loads_layer_ids;
+  auto name = [&](size_t i) { return ids.size() == L ? str_cat("layer ", ids[i]) : str_cat("MoE layer ", i); };
+  std::vector<svg::Series> ss;
   std::vector<std::vector<std::string>> rows;
-  double bytes = 0;
-  for (const Migration& m : all) {
-    if (std::isfinite(m.bytes)) bytes += m.bytes;
-    if (rows.size() >= 200) continue;
-    const bool layer_row = m.swaps >= 0;
-    rows.push_back({std::to_string(m.step), std::to_string(m.layer),
-                    layer_row ? str_cat(m.swaps, " swap(s)") : str_cat("expert ", m.expert, ": rank ", m.from, " -> ", m.to),
-                    layer_row ? str_cat(fmt(m.imbalance_before, "%.3f"), " -> ", fmt(m.imbalance_after, "%.3f")) : "",
-                    std::isfinite(m.bytes) ? fmt_bytes(m.bytes) : "", std::isfinite(m.seconds) ? fmt_seconds(m.seconds) : ""});
+  svg::Series marks{"migrations", {}, {}, /*markers=*/true, /*line=*/false};
+  for (size_t i = 0; i < L; ++i) {
+    svg::Series x{name(i), {}, {}};
+    std::vector<double> v, sum(R, 0.0);
+    int n_loads = 0, moves = 0, swaps = 0;
+    for (const Rec* r : with) {
+      if (r->m.load_imbalance.size() != L) continue;
+      x.x.push_back(r->m.step);
+      x.y.push_back(r->m.load_imbalance[i]);
+      v.push_back(r->m.load_imbalance[i]);
+      if (r->m.rank_loads.size() == L && r->m.rank_loads[i].size() == R) {
+        for (size_t q = 0; q < R; ++q) sum[q] += r->m.rank_loads[i][q];
+        ++n_loads;
+      }
+      if (r->m.migration)
+        for (const auto& l : r->m.migration->layers)
+          if (ids.size() == L && l.layer == ids[i]) {
+            ++moves, swaps += l.swaps;
+            marks.x.push_back(r->m.step);
+            marks.y.push_back(l.imbalance_before);
+          }
+    }
+    std::string per_rank;
+    for (size_t q = 0; q < R && n_loads > 0; ++q) per_rank += str_cat(q ? " / " : "", fmt(sum[q] / n_loads, "%.0f"));
+    rows.push_back({name(i), fmt(v.front(), "%.3f"), fmt(v.back(), "%.3f"), fmt(mean(v), "%.3f"),
+                    fmt(*std::max_element(v.begin(), v.end()), "%.3f"), per_rank.empty() ? "n/a" : per_rank,
+                    str_cat(moves, " (", swaps, " swap(s))")});
+    ss.push_back(std::move(x));
   }
-  pg.p(svg::escape(str_cat(all.size(), " migration(s), ", fmt_bytes(bytes), " moved",
-                           all.size() > 200 ? "; the first 200 are listed" : "", ".")));
+  if (!marks.x.empty()) ss.push_back(std::move(marks));
+  svg::Axes a{"EP-rank load imbalance per MoE layer (busiest rank / mean; 1 = balanced)", "step", "max / mean"};
+  a.y_from_zero = true;
+  pg.plot(svg::line_chart(a, ss));
+  pg.p(svg::escape(str_cat(with.size(), " step(s) with EP-rank loads, ", R, " EP rank(s); tokens per rank under "
+                           "each step's placement (the global batch's, summed over the data-parallel groups).")));
+  pg.table({"MoE layer", "imbalance, first step", "last step", "mean", "max", "mean tokens per EP rank",
+            "migrations"}, rows);
+}
+
+void section_migrations(Page& pg, const Run& run) {
+  // One row per layer that migrated, by step (a step's layers ascending, as the trainer logs them);
+  // the move's bytes and time on the step's first row.
+  std::vector<std::vector<std::string>> rows;
+  size_t n = 0;
+  double bytes = 0;
+  for (const auto& [step, r] : run.recs) {
+    if (!r.m.migration) continue;
+    const train::MigrationRecord& mg = *r.m.migration;
+    if (std::isfinite(mg.bytes_moved)) bytes += mg.bytes_moved;
+    for (size_t i = 0; i < mg.layers.size(); ++i, ++n) {
+      if (rows.size() >= 200) continue;
+      const auto& l = mg.layers[i];
+      rows.push_back({std::to_string(step + 1), std::to_string(l.layer), str_cat(l.swaps, " swap(s)"),
+                      str_cat(fmt(l.imbalance_before, "%.3f"), " -> ", fmt(l.imbalance_after, "%.3f")),
+                      i == 0 ? fmt_bytes(mg.bytes_moved) : "", i == 0 ? fmt_seconds(mg.seconds) : ""});
+    }
+  }
+  if (n == 0) return;  // rendered only when the metrics hold migrations
+  pg.h2("migrations", "Expert migrations");
+  pg.p(svg::escape(str_cat(n, " migration(s), ", fmt_bytes(bytes), " moved", n > 200 ? "; the first 200 are listed" : "",
+                           ".")));
   pg.table({"before step", "layer", "moved", "rank imbalance (max/mean)", "bytes", "time"}, rows);
 }
 
@@ -834,6 +739,7 @@ std::string render_report(const std::string& run_dir, const std::string& metrics
   section_a2a(pg, rs);
   section_expert_load(pg, run, rs, run_dir);
   section_pipeline(pg, rs);
+  section_balance(pg, run, rs);
   section_migrations(pg, run);
   const std::string title = str_cat("moetrain report: ", run_dir);
   return str_cat(

@@ -1,8 +1,9 @@
 // `moetrain report RUN_DIR [-o report.html]`: one self-contained HTML page (inline SVG, no
 // script, no network) of a training run's metrics.jsonl: losses against step and wall time,
 // tokens/s and MFU, the step-time distribution with its outliers, the all-to-all share and bytes
-// by link class, expert load per (layer, expert) over time, the pipeline bubble per stage, and
-// expert migrations when the metrics hold any.
+// by link class, expert load per (layer, expert) over time, the pipeline bubble per stage, and with
+// expert parallelism the EP-rank balance and the expert migrations. The lines are read through the
+// metrics schema (train/step_record.h).
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>

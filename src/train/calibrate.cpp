@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <cstdio>
 #include <cstring>
@@ -347,6 +348,112 @@ void set_point(plan::Table1D& t, double x, double y) {
   }
 }
 
+// 1. Compute, one rank alone (the others wait): GEMM and attention tables, the sgemm peak, memory
+// bandwidth, the optimizer, the memory-bound probe, and one machine's link defaults.
+void calibrate_compute(plan::ClusterProfile& p, const CalibrateOptions& o, const std::function<void(const std::string&)>& say) {
+  say("GEMM tables (nt, nn, tn) ...");
+  p.name = o.out;
+  p.kind = "cpu";
+  p.precision = "fp32";
+  p.fused_attention = true;  // kernels/attention.cpp keeps no T×T probabilities
+  p.gemm_nt = measure_gemm(false, true, o.quick);
+  p.gemm_nn = measure_gemm(false, false, o.quick);
+  p.gemm_tn = measure_gemm(true, false, o.quick);
+  say("attention table ...");
+  p.attention = measure_attention(o.quick);
+  // The sgemm rate the trainer's MFU refers to: the same measurement (kernels/peak_rate.h).
+  p.peak_flops = 1e9 * (o.quick ? kernels::measure_peak_gflops("fp32", {256}, 3)
+                                : kernels::measure_peak_gflops("fp32"));
+  p.mem_bandwidth = measure_mem_bandwidth();
+  p.optimizer_s_per_param = measure_optimizer(o.quick);
+  say("memory-bound probe ...");
+  calibrate_elementwise(p, o.quick);
+  p.cores_per_node = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  p.hbm_bytes = physical_memory();
+  p.reserved_bytes = 0;
+  p.nodes = 1;
+  p.ranks_per_node = 1;
+  p.fast_domain_nodes = 1;
+  p.nodes_per_group = 0;
+  p.nics_per_node = 1;
+  // One machine: every "link" is shared memory (p2p below refines it).
+  p.intra_node = p.inter_node = p.inter_group = {p.mem_bandwidth / 2, 2e-6};
+  p.nic_bandwidth = p.mem_bandwidth / 2;
+  set_point(p.compute_share, 1, 1.0);
+  p.notes = "measured by moetrain calibrate on this machine (fp32 trainer kernels, 1 BLAS thread per rank)";
+}
+
+// 2. Compute sharing (n > 1 ranks): the probe step on one rank alone (the others sleep), then on
+// every rank at once; three rounds, the median ratio (the load of a shared machine drifts).
+void calibrate_sharing(plan::ClusterProfile& p, const CalibrateOptions& o, const comm::Group& world,
+                       const std::function<void(const std::string&)>& say) {
+  const int n = world.size();
+  const bool root = world.rank() == 0;
+  std::vector<double> ratios;
+  for (int round = 0; round < (o.quick ? 1 : 3); ++round) {
+    double alone = 0;
+    if (root) {
+      ProbeTimes t = time_probe(kProbeB, o.quick ? 2 : 5);
+      alone = t.fwd + t.bwd;
+    }
+    comm::quiet_barrier();
+    world.barrier();
+    ProbeTimes t = time_probe(kProbeB, o.quick ? 2 : 5);
+    std::vector<double> all(n);
+    double mine = t.fwd + t.bwd;
+    world.allgather(&mine, all.data(), 1);
+    ratios.push_back(alone / median(all));
+  }
+  if (root) {
+    const double share = median(ratios);
+    set_point(p.compute_share, n, share);
+    say(str_cat(n, " ranks at once: each runs the probe step at ", share, " of one rank alone"));
+  }
+}
+
+// 3. Communication at this rank count (n > 1): p2p, all-reduce and the four all-to-alls, and the
+// link figures the p2p curves give.
+void calibrate_comm(plan::ClusterProfile& p, const CalibrateOptions& o, const comm::Group& world,
+                    const comm::Topology& topo, const std::function<void(const std::string&)>& say) {
+  const int n = world.size();
+  const double big = o.quick ? 1 << 20 : 16 << 20;
+  const int iters = o.quick ? 3 : 10;
+  std::vector<comm::CommMeasurement> ms;
+  say("p2p, all-reduce, all-to-all ...");
+  ms.push_back(comm::measure_p2p(world, 4096, big, iters));
+  std::optional<comm::CommMeasurement> inter;
+  if (o.ranks_per_node == 0 && topo.num_nodes() > 1 && topo.num_nodes() % 2 == 0)
+    inter = comm::measure_p2p(world, 4096, big, iters, topo.ranks_per_node);
+  for (int g = 2; g <= n; ++g) {
+    if (n % g != 0) continue;
+    ms.push_back(comm::measure_allreduce(world, g, 4096, o.quick ? 1 << 20 : 64 << 20, iters));
+    for (auto& m : comm::measure_a2a(world, topo, g, {"flat", "rbd", "halo", "rbd-halo"}, 16384, big,
+                                     o.quick ? 64 : 128, 2, iters))
+      ms.push_back(m);
+  }
+  if (world.rank() != 0) return;
+  for (const auto& m : ms) add_comm(p, m);
+  // Link figures from the p2p curve: latency of the smallest message, bandwidth of the largest.
+  const comm::CommMeasurement& pp = ms.front();
+  const double lat = pp.seconds.front(), bw = pp.bytes.back() / pp.seconds.back();
+  if (o.ranks_per_node == 0 || o.ranks_per_node >= n) {
+    p.intra_node = {bw, lat};
+  }
+  p.inter_node = p.inter_group = {bw, lat};
+  // Real nodes (the launcher's, not emulated ones): the links between them are measured apart,
+  // rank j of one node with rank j of the next, all pairs at once (each node's uplink is shared).
+  if (inter) {
+    const double ilat = inter->seconds.front(), ibw = inter->bytes.back() / inter->seconds.back();
+    p.inter_node = p.inter_group = {ibw, ilat};
+    say(str_cat("between nodes: ", ibw * 1e-6, " MB/s per rank and direction, ", ilat * 1e6,
+                " us per message; inside a node: ", bw * 1e-6, " MB/s, ", lat * 1e6, " us"));
+  }
+  p.nic_bandwidth = p.inter_node.bandwidth;
+  p.ranks_per_node = std::max(p.ranks_per_node, o.ranks_per_node > 0 ? o.ranks_per_node : topo.ranks_per_node);
+  p.nodes = std::max(p.nodes, n / std::max(1, topo.ranks_per_node));
+  p.fast_domain_nodes = std::max(p.fast_domain_nodes, p.nodes);
+}
+
 }  // namespace
 
 void run_calibrate(const CalibrateOptions& o) {
@@ -354,7 +461,7 @@ void run_calibrate(const CalibrateOptions& o) {
   const int n = world.size(), me = world.rank();
   const bool root = me == 0;
   kernels::set_blas_threads(o.threads);
-  auto say = [&](const std::string& s) {
+  const std::function<void(const std::string&)> say = [&](const std::string& s) {
     if (root && o.verbose) std::fprintf(stderr, "calibrate: %s\n", s.c_str());
   };
 
@@ -382,108 +489,12 @@ void run_calibrate(const CalibrateOptions& o) {
   if (bad) throw Error(root ? error : "calibration setup failed on rank 0");
   const comm::Topology topo = comm::Topology::detect(n, o.ranks_per_node, o.nodes_per_group);
 
-  // 1. Compute, one rank alone (the others sleep): tables, probe, optimizer, peak.
   if (!o.append) {
-    if (root) {
-      say("GEMM tables (nt, nn, tn) ...");
-      p.name = o.out;
-      p.kind = "cpu";
-      p.precision = "fp32";
-      p.fused_attention = true;  // kernels/attention.cpp keeps no T×T probabilities
-      p.gemm_nt = measure_gemm(false, true, o.quick);
-      p.gemm_nn = measure_gemm(false, false, o.quick);
-      p.gemm_tn = measure_gemm(true, false, o.quick);
-      say("attention table ...");
-      p.attention = measure_attention(o.quick);
-      // The sgemm rate the trainer's MFU refers to: the same measurement (kernels/peak_rate.h).
-      p.peak_flops = 1e9 * (o.quick ? kernels::measure_peak_gflops("fp32", {256}, 3)
-                                    : kernels::measure_peak_gflops("fp32"));
-      p.mem_bandwidth = measure_mem_bandwidth();
-      p.optimizer_s_per_param = measure_optimizer(o.quick);
-      say("memory-bound probe ...");
-      calibrate_elementwise(p, o.quick);
-      p.cores_per_node = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-      p.hbm_bytes = physical_memory();
-      p.reserved_bytes = 0;
-      p.nodes = 1;
-      p.ranks_per_node = 1;
-      p.fast_domain_nodes = 1;
-      p.nodes_per_group = 0;
-      p.nics_per_node = 1;
-      // One machine: every "link" is shared memory (p2p below refines it).
-      p.intra_node = p.inter_node = p.inter_group = {p.mem_bandwidth / 2, 2e-6};
-      p.nic_bandwidth = p.mem_bandwidth / 2;
-      set_point(p.compute_share, 1, 1.0);
-      p.notes = "measured by moetrain calibrate on this machine (fp32 trainer kernels, 1 BLAS thread per rank)";
-    }
+    if (root) calibrate_compute(p, o, say);
     if (n > 1) comm::quiet_barrier();
   }
-
-  // 2. Compute sharing: the probe step on one rank alone (the others sleep), then on every rank
-  // at once; three rounds, the median ratio (the load of a shared machine drifts).
-  if (n > 1) {
-    std::vector<double> ratios;
-    for (int round = 0; round < (o.quick ? 1 : 3); ++round) {
-      double alone = 0;
-      if (root) {
-        ProbeTimes t = time_probe(kProbeB, o.quick ? 2 : 5);
-        alone = t.fwd + t.bwd;
-      }
-      comm::quiet_barrier();
-      world.barrier();
-      ProbeTimes t = time_probe(kProbeB, o.quick ? 2 : 5);
-      std::vector<double> all(n);
-      double mine = t.fwd + t.bwd;
-      world.allgather(&mine, all.data(), 1);
-      ratios.push_back(alone / median(all));
-    }
-    if (root) {
-      const double share = median(ratios);
-      set_point(p.compute_share, n, share);
-      say(str_cat(n, " ranks at once: each runs the probe step at ", share, " of one rank alone"));
-    }
-  }
-
-  // 3. Communication at this rank count.
-  if (n > 1) {
-    const double big = o.quick ? 1 << 20 : 16 << 20;
-    const int iters = o.quick ? 3 : 10;
-    std::vector<comm::CommMeasurement> ms;
-    say("p2p, all-reduce, all-to-all ...");
-    ms.push_back(comm::measure_p2p(world, 4096, big, iters));
-    std::optional<comm::CommMeasurement> inter;
-    if (o.ranks_per_node == 0 && topo.num_nodes() > 1 && topo.num_nodes() % 2 == 0)
-      inter = comm::measure_p2p(world, 4096, big, iters, topo.ranks_per_node);
-    for (int g = 2; g <= n; ++g) {
-      if (n % g != 0) continue;
-      ms.push_back(comm::measure_allreduce(world, g, 4096, o.quick ? 1 << 20 : 64 << 20, iters));
-      for (auto& m : comm::measure_a2a(world, topo, g, {"flat", "rbd", "halo", "rbd-halo"}, 16384, big,
-                                       o.quick ? 64 : 128, 2, iters))
-        ms.push_back(m);
-    }
-    if (root) {
-      for (const auto& m : ms) add_comm(p, m);
-      // Link figures from the p2p curve: latency of the smallest message, bandwidth of the largest.
-      const comm::CommMeasurement& pp = ms.front();
-      const double lat = pp.seconds.front(), bw = pp.bytes.back() / pp.seconds.back();
-      if (o.ranks_per_node == 0 || o.ranks_per_node >= n) {
-        p.intra_node = {bw, lat};
-      }
-      p.inter_node = p.inter_group = {bw, lat};
-      // Real nodes (the launcher's, not emulated ones): the links between them are measured apart,
-      // rank j of one node with rank j of the next, all pairs at once (each node's uplink is shared).
-      if (inter) {
-        const double ilat = inter->seconds.front(), ibw = inter->bytes.back() / inter->seconds.back();
-        p.inter_node = p.inter_group = {ibw, ilat};
-        say(str_cat("between nodes: ", ibw * 1e-6, " MB/s per rank and direction, ", ilat * 1e6,
-                    " us per message; inside a node: ", bw * 1e-6, " MB/s, ", lat * 1e6, " us"));
-      }
-      p.nic_bandwidth = p.inter_node.bandwidth;
-      p.ranks_per_node = std::max(p.ranks_per_node, o.ranks_per_node > 0 ? o.ranks_per_node : topo.ranks_per_node);
-      p.nodes = std::max(p.nodes, n / std::max(1, topo.ranks_per_node));
-      p.fast_domain_nodes = std::max(p.fast_domain_nodes, p.nodes);
-    }
-  }
+  if (n > 1) calibrate_sharing(p, o, world, say);
+  if (n > 1) calibrate_comm(p, o, world, topo, say);
   if (root) {
     p.validate(o.out);
     plan::save_profile(p, o.out, "calibrate --out");

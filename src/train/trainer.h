@@ -4,8 +4,9 @@
 // One process, or many under mpirun: every EP × DP rank reads its own share of the global batch,
 // experts split over EP, stages over PP, heads / dense FFN / tokens over TP (model.h:
 // TensorParallel). Needs MPI initialised (comm::MpiRuntime). The run's parts: train/run_setup.h
-// (checks and parsed options), the Trainer in trainer.cpp (step, evaluate, metrics),
-// train/checkpointer.h (checkpoints and the weights file).
+// (checks and parsed options), the Trainer in trainer.cpp (the loop and one step) and the
+// components it calls (listed at the top of trainer.cpp), train/step_record.h (the metrics line),
+// train/checkpointer.h (checkpoints and the weights file); options.cpp validates these options.
 #pragma once
 #include <cstdint>
 #include <optional>

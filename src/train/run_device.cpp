@@ -1,0 +1,37 @@
+#include "train/run_device.h"
+
+#include <utility>
+#include <vector>
+
+#include "kernels/device_select.h"
+#include "kernels/gemm.h"
+#include "kernels/gemm_bf16_cpu.h"
+
+namespace moe::train {
+
+RunDevice::RunDevice(const TrainOptions& opts, const RunSetup& setup, parallel::Grid& grid) {
+  kernels::set_blas_threads(opts.device.threads);
+  const int gpu = select_device(setup.device, grid.topo.local_rank(grid.world.rank()));
+  kernels::set_active_device(setup.device);  // every buffer and kernel of the model from here on
+  if (grid.world.size() > 1) {
+    std::vector<double> gpus(grid.world.size());
+    const double mine = gpu;
+    grid.world.allgather(&mine, gpus.data(), 1);
+    std::vector<std::pair<double, int>> gpu_of_rank(grid.world.size());
+    for (int r = 0; r < grid.world.size(); ++r) gpu_of_rank[r] = {setup.host_of[r], static_cast<int>(gpus[r])};
+    std::string nccl_why;
+    const bool nccl = setup.device == Device::kCuda && comm::nccl_loadable(&nccl_why);
+    backend_ = comm::choose_comm_backend(setup.comm_backend, gpu_of_rank, nccl, &backend_why_, nccl_why);
+    if (backend_ == comm::CommBackend::kNccl)
+      for (comm::Group* g : {&grid.ep, &grid.dp, &grid.data, &grid.pp, &grid.tp, &grid.tokens})
+        if (g->valid() && g->size() > 1) g->enable_nccl();
+  }
+  kernels::set_gemm_bf16(setup.bf16);
+}
+
+RunDevice::~RunDevice() {
+  kernels::set_gemm_bf16(false);
+  kernels::set_active_device(Device::kCpu);
+}
+
+}  // namespace moe::train

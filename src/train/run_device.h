@@ -1,0 +1,30 @@
+// The device side of a run, set up once the grid exists: BLAS threads, this rank's GPU (its local
+// rank modulo the visible GPUs), the active device of every buffer and kernel, bf16 GEMMs, and the
+// transport of device buffers between ranks (NCCL when every rank has its own GPU and libnccl
+// loads, else MPI staged through the host; decided from every rank's (host, GPU), so all agree).
+// Destroyed, it puts this process back on the CPU in fp32 (tests run several trainings).
+#pragma once
+#include <string>
+
+#include "comm/nccl.h"
+#include "parallel/grid.h"
+#include "train/run_setup.h"
+
+namespace moe::train {
+
+class RunDevice {
+ public:
+  // Collective over the world (the GPUs of every rank); enables NCCL on the grid's groups.
+  RunDevice(const TrainOptions& opts, const RunSetup& setup, parallel::Grid& grid);
+  ~RunDevice();
+  RunDevice(const RunDevice&) = delete;
+  RunDevice& operator=(const RunDevice&) = delete;
+  comm::CommBackend backend() const { return backend_; }
+  const std::string& backend_why() const { return backend_why_; }
+
+ private:
+  comm::CommBackend backend_ = comm::CommBackend::kMpi;
+  std::string backend_why_ = "one rank";
+};
+
+}  // namespace moe::train

@@ -1,0 +1,53 @@
+// --profile: the MoE layers' step times of every training step (moe/bench_moe_layer.h: the
+// recorder is installed for forward and backward only, not validation), their totals over the run
+// beside the rest of the step, and the summary printed at the end (rank 0's view).
+#pragma once
+#include <optional>
+
+#include "moe/bench_moe_layer.h"
+#include "train/step_record.h"
+
+namespace moe::train {
+
+// Installs the MoE step recorder for its lifetime (nothing when times is null).
+class MoeStepRecorder {
+ public:
+  explicit MoeStepRecorder(mixture::MoeStepTimes* times)
+      : installed_(times != nullptr), old_(times ? mixture::set_moe_step_times(times) : nullptr) {}
+  ~MoeStepRecorder() {
+    if (installed_) mixture::set_moe_step_times(old_);
+  }
+  MoeStepRecorder(const MoeStepRecorder&) = delete;
+  MoeStepRecorder& operator=(const MoeStepRecorder&) = delete;
+
+ private:
+  bool installed_;
+  mixture::MoeStepTimes* old_;
+};
+
+class StepProfile {
+ public:
+  explicit StepProfile(bool on) : on_(on) {}
+  bool on() const { return on_; }
+  // A recorder into `times` for one step's forward and backward (empty when off).
+  void record(std::optional<MoeStepRecorder>& recorder, mixture::MoeStepTimes* times) const {
+    if (on_) recorder.emplace(times);
+  }
+  // One step's figures: its MoE step times, the pipeline's compute, the optimizer, the gradient
+  // sync, the whole step, and this rank's time inside the exchange.
+  void add(const mixture::MoeStepTimes& moe, double compute, double optimizer, double sync, double step,
+           double a2a);
+  // The summary on stderr: the steps' seconds split into the MoE layers' steps, the rest of
+  // forward + backward (attention, dense GEMMs, norms, embedding, loss), the gradient sync and
+  // the optimizer.
+  void print() const;
+  // A step's MoE step times as the metrics' time_s.moe (only when on).
+  void add_to_record(const mixture::MoeStepTimes& moe, StepRecord& rec) const;
+
+ private:
+  const bool on_;
+  mixture::MoeStepTimes moe_;
+  double compute_ = 0, optimizer_ = 0, sync_ = 0, steps_ = 0, a2a_ = 0;
+};
+
+}  // namespace moe::train
