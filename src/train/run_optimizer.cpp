@@ -1,5 +1,9 @@
 #include "train/run_optimizer.h"
 
+#include <cmath>
+
+#include "kernels/adamw.h"
+
 namespace moe::train {
 
 RunOptimizer make_run_optimizer(model::Model& model, const OptimConfig& cfg, const parallel::Grid& grid, bool zero1) {
@@ -30,6 +34,18 @@ RunOptimizer make_run_optimizer(model::Model& model, const OptimConfig& cfg, con
   const double mine = static_cast<double>((o.adamw->m().size() + o.adamw->v().size()) * sizeof(float));
   grid.world.allgather(&mine, o.bytes_per_rank.data(), 1);
   return o;
+}
+
+bool state_finite(const model::Model& model, AdamW& opt, const parallel::Grid& grid) {
+  // A sum of squares in double is finite exactly when every element is (|x| <= 3.4e38 squares to
+  // at most 1.2e77): one reduction on the state's own device, no host copy of a GPU's weights.
+  auto finite = [](const float* p, size_t n) { return std::isfinite(kernels::sum_squares(p, n)); };
+  int64_t bad = finite(model.params(), model.num_params()) && finite(opt.m().data(), opt.m().size()) &&
+                        finite(opt.v().data(), opt.v().size())
+                    ? 0
+                    : 1;
+  if (grid.world.size() > 1) grid.world.allreduce_max(&bad, 1);
+  return bad == 0;
 }
 
 }  // namespace moe::train

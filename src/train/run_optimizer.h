@@ -21,4 +21,8 @@ struct RunOptimizer {
 // Collective over the world (the bytes of every rank). The grid must outlive the optimizer.
 RunOptimizer make_run_optimizer(model::Model& model, const OptimConfig& cfg, const parallel::Grid& grid, bool zero1);
 
+// Collective over the world: the weights and AdamW moments finite on every rank (what a
+// checkpoint or the final weights may be written from).
+bool state_finite(const model::Model& model, AdamW& opt, const parallel::Grid& grid);
+
 }  // namespace moe::train

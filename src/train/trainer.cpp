@@ -82,7 +82,8 @@ class Trainer {
   // after a checkpoint of the state the last step left, and throws SetupError (exit 1).
   [[noreturn]] void stop_on_data_error(int step, const std::string& what);
   void log(int step, const StepOutcome& s, double val_loss);
-  bool state_finite() const;  // collective: weights and AdamW moments finite on every rank
+  // Collective: weights and AdamW moments finite on every rank (run_optimizer.h).
+  bool state_finite() const { return train::state_finite(run_model_.model(), *optim_.adamw, grid_); }
   void finish(bool stopped_early);
 
   const TrainOptions& opts_;
@@ -182,20 +183,6 @@ void Trainer::resume(model::Model& model) {
   optim_.adamw->set_total_steps(budget_.total_steps());
   data_rng_.set_state(meta.data_rng_state);
   if (root_ && opts_.progress) std::fprintf(stderr, "resumed from %s at step %d\n", setup_.resume_path.c_str(), step0_);
-}
-
-bool Trainer::state_finite() const {
-  // A sum of squares in double is finite exactly when every element is (|x| <= 3.4e38 squares to
-  // at most 1.2e77): one reduction on the state's own device, no host copy of a GPU's weights.
-  auto finite = [](const float* p, size_t n) { return std::isfinite(kernels::sum_squares(p, n)); };
-  const model::Model& m = run_model_.model();
-  AdamW& opt = *optim_.adamw;  // (m() and v() are not const)
-  int64_t bad = finite(m.params(), m.num_params()) && finite(opt.m().data(), opt.m().size()) &&
-                        finite(opt.v().data(), opt.v().size())
-                    ? 0
-                    : 1;
-  if (grid_.world.size() > 1) grid_.world.allreduce_max(&bad, 1);
-  return bad == 0;
 }
 
 // Every rank draws the same global batch and keeps its share, so any layout sees the same data
