@@ -409,6 +409,30 @@ void save_config(const ModelConfig& c, const std::string& path) {
   io::write_file_atomic(path, config_to_json(c).dump(2) + "\n", "config.json");
 }
 
+namespace {
+// DeepSeek-V2's multi-head latent attention on a preset: the latents and the head widths.
+void set_mla(ModelConfig& c, int q_lora_rank, int kv_lora_rank, int nope, int rope, int v) {
+  c.model_type = "deepseek_v2";
+  c.q_lora_rank = q_lora_rank;
+  c.kv_lora_rank = kv_lora_rank;
+  c.qk_nope_head_dim = nope;
+  c.qk_rope_head_dim = rope;
+  c.v_head_dim = v;
+}
+// DeepSeek-V3 on an MLA preset: sigmoid routing with the selection bias (renormalised weights x
+// 2.5) limited to topk_group of n_group groups, and one multi-token-prediction module.
+void set_v3(ModelConfig& c, int n_group, int topk_group) {
+  c.model_type = "deepseek_v3";
+  c.scoring_func = "sigmoid";
+  c.topk_method = "noaux_tc";
+  c.norm_topk_prob = true;
+  c.routed_scaling_factor = 2.5f;
+  c.n_group = n_group;
+  c.topk_group = topk_group;
+  c.num_nextn_predict_layers = 1;
+}
+}  // namespace
+
 ModelConfig preset(const std::string& name) {
   ModelConfig c;
   c.vocab_size = 256;
@@ -494,12 +518,7 @@ ModelConfig preset(const std::string& name) {
     // test-moe with DeepSeek-V2's multi-head latent attention: a query latent of 16, a key/value
     // latent of 16, 8 nope + 4 rotary query/key columns and 8 value columns per head.
     c = preset("test-moe");
-    c.model_type = "deepseek_v2";
-    c.q_lora_rank = 16;
-    c.kv_lora_rank = 16;
-    c.qk_nope_head_dim = 8;
-    c.qk_rope_head_dim = 4;
-    c.v_head_dim = 8;
+    set_mla(c, 16, 16, 8, 4, 8);
   } else if (name == "test-mla-noq") {
     // test-mla without the query latent (V2-Lite), a value wider than the query (16 > 12: the
     // padding on the other side), and YaRN scaling (factor 4, mscale_all_dim 1: the softmax scale
@@ -516,37 +535,19 @@ ModelConfig preset(const std::string& name) {
     // DeepSeek-V3 at test size: MLA, sigmoid routing with the selection bias in 4 groups (2 kept),
     // and one multi-token-prediction module.
     c = preset("test-mla");
-    c.model_type = "deepseek_v3";
-    c.scoring_func = "sigmoid";
-    c.topk_method = "noaux_tc";
-    c.norm_topk_prob = true;
-    c.routed_scaling_factor = 2.5f;
+    set_v3(c, 4, 2);
     c.bias_update_speed = 0.01f;
     c.seq_aux = true;
     c.n_routed_experts = 16;
     c.num_experts_per_tok = 4;
-    c.n_group = 4;
-    c.topk_group = 2;
-    c.num_nextn_predict_layers = 1;
   } else if (name == "tiny-v3") {
     // tiny with DeepSeek-V3's architecture: MLA (latents 64, heads of 32 nope + 16 rotary query/key
     // columns and 32 value columns), sigmoid routing with the selection bias in 4 groups of 2 (2
     // kept), the dense first layer, and multi-token prediction of depth 1.
     c = preset("tiny");
-    c.model_type = "deepseek_v3";
-    c.q_lora_rank = 64;
-    c.kv_lora_rank = 64;
-    c.qk_nope_head_dim = 32;
-    c.qk_rope_head_dim = 16;
-    c.v_head_dim = 32;
-    c.scoring_func = "sigmoid";
-    c.topk_method = "noaux_tc";
-    c.norm_topk_prob = true;
-    c.routed_scaling_factor = 2.5f;
+    set_mla(c, 64, 64, 32, 16, 32);
+    set_v3(c, 4, 2);
     c.aux_loss_alpha = 0.0f;
-    c.n_group = 4;
-    c.topk_group = 2;
-    c.num_nextn_predict_layers = 1;
   } else if (name == "test-mixtral" || name == "test-qwen2moe" || name == "test-qwen3moe") {
     // The other families' PyTorch reference configs (model/family.h): grouped-query attention
     // (4 heads over 2 key/value heads), E=8, k=2, the aux loss on (output_router_logits).
