@@ -99,4 +99,8 @@ void print_done(const TrainOptions& opts, int steps, double seconds, double trai
                val_text, opts.out_dir.c_str());
 }
 
+void print_init_from_loss(const std::string& dir, double loss) {
+  std::fprintf(stderr, "--init-from %s: held-out loss %.6f before the first step\n", dir.c_str(), loss);
+}
+
 }  // namespace moe::train

@@ -16,6 +16,8 @@ namespace moe::train {
 
 // The model, the batch, the layout and its exchange, the device, the BLAS, the MFU peak, and the
 // notes on --a2a auto, --comm.overlap and --precision auto. steps_text: "N steps" or the budget's.
+// "--init-from DIR: held-out loss X before the first step"
+void print_init_from_loss(const std::string& dir, double loss);
 void print_run_header(const TrainOptions& opts, const RunSetup& setup, const parallel::Grid& grid,
                       const std::vector<int>& layers_per_stage, const std::string& steps_text, const MfuPeak& peak,
                       comm::CommBackend backend, const std::string& backend_why);

@@ -364,9 +364,7 @@ TrainResult Trainer::run() {
   // folder with this --batch x ep x dp, --seq-len and --eval-batches gives the same figure).
   if (!opts_.model.init_from.empty() && setup_.resume_path.empty()) {
     start_val_ = validation_loss(run_model_.model(), val_, B_, T_, opts_.data.eval_batches, grid_);
-    if (root_ && opts_.progress)
-      std::fprintf(stderr, "--init-from %s: held-out loss %.6f before the first step\n", opts_.model.init_from.c_str(),
-                   start_val_);
+    if (root_ && opts_.progress) print_init_from_loss(opts_.model.init_from, start_val_);
   }
   t_start_ = now_seconds();
   bool stopped_early = false;
