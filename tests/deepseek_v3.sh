@@ -6,7 +6,8 @@
 #  2. moetrain eval of both exports gives the run's own held-out loss, and the independent PyTorch
 #     model recomputes it from the export (MLA, the biases: tests/reference/eval_hf.py);
 #  3. generate runs on the checkpoint and on the export with the same greedy text; an export whose
-#     bias tensor was removed is refused, naming the tensor.
+#     bias tensor was removed is refused, naming the tensor;
+#  4. a folder with DeepSeek-V3's copies of the embedding and head in its MTP layer loads.
 # Usage: deepseek_v3.sh MOETRAIN PYTHON CORPUS WORK        (about 20 s)
 set -euo pipefail
 bin="$1"; py="$2"; corpus="$3"; work="$4"
@@ -84,5 +85,32 @@ elif grep -q 'e_score_correction_bias" is missing' "$work/nobias.out"; then
   ok "an export without a selection bias is refused: $(tail -1 "$work/nobias.out")"
 else
   not_ok "an export without a selection bias: $(tail -1 "$work/nobias.out")"
+fi
+# DeepSeek-V3's own checkpoints repeat the embedding and the head in the MTP layer: a folder with
+# those copies loads (they are the main model's here) and evaluates to the same loss.
+mkdir -p "$work/v3copies"
+cp "$work/keep/config.json" "$work/v3copies/"
+"$py" - "$work/keep/model.safetensors" "$work/v3copies/model.safetensors" <<'PY'
+import json, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+f = open(src, "rb"); n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n)); data = f.read()
+L = max(int(k.split(".")[2]) for k in h if k.startswith("model.layers."))
+parts, out, pos = [], {}, 0
+def put(name, blob, shape):
+    global pos
+    out[name] = {"dtype": "F32", "shape": shape, "data_offsets": [pos, pos + len(blob)]}; parts.append(blob); pos += len(blob)
+for k, v in h.items():
+    if k == "__metadata__": out[k] = v; continue
+    b, e = v["data_offsets"]; put(k, data[b:e], v["shape"])
+for copy, of in (("embed_tokens.weight", "model.embed_tokens.weight"), ("shared_head.head.weight", "lm_head.weight")):
+    b, e = h[of]["data_offsets"]; put(f"model.layers.{L}.{copy}", data[b:e], h[of]["shape"])
+hb = json.dumps(out).encode(); hb += b" " * (-len(hb) % 8)
+open(dst, "wb").write(struct.pack("<Q", len(hb)) + hb + b"".join(parts))
+PY
+"$bin" eval "$work/v3copies" --data "$corpus" --batch 8 --seq-len 32 --eval-batches 2 >"$work/eval-copies.txt"
+if [ "$(grep -o 'held-out loss [0-9.]*' "$work/eval-copies.txt")" = "$(grep -o 'held-out loss [0-9.]*' "$work/eval-keep.txt")" ]; then
+  ok "V3's MTP copies of the embedding and head are accepted: $(grep -o 'held-out loss [0-9.]*' "$work/eval-copies.txt")"
+else
+  not_ok "a folder with V3's MTP copies: $(cat "$work/eval-copies.txt")"
 fi
 finish deepseek_v3

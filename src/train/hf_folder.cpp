@@ -127,18 +127,30 @@ void HfFolder::check(const model::ParamLayout& full) const {
     MOE_CHECK(t.shape == s.full_shape, f->path(), ": tensor \"", s.name, "\" has shape ", io::shape_str(t.shape),
               ", expected ", io::shape_str(s.full_shape));
   }
-  // Every tensor of every file, and every name the index lists: a parameter, or a noaux bias.
+  // DeepSeek-V3's checkpoint repeats the embedding and the head in its MTP layer L
+  // (model.layers.L.embed_tokens / shared_head.head); moetrain ties them to the main model's, so
+  // these copies are accepted (checked, [V, H]) and not read.
+  auto is_mtp_copy = [&](const std::string& name) {
+    if (c.num_nextn_predict_layers == 0) return false;
+    const std::string p = "model.layers." + std::to_string(c.num_hidden_layers) + ".";
+    return name == p + "embed_tokens.weight" || name == p + "shared_head.head.weight";
+  };
+  // Every tensor of every file, and every name the index lists: a parameter, a noaux bias, or
+  // one of V3's MTP copies.
   auto check_extra = [&](const std::string& name, const std::string& in) {
     int64_t E = 0;
     if (full.contains(name)) return;
-    MOE_CHECK(is_bias(name, &E), in, ": unexpected tensor ", io::quoted(name), " (not a parameter of this config)");
+    const bool copy = is_mtp_copy(name);
+    MOE_CHECK(copy || is_bias(name, &E), in, ": unexpected tensor ", io::quoted(name),
+              " (not a parameter of this config)");
+    const std::vector<int64_t> shape = copy ? std::vector<int64_t>{c.vocab_size, c.hidden_size} : std::vector<int64_t>{E};
     const io::SafetensorsFile* f = file_of(name);
     MOE_CHECK(f, where(name), ": tensor \"", name, "\" is missing");
     const io::TensorInfo& t = f->info(name);
     MOE_CHECK(is_weight_dtype(t.dtype), f->path(), ": tensor \"", name, "\" has dtype ", t.dtype, ", expected ",
               kHfWeightDtypes);
-    MOE_CHECK(t.shape == std::vector<int64_t>{E}, f->path(), ": tensor \"", name, "\" has shape ",
-              io::shape_str(t.shape), ", expected ", io::shape_str({E}));
+    MOE_CHECK(t.shape == shape, f->path(), ": tensor \"", name, "\" has shape ", io::shape_str(t.shape),
+              ", expected ", io::shape_str(shape));
   };
   for (const auto& [name, file] : name_to_file_) check_extra(name, where(name));
   for (const auto& [fname, f] : files_)

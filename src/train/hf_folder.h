@@ -28,8 +28,9 @@ class HfFolder {
 
   // Every parameter of `full` (the whole model: every stage, every expert, unsplit) is in the
   // folder with its shape and a dtype of kHfWeightDtypes; nothing else is, but for the
-  // e_score_correction_bias [E] of the MoE layers of a noaux_tc model. One error line names the
-  // first tensor at fault and its file (the index for a tensor it does not list).
+  // e_score_correction_bias [E] of the MoE layers of a noaux_tc model and DeepSeek-V3's copies of
+  // the embedding and head in its MTP layer (ignored: tied here). One error line names the first
+  // tensor at fault and its file (the index for a tensor it does not list).
   void check(const model::ParamLayout& full) const;
   // This rank's tensors (`local`: its stage, its experts, its TP slices) into `params` (host, laid
   // out by `local`), widened to fp32; only those bytes are read. A non-finite value is an error
