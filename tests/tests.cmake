@@ -108,19 +108,12 @@ if(TARGET tool_ref_dump AND SYSTEM_PYTHON3)
   # test-moe-group / test-moe-v2group: group-limited routing (V3 noaux_tc, V2 group_limited_greedy).
   # test-mixtral / test-qwen2moe / test-qwen3moe: the other families (model/family.h) against
   # tests/reference/hf_moe_ref.py: GQA, q/k/v biases, QK-norm, gated shared expert, their routers.
-  foreach(preset test-moe test-moe-seqaux test-moe-noaux test-moe-group test-moe-v2group
-                 test-mixtral test-qwen2moe test-qwen3moe)
-    add_test(NAME torch_reference_${preset}
-             COMMAND ${CMAKE_SOURCE_DIR}/tests/reference/run_reference.sh
-                     $<TARGET_FILE:tool_ref_dump> ${SYSTEM_PYTHON3} ${CMAKE_BINARY_DIR}/torch_ref_${preset}
-                     ${preset})
-    set_tests_properties(torch_reference_${preset} PROPERTIES LABELS "reference" TIMEOUT 600)
-  endforeach()
   # DeepSeek-V2/V3 (issue 40): test-mla, multi-head latent attention with a query latent;
   # test-mla-noq, without it, with a value head wider than the query's and YaRN rope scaling (its
   # float32 reference drifts to 5.4e-6 on the final embedding: the torch side runs in float64);
   # test-v3, MLA with V3's router and a multi-token-prediction module.
-  foreach(preset test-mla test-mla-noq test-v3)
+  foreach(preset test-moe test-moe-seqaux test-moe-noaux test-moe-group test-moe-v2group
+                 test-mixtral test-qwen2moe test-qwen3moe test-mla test-mla-noq test-v3)
     add_test(NAME torch_reference_${preset}
              COMMAND ${CMAKE_SOURCE_DIR}/tests/reference/run_reference.sh
                      $<TARGET_FILE:tool_ref_dump> ${SYSTEM_PYTHON3} ${CMAKE_BINARY_DIR}/torch_ref_${preset}

@@ -20,36 +20,6 @@ namespace mx = moe::mixture;
 
 namespace {
 
-// The MoE layer of inference: the model's config (model.cpp's moe_config), every expert local,
-// dropless (a capacity limit is a training-time device; inference routes every pair).
-mx::MoeConfig inference_moe_config(const ModelConfig& c, MemTracker* scratch, const float* score_bias_E) {
-  mx::MoeConfig m;
-  m.hidden = c.hidden_size;
-  m.ffn = c.moe_intermediate_size;
-  m.num_experts = c.n_routed_experts;
-  m.top_k = c.num_experts_per_tok;
-  m.shared_ffn = c.shared_ffn();
-  m.norm_topk_prob = c.norm_topk_prob;
-  m.aux_loss_alpha = c.router_aux_alpha();
-  m.seq_aux = c.seq_aux;
-  m.routed_scaling_factor = c.routed_scaling_factor;
-  m.n_group = c.n_group;
-  m.topk_group = c.topk_group;
-  m.sigmoid = c.scoring_func == "sigmoid";
-  m.score_bias_E = score_bias_E;  // noaux_tc: the model's selection bias of the layer
-  m.scratch_tracker = scratch;
-  return m;
-}
-
-mx::MoeWeights moe_weights(const LayerTensors& L) {
-  mx::MoeWeights w;
-  w.gate_EH = L.router;
-  w.experts = {L.experts_gate, L.experts_up, L.experts_down};
-  w.shared = {L.shared_gate, L.shared_up, L.shared_down};
-  w.shared_gate_H = L.shared_expert_gate;
-  return w;
-}
-
 // The rotation of position p alone: a one-row table holding row p of `t` (rope_forward rotates
 // token t of a sequence by row t).
 k::RopeTable rope_row(const k::RopeTable& t, int p) {
@@ -169,7 +139,9 @@ void Decoder::layer(int l, int n) {
   k::rmsnorm_forward(ln_.data(), rstd_.data(), h_.data(), W.post_norm, n, H, c_.rms_norm_eps);
   if (c_.is_moe_layer(l)) {
     k::fill_zero(out_.data(), NH);
-    mx::moe_forward(out_.data(), moe_, ln_.data(), moe_weights(W), inference_moe_config(c_, &mem_, model_.score_bias_data(l)), n,
+    // Inference: every expert local, dropless (a capacity limit is a training-time device).
+    mx::moe_forward(out_.data(), moe_, ln_.data(), moe_weights(W),
+                    moe_config(c_, MoeOptions{}, nullptr, nullptr, &mem_, model_.score_bias_data(l)), n,
                     /*num_seqs=*/1, &mem_);
     k::add_inplace(out_.data(), h_.data(), NH);
   } else {

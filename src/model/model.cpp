@@ -82,8 +82,6 @@ const char* recompute_name(Recompute r) {
   return "?";
 }
 
-namespace {
-
 mx::MoeConfig moe_config(const ModelConfig& c, const MoeOptions& o, const mx::ExpertParallel* ep,
                          const balance::LayerPlacement* placement, MemTracker* scratch,
                          const float* score_bias_E) {
@@ -117,6 +115,8 @@ mx::MoeWeights moe_weights(const LayerTensors& L) {
   w.shared_gate_H = L.shared_expert_gate;
   return w;
 }
+
+namespace {
 
 mx::MoeGrads moe_grads(const LayerTensors& L) {
   mx::MoeGrads g;

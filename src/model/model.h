@@ -73,6 +73,13 @@ enum class Recompute {
 Recompute parse_recompute(const std::string& name);  // "none" | "moe" | "full"
 const char* recompute_name(Recompute r);
 
+// The MoE layer's configuration and weights for one layer of `c` (used by Model and the
+// Decoder): ep and placement null for every expert local, score_bias_E null without noaux_tc.
+mixture::MoeConfig moe_config(const ModelConfig& c, const MoeOptions& o, const mixture::ExpertParallel* ep,
+                              const balance::LayerPlacement* placement, MemTracker* scratch,
+                              const float* score_bias_E);
+mixture::MoeWeights moe_weights(const LayerTensors& L);
+
 class Model {
  public:
   class MicroBatch;  // one micro-batch's saved state (opaque)
