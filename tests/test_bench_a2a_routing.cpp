@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "balance/placement.h"
-#include "comm/bench_a2a.h"
+#include "tools/bench_a2a.h"
 #include "core/rng.h"
 
 namespace {

@@ -15,7 +15,7 @@
 #include "core/rng.h"
 #include "kernels/swiglu_mlp.h"
 #include "moe/dispatch.h"
-#include "moe/bench_moe_layer.h"
+#include "tools/bench_moe_layer.h"
 #include "moe/layout.h"
 #include "moe/moe_layer.h"
 #include "moe/router.h"

@@ -160,6 +160,18 @@ add_test(NAME bf16_train COMMAND ${CMAKE_SOURCE_DIR}/tests/bf16_train.sh $<TARGE
          ${CMAKE_SOURCE_DIR}/data/kjv.txt ${CMAKE_BINARY_DIR}/bf16_train)
 set_tests_properties(bf16_train PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
 # Bad input through the CLI: one-line errors, non-zero exit, nothing written.
+# The module arrows are enforced by the build (CMakeLists.txt, moetrain_headers): tests/arrows/
+# holds one allowed and three forbidden includes, each an object target built only by the test.
+foreach(case plan_includes_model_config:plan plan_includes_comm:plan kernels_includes_comm:kernels
+             model_includes_train:model)
+  string(REPLACE ":" ";" parts ${case})
+  list(GET parts 0 file)
+  list(GET parts 1 module)
+  add_library(arrows_${file} OBJECT EXCLUDE_FROM_ALL ${CMAKE_SOURCE_DIR}/tests/arrows/${file}.cpp)
+  target_link_libraries(arrows_${file} PRIVATE moetrain_${module})
+endforeach()
+add_test(NAME module_arrows COMMAND ${CMAKE_SOURCE_DIR}/tests/arrows.sh ${CMAKE_BINARY_DIR})
+set_tests_properties(module_arrows PROPERTIES TIMEOUT 300)
 # docs/cli.md is the binary's --help (scripts/cli_doc.sh): a flag added without regenerating it fails.
 add_test(NAME cli_doc COMMAND sh -c "\"$0\" \"$1\" | diff -u \"$2\" - >&2"
                       ${CMAKE_SOURCE_DIR}/scripts/cli_doc.sh $<TARGET_FILE:moetrain> ${CMAKE_SOURCE_DIR}/docs/cli.md)

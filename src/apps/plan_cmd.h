@@ -4,7 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
-#include "train/calibrate.h"
+#include "tools/calibrate.h"
 
 namespace moe::apps {
 

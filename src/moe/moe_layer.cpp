@@ -16,7 +16,7 @@
 #include "core/background.h"
 #include "core/error.h"
 #include "core/timer.h"
-#include "moe/bench_moe_layer.h"
+#include "moe/step_times.h"
 #include "moe/token_dispatcher.h"
 #include "kernels/device_select.h"
 #include "kernels/gemm.h"

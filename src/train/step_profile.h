@@ -1,10 +1,10 @@
-// --profile: the MoE layers' step times of every training step (moe/bench_moe_layer.h: the
+// --profile: the MoE layers' step times of every training step (moe/step_times.h: the
 // recorder is installed for forward and backward only, not validation), their totals over the run
 // beside the rest of the step, and the summary printed at the end (rank 0's view).
 #pragma once
 #include <optional>
 
-#include "moe/bench_moe_layer.h"
+#include "moe/step_times.h"
 #include "train/step_record.h"
 
 namespace moe::train {

@@ -6,8 +6,6 @@
 // checkpoints (checkpointer.h).
 #include "train/trainer.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -18,9 +16,7 @@
 #include "comm/mpi_runtime.h"
 #include "core/rng.h"
 #include "core/timer.h"
-#include "kernels/adamw.h"
 #include "kernels/gemm_bf16_cpu.h"
-#include "model/weights_io.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"

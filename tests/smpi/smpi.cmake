@@ -1,7 +1,7 @@
 # The SimGrid SMPI scale study's pieces in the normal build (the simulated program itself is the
 # -DMOETRAIN_SMPI=ON build, cmake/smpi.cmake, which tests/smpi/smoke.sh configures and builds).
 # The planner's exchange time for the study's planner-vs-simulation columns: links only the planner.
-add_executable(moetrain_a2a_predict ${CMAKE_SOURCE_DIR}/src/smpi/a2a_predict.cpp)
+add_executable(moetrain_a2a_predict ${CMAKE_SOURCE_DIR}/src/tools/smpi/a2a_predict.cpp)
 target_link_libraries(moetrain_a2a_predict PRIVATE moetrain_plan)
 # CI smoke test: 64 simulated ranks, the real exchange, #wrong = 0 and the study's time ordering
 # (builds the SMPI targets in its own dir; skipped where SimGrid is not installed).

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "comm/group.h"
-#include "smpi/step_spec.h"
+#include "tools/smpi/step_spec.h"
 
 namespace moe::smpi {
 

@@ -1,6 +1,6 @@
 // The all-to-all dispatch benchmark. See bench_a2a.h.
 // Legend: n ranks, T tokens per rank, k experts per token, H hidden, E experts.
-#include "comm/bench_a2a.h"
+#include "tools/bench_a2a.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,12 +11,14 @@
 #include "balance/placement.h"
 #include "core/buffer.h"
 #include "core/error.h"
+#include "tools/bench_driver.h"
 #include "core/rng.h"
 #include "core/timer.h"
 #include "kernels/element_math.h"  // math::topk_row, GroupLimit: the router's selection
 
 namespace moe::comm {
 namespace {
+using tools::median;
 
 void check_node_limit(const A2aBenchOptions& o, int nodes) {
   if (o.routing != "node-limited") {
@@ -54,12 +56,6 @@ float stamp(int world_rank, int64_t token, int c) {
   uint32_t v = static_cast<uint32_t>(world_rank) * 1000003u + static_cast<uint32_t>(token) * 7919u +
                static_cast<uint32_t>(c) * 104729u;
   return static_cast<float>(v & 0xFFFFFFu);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t m = v.size();
-  return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
 }
 
 // k distinct experts drawn without replacement, each proportional to w among those left.
@@ -146,9 +142,10 @@ A2aBenchResult run_a2a_bench(const Group& group, const Topology& topo, const A2a
   res.opts = o;
   res.ranks = n;
   res.topology = topo.describe();
-  int size_index = 0;
-  for (double want = static_cast<double>(o.min_bytes); want <= static_cast<double>(o.max_bytes) * (1 + 1e-9);
-       want *= o.factor, ++size_index) {
+  const std::vector<double> sweep = tools::size_sweep(static_cast<double>(o.min_bytes),
+                                                     static_cast<double>(o.max_bytes), o.factor);
+  for (int size_index = 0; size_index < static_cast<int>(sweep.size()); ++size_index) {
+    const double want = sweep[size_index];
     const int64_t T = std::max<int64_t>(1, static_cast<int64_t>(want) / row_bytes);
     MOE_CHECK(T < (1 << 24), "bench a2a: ", T, " tokens per rank is too many (max 2^24)");
     A2aRouting rt = make_a2a_routing(o.experts, o.topk, o.routing, static_cast<int>(T), n,
@@ -187,9 +184,6 @@ A2aBenchResult run_a2a_bench(const Group& group, const Topology& topo, const A2a
         dispatch(&tp[it], &tm[it]);
         tt[it] = tp[it] + tm[it];
       }
-      group.allreduce_max(tp.data(), o.iters);
-      group.allreduce_max(tm.data(), o.iters);
-      group.allreduce_max(tt.data(), o.iters);
 
       // One more dispatch, verified row by row; its traffic is the row's traffic.
       ExchangePlan plan = dispatch(nullptr, nullptr);
@@ -219,9 +213,9 @@ A2aBenchResult run_a2a_bench(const Group& group, const Topology& topo, const A2a
       row.size = T * row_bytes;
       row.count = T;
       row.algo = algo;
-      row.time_us = median(tt) * 1e6;
-      row.plan_us = median(tp) * 1e6;
-      row.multicast_us = median(tm) * 1e6;
+      row.time_us = tools::slowest_rank_median(group, tt) * 1e6;
+      row.plan_us = tools::slowest_rank_median(group, tp) * 1e6;
+      row.multicast_us = tools::slowest_rank_median(group, tm) * 1e6;
       row.algbw_gbps = row.time_us > 0 ? row.size / (row.time_us * 1e-6) / 1e9 : 0;
       row.busbw_gbps = row.algbw_gbps * (n - 1) / n;
       row.inter_node_bytes = static_cast<uint64_t>(sums[0]);

@@ -1,5 +1,5 @@
 // The simulated step's result. See step_report.h.
-#include "smpi/step_report.h"
+#include "tools/smpi/step_report.h"
 
 #include <cstdio>
 #include <nlohmann/json.hpp>

@@ -42,14 +42,14 @@ int cli_exit(const CLI::App& app, const CLI::ParseError& e) { return app.exit(e)
 #include <vector>
 
 #include "balance/placement.h"
-#include "comm/bench_a2a.h"
+#include "tools/bench_a2a.h"
 #include "comm/mpi_runtime.h"
 #include "comm/sim_overhead.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/timer.h"
 #include "parallel/grid.h"
-#include "smpi/step_report.h"
+#include "tools/smpi/step_report.h"
 
 namespace moe::smpi {
 namespace {

@@ -1,5 +1,5 @@
 // The calibration run. See calibrate.h.
-#include "train/calibrate.h"
+#include "tools/calibrate.h"
 
 #include <unistd.h>
 
@@ -12,10 +12,11 @@
 #include <thread>
 #include <vector>
 
-#include "comm/calibrate.h"
+#include "tools/calibrate_exchange.h"
 #include "comm/group.h"
 #include "comm/topology.h"
 #include "core/error.h"
+#include "tools/bench_driver.h"
 #include "core/rng.h"
 #include "core/timer.h"
 #include "io/output_file.h"
@@ -31,12 +32,7 @@
 
 namespace moe::train {
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using tools::median;
 
 // Seconds per call of f in wall time, as the trainer's step is timed: the median over rounds of
 // at least `min_s` (and two calls) each. On a machine shared with other work the median is the

@@ -1,5 +1,5 @@
 // Communication micro-benchmarks. See calibrate.h.
-#include "comm/calibrate.h"
+#include "tools/calibrate_exchange.h"
 
 #include <mpi.h>
 
@@ -7,21 +7,19 @@
 #include <chrono>
 #include <thread>
 
-#include "comm/bench_a2a.h"
+#include "tools/bench_a2a.h"
 #include "comm/exchange.h"
 #include "comm/mpi_runtime.h"
 #include "core/rng.h"
 #include "core/error.h"
+#include "tools/bench_driver.h"
 #include "core/timer.h"
 
 namespace moe::comm {
 namespace {
 
-std::vector<double> sizes(double lo, double hi) {
-  std::vector<double> s;
-  for (double b = lo; b <= hi * 1.0001; b *= 4) s.push_back(b);
-  return s;
-}
+// Message sizes: from lo to hi by factors of 4.
+std::vector<double> sizes(double lo, double hi) { return tools::size_sweep(lo, hi, 4.0); }
 
 // Mean over iterations of the slowest rank's time of `op`, all ranks of `world` together. The
 // mean, not the median: a step sums many such operations, occasional slow ones included (on a

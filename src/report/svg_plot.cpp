@@ -1,5 +1,5 @@
 // Inline-SVG charts. See svg_plot.h.
-#include "apps/svg_plot.h"
+#include "report/svg_plot.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 
-namespace moe::apps::svg {
+namespace moe::report::svg {
 
 namespace {
 
@@ -362,4 +362,4 @@ std::string heatmap(const Axes& a, const Heatmap& h) {
   return out + "</svg>\n";
 }
 
-}  // namespace moe::apps::svg
+}  // namespace moe::report::svg

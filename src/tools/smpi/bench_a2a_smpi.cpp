@@ -22,29 +22,15 @@ int cli_exit(const CLI::App& app, const CLI::ParseError& e) { return app.exit(e)
 #include <string>
 #include <vector>
 
-#include "comm/bench_a2a.h"
+#include "tools/bench_a2a.h"
 #include "comm/group.h"
 #include "comm/mpi_runtime.h"
 #include "comm/sim_overhead.h"
 #include "comm/topology.h"
 #include "core/error.h"
+#include "tools/bench_driver.h"
 
 namespace {
-
-// "4096", "64K", "8M" -> bytes (the CLI's -b/-e syntax).
-int64_t parse_size(const std::string& flag, const std::string& v) {
-  size_t pos = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &pos);
-  } catch (const std::exception&) {
-    throw moe::Error(moe::str_cat(flag, ": '", v, "' is not a size (e.g. 4096, 64K, 8M)"));
-  }
-  const std::string unit = v.substr(pos);
-  const double mult = unit.empty() ? 1 : unit == "K" ? 1024.0 : unit == "M" ? 1048576.0 : unit == "G" ? 1073741824.0 : -1;
-  MOE_CHECK(mult > 0 && std::isfinite(x) && x > 0, flag, ": '", v, "' is not a size (e.g. 4096, 64K, 8M)");
-  return static_cast<int64_t>(x * mult);
-}
 
 struct Cli {
   moe::comm::A2aBenchOptions opts;
@@ -76,29 +62,23 @@ void add_options(CLI::App& app, Cli& a) {
   app.add_flag("--json", a.opts.json, "print JSON instead of a table");
 }
 
-int run(Cli& a, moe::comm::MpiRuntime& mpi) {
+int run(Cli& a, int* argc, char*** argv) {
   using namespace moe;
-  try {
+  return tools::run_on_ranks(argc, argv, "moetrain_smpi_a2a", [&](comm::Group& world) {
     MOE_CHECK(std::isfinite(a.opts.factor) && a.opts.factor <= 1024, "-f must be a finite number in (1, 1024], got ",
               a.opts.factor);
     MOE_CHECK(std::isfinite(a.overhead_us), "--msg-overhead-us must be finite, got ", a.overhead_us);
-    a.opts.min_bytes = parse_size("-b", a.min_bytes);
-    a.opts.max_bytes = parse_size("-e", a.max_bytes);
+    a.opts.min_bytes = tools::parse_size("-b", a.min_bytes);
+    a.opts.max_bytes = tools::parse_size("-e", a.max_bytes);
     a.opts.check_rows = !a.no_check_rows;
     a.opts.algorithms.clear();
     for (const std::string& s : a.algorithms) a.opts.algorithms.push_back(comm::parse_a2a_algorithm(s));
     comm::set_sim_message_overhead(a.overhead_us * 1e-6);
-    comm::Group world = comm::Group::world();
     comm::Topology topo = comm::Topology::detect(world.size(), a.ranks_per_node, a.nodes_per_group);
     comm::A2aBenchResult r = comm::run_a2a_bench(world, topo, a.opts);
     if (world.rank() == 0)
       std::printf("%s\n", a.opts.json ? comm::a2a_bench_json(r).c_str() : comm::format_a2a_table(r).c_str());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "moetrain_smpi_a2a: error (rank %d of %d): %s\n", mpi.world_rank(), mpi.world_size(),
-                 e.what());
-    comm::MpiRuntime::abort(1);
-  }
-  return 0;
+  });
 }
 
 }  // namespace
@@ -112,6 +92,5 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return cli_exit(app, e);
   }
-  moe::comm::MpiRuntime mpi(&argc, &argv);
-  return run(a, mpi);
+  return run(a, &argc, &argv);
 }

@@ -1,5 +1,5 @@
 // The simulated step's work from the planner. See step_spec.h.
-#include "smpi/step_spec.h"
+#include "tools/smpi/step_spec.h"
 
 #include <algorithm>
 

@@ -1,7 +1,7 @@
 // The pipeline bubble benchmark. Each stage's callbacks stamp what they send and check what they
 // receive, then spend a fixed time "computing" (sleeping, or sgemm loops calibrated to the same
 // time); the executor's own timers give the step time and each stage's compute time.
-#include "parallel/bench_pipeline.h"
+#include "tools/bench_pipeline.h"
 
 #include <algorithm>
 #include <chrono>

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-namespace moe::apps::svg {
+namespace moe::report::svg {
 
 struct Axes {
   std::string title, x_label, y_label;
@@ -60,4 +60,4 @@ std::string escape(const std::string& s);  // & < > " for text and attributes
 // Numbers as a reader wants them on an axis: 1234567 -> "1.23M", 0.000123 -> "0.000123".
 std::string format_number(double v);
 
-}  // namespace moe::apps::svg
+}  // namespace moe::report::svg

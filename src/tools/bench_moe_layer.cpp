@@ -1,6 +1,6 @@
 // The MoE layer benchmark. See bench_moe_layer.h.
 // Legend: T tokens, H hidden, E experts, k slots, F expert ffn, Fs shared ffn.
-#include "moe/bench_moe_layer.h"
+#include "tools/bench_moe_layer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +11,7 @@
 
 #include "core/buffer.h"
 #include "core/error.h"
+#include "tools/bench_driver.h"
 #include "core/rng.h"
 #include "core/timer.h"
 #include "kernels/device_select.h"
@@ -21,15 +22,10 @@
 
 namespace moe::mixture {
 namespace {
+using tools::median;
 
 void fill_normal(Buffer<float>& b, Rng rng, float stddev) {
   for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(rng.normal() * stddev);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 void check_options(const MoeBenchOptions& o) {
@@ -85,37 +81,6 @@ std::vector<double> naive_token_output(const BenchData& d, const MoeActivations&
   return out;
 }
 
-// Every step's field (and the expert parts), as named in the breakdown, in step order.
-struct NamedStep {
-  const char* name;
-  double MoeStepTimes::*field;
-  double kernels::MlpStepTimes::*part;  // set for an expert part (field is then null)
-};
-const std::vector<NamedStep>& named_steps() {
-  using S = MoeStepTimes;
-  using P = kernels::MlpStepTimes;
-  static const std::vector<NamedStep> steps = {
-      {"route", &S::route, nullptr},          {"layout", &S::layout, nullptr},
-      {"buffers", &S::buffers, nullptr},      {"dispatch", &S::dispatch, nullptr},
-      {"experts", &S::experts, nullptr},      {"  gate+up gemm", nullptr, &P::gate_up},
-      {"  swiglu", nullptr, &P::swiglu},      {"  down gemm", nullptr, &P::down},
-      {"combine", &S::combine, nullptr},      {"shared", &S::shared, nullptr},
-      {"buffers'", &S::buffers_bwd, nullptr}, {"shared'", &S::shared_bwd, nullptr},
-      {"combine'", &S::combine_bwd, nullptr}, {"experts'", &S::experts_bwd, nullptr},
-      {"  down' gemms", nullptr, &P::down_bwd}, {"  swiglu'", nullptr, &P::swiglu_bwd},
-      {"  gate+up' gemms", nullptr, &P::gate_up_bwd}, {"dispatch'", &S::dispatch_bwd, nullptr},
-      {"route'", &S::route_bwd, nullptr},     {"shared beside a2a", &S::overlap_work, nullptr},
-      {"a2a hidden", &S::a2a_hidden, nullptr}};
-  return steps;
-}
-double step_seconds(const MoeStepTimes& t, const NamedStep& s) {
-  return s.field ? t.*s.field : t.expert_parts.*s.part;
-}
-
-double& step_field(MoeStepTimes& t, const NamedStep& s) {
-  return s.field ? t.*s.field : t.expert_parts.*s.part;
-}
-
 MoeStepTimes mean_step_times(const std::vector<MoeStepTimes>& all) {
   MoeStepTimes mean;
   for (const MoeStepTimes& t : all)
@@ -126,20 +91,6 @@ MoeStepTimes mean_step_times(const std::vector<MoeStepTimes>& all) {
 }
 
 }  // namespace
-
-std::vector<std::pair<std::string, double>> moe_step_times_ms(const MoeStepTimes& t) {
-  std::vector<std::pair<std::string, double>> out;
-  for (const NamedStep& s : named_steps()) {
-    std::string name = s.name;
-    name.erase(0, name.find_first_not_of(' '));
-    out.emplace_back(name, step_seconds(t, s) * 1e3);
-  }
-  return out;
-}
-
-void add_step_times(MoeStepTimes& a, const MoeStepTimes& b) {
-  for (const NamedStep& s : named_steps()) step_field(a, s) += step_seconds(b, s);
-}
 
 double moe_layer_useful_flops(const MoeBenchOptions& o, size_t real_rows) {
   const double T = o.tokens, H = o.hidden, E = o.experts, F = o.ffn;

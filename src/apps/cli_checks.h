@@ -1,0 +1,18 @@
+// CLI11 checks shared by the commands' flags.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "core/error.h"
+
+namespace moe::apps {
+
+// Unsigned options (seeds): CLI11 would read "-1" as 2^64 - 1. Checked on the text instead.
+inline const CLI::Validator kNonNegativeInteger(
+    [](std::string& v) -> std::string {
+      const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+      return digits && v.size() <= 20 ? std::string() : str_cat("must be a non-negative integer, got ", v);
+    },
+    "INT>=0");
+
+}  // namespace moe::apps
