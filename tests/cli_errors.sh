@@ -231,6 +231,12 @@ expect global-and-batch '`--global-batch` with `--batch`' \
 expect global-batch-zero '`--global-batch 0`' \
   '--global-batch 0 must be a positive multiple of the data ranks (ep 1 x dp 1 = 1)' \
   train --steps 2 --seq-len 16 --eval-batches 1 --quiet --data "$dir/text.txt" --global-batch 0 --out "$dir/o91"
+expect micro-batch-not-divisor '`--micro-batch` that does not divide the batch' \
+  '--micro-batch 3 must be a positive divisor of the per-data-rank batch 2' \
+  "${common[@]}" --micro-batch 3 --out "$dir/o95"
+expect micro-batch-and-count '`--micro-batch` with `--micro-batches`' \
+  '--micro-batch 1 and --micro-batches 2: give one' \
+  "${common[@]}" --micro-batch 1 --micro-batches 2 --out "$dir/o96"
 expect a2a-auto-no-cluster '`--a2a auto` without `--cluster`' \
   '--a2a auto needs --cluster PROFILE' "${common[@]}" --a2a auto --out "$dir/o92"
 expect cluster-without-auto '`--cluster` without `--a2a auto`' \

@@ -66,6 +66,9 @@ void add_train_command(CLI::App& app, TrainCli& s) {
   t->add_option("--ep", o.parallel.dims.ep, "expert-parallel degree (splits the routed experts)")->capture_default_str();
   t->add_option("--tp", o.parallel.dims.tp, "tensor-parallel degree: heads, dense FFN and tokens split over tp adjacent ranks (Megatron TP + SP, SSMB MoE)")->capture_default_str();
   t->add_option("--micro-batches", o.parallel.micro_batches, "micro-batches per step (pipeline / gradient accumulation)")->capture_default_str();
+  t->add_option("--micro-batch", o.data.micro_batch,
+                "sequences per micro-batch (Megatron's micro-batch size): sets --micro-batches to the "
+                "per-data-rank batch / this");
   t->add_option("--pp.layers", o.parallel.pp_layers, "layers per pipeline stage, e.g. 5,4,4,3 (default: even)")->delimiter(',');
   t->add_option("--pp.schedule", o.parallel.schedule, "pipeline schedule: 1f1b or gpipe")->capture_default_str();
   t->add_option("--recompute", o.model.recompute, "activation checkpointing: none, moe or full")->capture_default_str();
@@ -130,6 +133,17 @@ int run_train_command(CLI::App& app, TrainCli& s, int* argc, char*** argv) {
       throw Error(str_cat("--global-batch ", g, " must be a positive multiple of the data ranks (ep ",
                           o.parallel.dims.ep, " x dp ", o.parallel.dims.dp, " = ", data_ranks, ")"));
     o.data.batch = g / data_ranks;
+  }
+  // --micro-batch: the --micro-batches it implies for the per-data-rank batch.
+  if (t->count("--micro-batch") > 0) {
+    const int mb = o.data.micro_batch;
+    if (t->count("--micro-batches") > 0)
+      throw Error(str_cat("--micro-batch ", mb, " and --micro-batches ", o.parallel.micro_batches,
+                          ": give one (--micro-batch is sequences per micro-batch, --micro-batches their count)"));
+    if (mb < 1 || o.data.batch % mb != 0)
+      throw Error(str_cat("--micro-batch ", mb, " must be a positive divisor of the per-data-rank batch ",
+                          o.data.batch, " (--batch, or --global-batch / (ep x dp))"));
+    o.parallel.micro_batches = o.data.batch / mb;
   }
   // --init-from: the folder's config is the model; a --preset given as well is compared with it.
   if (!o.model.init_from.empty() && t->count("--preset") == 0) o.model.preset.clear();

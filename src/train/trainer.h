@@ -44,6 +44,7 @@ struct DataOptions {
   int batch = 16;               // sequences per step per data rank (global = batch · ep · dp; the
                                 // TP ranks of a data rank share it)
   int global_batch = 0;         // --global-batch (CLI only): sets batch = global_batch / (ep · dp)
+  int micro_batch = 0;          // --micro-batch (CLI only): sets micro_batches = batch / micro_batch
   int seq_len = 128;
   uint64_t seed = 1234;         // weights and data order
   int eval_every = 100;         // validation every N steps (and at the end); 0 = only at the end
