@@ -57,14 +57,14 @@ compare losses "$work/bf16" "$work/cpu" --rtol 0.01 --keys loss,ce_loss,val_loss
 
 # The fault hooks write device memory through device copies: a poisoned step is skipped.
 "$bin" "${common[@]}" --device cuda --fault.nan-steps 3 --out "$work/nan" >/dev/null 2>&1
-expect "a NaN gradient on the device is skipped and the run still finishes" test -s "$work/nan/model.safetensors"
+check_that "a NaN gradient on the device is skipped and the run still finishes" test -s "$work/nan/model.safetensors"
 # A run that does not fit in the GPU's free memory: one line naming the bytes, nothing written.
 set +e
 msg=$(MOETRAIN_EMULATED_GPU_BYTES=1000000 "$bin" "${common[@]}" --device cuda --out "$work/small" 2>&1)
 rc=$?
 set -e
 echo "  $msg"
-expect "a run larger than the GPU is refused naming the bytes" \
+check_that "a run larger than the GPU is refused naming the bytes" \
   test "$rc" -ne 0 -a "$rc" -lt 128 -a "$(echo "$msg" | wc -l)" -eq 1 -a ! -e "$work/small/model.safetensors"
-expect "  ... the message names GPU memory" grep -q "not enough GPU memory: this run needs .* bytes" <<<"$msg"
+check_that "  ... the message names GPU memory" grep -q "not enough GPU memory: this run needs .* bytes" <<<"$msg"
 finish emulated_device

@@ -45,7 +45,7 @@ pair tp2ep2 4 --tp 2 --ep 2 --checkpoint.every 2
 pair tp2dp2.zero1 4 --tp 2 --dp 2 --zero1
 # Expert migration after every step: weights and AdamW moments moved between the ranks' devices.
 pair ep4.migrate 4 --ep 4 --balance.migrate-every 1 --balance.threshold 1.01
-expect "ep4.migrate: experts moved on the devices" grep -q '"migration"' "$work/ep4.migrate.cuda/metrics.jsonl"
+check_that "ep4.migrate: experts moved on the devices" grep -q '"migration"' "$work/ep4.migrate.cuda/metrics.jsonl"
 
 # A device checkpoint of PP2 x EP2 at step 2, resumed on the devices to step 4.
 run ckpt 4 --pp 2 --ep 2 --micro-batches 2 --device cuda --checkpoint.every 2

@@ -2,10 +2,11 @@
 # BLAS thread per rank, the scratch folder, and pass/fail counting.
 #   scratch DIR          DIR emptied and made (a test's own work folder)
 #   mpi NP ARGS...       ARGS under mpirun ($MPIRUN when set) on NP ranks (as root, oversubscribed,
-#                        unbound)
+#                        unbound: $MPIRUN_FLAGS; a test that needs mpirun's own pid runs
+#                        "$MPIRUN" "${MPIRUN_FLAGS[@]}" -np NP ARGS... &)
 #   ok MSG / not_ok MSG  one passed / failed check, printed
 #   check STATUS MSG     ok when STATUS is "ok" or 0, else not_ok
-#   expect MSG CMD...    ok when CMD succeeds, else not_ok
+#   check_that MSG CMD...  ok when CMD succeeds, else not_ok
 #   finish [NAME]        "[NAME: ]P passed, F failed"; returns 1 when any check failed
 #   compare KIND ARGS... one comparison of tests/checks.py (losses A B | weights A B | golden FILE
 #                        METRICS, with --rtol R: 0, the default, is bit for bit), counted; its
@@ -17,13 +18,15 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_TH
 TESTS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export TESTS_DIR
 PY="${PY:-/usr/bin/python3}"
+MPIRUN="${MPIRUN:-mpirun}"
+MPIRUN_FLAGS=(--oversubscribe --bind-to none)
 lib_passed=0
 lib_failed=0
 scratch() { rm -rf "$1"; mkdir -p "$1"; }
 mpi() {
   local np="$1"
   shift
-  "${MPIRUN:-mpirun}" --oversubscribe --bind-to none -np "$np" "$@"
+  "$MPIRUN" "${MPIRUN_FLAGS[@]}" -np "$np" "$@"
 }
 ok() { lib_passed=$((lib_passed + 1)); echo "ok: $*"; }
 not_ok() { lib_failed=$((lib_failed + 1)); echo "FAIL: $*" >&2; }
@@ -32,7 +35,7 @@ check() {
   shift
   if [ "$status" = ok ] || [ "$status" = 0 ]; then ok "$@"; else not_ok "$@"; fi
 }
-expect() {
+check_that() {
   local msg="$1"
   shift
   if "$@"; then ok "$msg"; else not_ok "$msg"; fi

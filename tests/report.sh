@@ -16,7 +16,8 @@ if [ -z "$chromium" ] || [ ! -x "$py" ]; then
   exit 77
 fi
 rm -rf "$work"; mkdir -p "$work"
-export OPENBLAS_NUM_THREADS=1
+source "$(dirname "$0")/lib.sh"
+[ -n "$mpirun" ] && MPIRUN="$mpirun"
 pass=0
 ok() { pass=$((pass + 1)); echo "ok: $*"; }
 die() { echo "FAIL: $*"; exit 1; }
@@ -53,7 +54,7 @@ if "$py" "$here/report_check.py" png "$work/blank.png" >/dev/null; then die "a b
 ok "a blank screenshot fails the check"
 
 if [ -n "$mpirun" ]; then
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$mpirun" --oversubscribe --bind-to none -np 4 \
+  mpi 4 \
     "$bin" train "${common[@]}" --batch 4 --ep 2 --pp 2 --topo.ranks-per-node 1 --out "$work/grid"
   "$bin" report "$work/grid" -o "$work/grid.html" >/dev/null
   "$py" "$here/report_check.py" html "$work/grid.html" 12 loss throughput step-time all-to-all expert-load pipeline
@@ -71,7 +72,7 @@ EOF
 
   # A real EP 4 run whose experts migrate (every 2 steps, any imbalance above 1.0001): the balance
   # and migration sections render, and their numbers are the metrics file's.
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$mpirun" --oversubscribe --bind-to none -np 4 \
+  mpi 4 \
     "$bin" train --preset test-moe --data "$corpus" --steps 12 --eval-every 6 --seq-len 32 --batch 2 --ep 4 \
     --topo.ranks-per-node 2 --balance.migrate-every 2 --balance.threshold 1.0001 --quiet --out "$work/mig"
   "$bin" report "$work/mig" -o "$work/mig.html" >/dev/null

@@ -69,7 +69,7 @@ cmd=$(/usr/bin/env python3 -c 'import json,sys; print(json.load(open(sys.argv[1]
       "$work/plan-dp2-z.json")
 read -r -a words <<< "$cmd"
 for i in "${!words[@]}"; do [ "${words[$i]}" = moetrain ] && words[$i]="$bin"; done
-[ "${words[0]}" = mpirun ] && words=(mpirun --oversubscribe --bind-to none "${words[@]:1}")
+[ "${words[0]}" = mpirun ] && words=("$MPIRUN" "${MPIRUN_FLAGS[@]}" "${words[@]:1}")
 "${words[@]}" --steps 2 --eval-every 0 --eval-batches 1 --quiet --data "$corpus" --out "$work/plan-cmd"
 echo "ok   the planner's command ran: $cmd"
 
