@@ -106,12 +106,12 @@ def same_weights_file(work, a, b):
 # --- the one definition of a difference -----------------------------------------------------------
 
 def rel(a, b):
-    """|a - b| / |b|: 0 when both are 0 or both null; a NaN, an infinity or a null on one side is
-    an infinite difference (equal infinities count as equal)."""
-    if a is None or b is None:
-        return 0.0 if a is None and b is None else float("inf")
+    """|a - b| / |b|: 0 when both are equal (0, null, the same list); a NaN, an infinity, a null on
+    one side or unequal non-numbers (lists) are an infinite difference."""
     if a == b:
         return 0.0
+    if not all(isinstance(x, (int, float)) for x in (a, b)):  # null, a list (expert_loads), text
+        return float("inf")
     d = abs(a - b) / abs(b) if b != 0 else float("inf")
     return d if math.isfinite(d) else float("inf")
 

@@ -62,12 +62,8 @@ if [ -n "$mpirun" ]; then
   grep -q 'Bubble per stage' "$work/grid.html" || die "PP 2: no bubble plot"
   render "$work/grid.html" grid
   # Both stages' MoE layers (1 on stage 0, 2 on stage 1) are in the record, equal to one process's.
-  "$py" - "$work/one/metrics.jsonl" "$work/grid/metrics.jsonl" <<'EOF' || die "PP 2 expert loads"
-import json, sys
-one, grid = (json.loads(open(p).readline()) for p in sys.argv[1:3])
-assert grid["expert_loads_layers"] == [1, 2], grid["expert_loads_layers"]
-assert grid["expert_loads"] == one["expert_loads"], (grid["expert_loads"], one["expert_loads"])
-EOF
+  compare losses "$work/grid" "$work/one" --keys expert_loads_layers,expert_loads --steps 1-1 \
+    --name "EP 2 x PP 2: step 1's expert loads" || die "PP 2 expert loads"
   ok "EP 2 x PP 2 report renders; expert loads of both stages equal one process's"
 
   # A real EP 4 run whose experts migrate (every 2 steps, any imbalance above 1.0001): the balance
