@@ -7,7 +7,8 @@
 # Usage:
 #   scripts/golden.sh [--bin build/moetrain] [--work DIR] [CASE...]           compare (the test)
 #   scripts/golden.sh --update [--bin build/moetrain] [CASE...]               rewrite the files
-# Comparison: bit for bit by default (every step's loss, as the double metrics.jsonl holds). The
+# Comparison (tests/checks.py golden: the test spine's one definition of the same losses): bit for
+# bit by default (every step's loss, as the double metrics.jsonl holds). The
 # runs pin OpenBLAS to its generic x86-64 kernels (OPENBLAS_CORETYPE=Prescott, which every x86-64
 # CPU runs; OpenBLAS otherwise picks kernels by CPU at run time, and other kernels round
 # differently), one BLAS thread, so the same build gives the same bits on any x86-64 machine.
@@ -17,6 +18,7 @@
 # tiny-50, 6.4e-9 on pp2-ep2-30, largest relative difference of any step).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+source "$root/tests/lib.sh"  # mpi, compare
 bin="$root/build/moetrain"
 work=""
 update=0
@@ -26,7 +28,7 @@ while [[ $# -gt 0 ]]; do
     --update) update=1; shift ;;
     --bin) bin="$2"; shift 2 ;;
     --work) work="$2"; shift 2 ;;
-    -h|--help) sed -n 2,17p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,18p "$0"; exit 0 ;;
     -*) echo "golden.sh: unknown flag $1" >&2; exit 2 ;;
     *) cases+=("$1"); shift ;;
   esac
@@ -55,8 +57,7 @@ run_case() {  # run_case CASE OUTDIR: trains, leaves OUTDIR/metrics.jsonl
   case "$c" in
     tiny-50) "$bin" train --steps 50 --data "$data" --out "$out" --quiet ;;
     pp2-ep2-30)
-      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
-        mpirun --oversubscribe --bind-to none -np 4 "$bin" train --preset test-moe4 --pp 2 --ep 2 \
+      mpi 4 "$bin" train --preset test-moe4 --pp 2 --ep 2 \
         --micro-batches 2 --batch 4 --seq-len 64 --steps 30 --data "$data" --out "$out" --quiet ;;
   esac
 }
@@ -93,28 +94,7 @@ for c in "${cases[@]}"; do
   [[ -f "$golden" ]] || { echo "golden $c: FAIL, $golden is missing (scripts/golden.sh --update $c)"; fails=$((fails + 1)); continue; }
   # Every step present, each loss equal (rtol 0) or within rtol; the report names the first
   # differing step and the largest relative difference.
-  if ! awk -v rtol="$rtol" -v name="$c" -v secs="$secs" '
-      FNR == NR { if ($1 !~ /^#/) { want[$1] = $2; nwant++ } next }
-      { got[$1] = $2; ngot++ }
-      END {
-        if (ngot != nwant) { printf "golden %s: FAIL, %d steps, the golden file has %d\n", name, ngot, nwant; exit 1 }
-        worst = 0; first = 0; bad = 0
-        for (s = 1; s <= nwant; s++) {
-          a = got[s] + 0; b = want[s] + 0
-          d = a - b; if (d < 0) d = -d
-          r = (b != 0) ? d / (b < 0 ? -b : b) : d
-          if (r > worst) worst = r
-          if (a != b && !first) first = s
-          if ((rtol == 0 && a != b) || r > rtol) bad++
-        }
-        mode = (rtol == 0) ? "bit for bit" : sprintf("relative tolerance %s", rtol)
-        if (bad) {
-          printf "golden %s: FAIL (%s): %d of %d steps differ, first at step %d (%s, golden %s), largest relative difference %.3e\n",
-                 name, mode, bad, nwant, first, got[first], want[first], worst
-          exit 1
-        }
-        printf "golden %s: ok, %d steps equal %s (largest relative difference %.3e; %s s)\n", name, nwant, mode, worst, secs
-      }' "$golden" "$work/$c.txt"; then
+  if ! compare golden "$golden" "$work/$c/metrics.jsonl" --rtol "$rtol" --name "golden $c (${secs} s)"; then
     fails=$((fails + 1))
   fi
 done

@@ -4,11 +4,11 @@
 # Usage: bubble.sh MOETRAIN
 set -euo pipefail
 bin="$1"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+source "$(dirname "$0")/lib.sh"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 for pp in 2 4; do
-  mpirun --oversubscribe --bind-to none -np $pp "$bin" bench pipeline --forward-ms 20 --iters 3 \
+  mpi "$pp" "$bin" bench pipeline --forward-ms 20 --iters 3 \
     --activation-floats 4096 --micro-batches 1,2,4,8 --schedule both --json >>"$out"
 done
 /usr/bin/env python3 - "$out" <<'PY'

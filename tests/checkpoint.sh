@@ -15,45 +15,22 @@ set -uo pipefail
 bin="$1"
 corpus="$2"
 work="$3"
-rm -rf "$work"
-mkdir -p "$work"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
-mpi() { mpirun --oversubscribe --bind-to none "$@"; }
+source "$(dirname "$0")/lib.sh"
+scratch "$work"
 STEPS=12
 common=(train --preset test-moe4 --steps $STEPS --seq-len 32 --eval-every 0 --eval-batches 1 --quiet
         --data "$corpus" --micro-batches 2)
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; }
-
-# compare NAME A B TOL: the last loss recorded for each step in B's metrics equals A's.
-compare() {
-  /usr/bin/env python3 - "$2/metrics.jsonl" "$3/metrics.jsonl" "$4" <<'PY' && ok "$1" || bad "$1"
-import json, sys
-def last(path):
-    d = {}
-    for line in open(path):
-        r = json.loads(line); d[r["step"]] = r["loss"]
-    return d
-a, b, tol = last(sys.argv[1]), last(sys.argv[2]), float(sys.argv[3])
-if sorted(a) != sorted(b): print("steps differ", sorted(a), sorted(b)); sys.exit(1)
-worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in a)
-print(f"     worst relative difference {worst:.2e} over {len(a)} steps")
-sys.exit(0 if worst <= tol else 1)
-PY
-}
 
 # 1. Uninterrupted references, then stop at step 5 and resume.
 "$bin" "${common[@]}" --batch 8 --out "$work/ref1"
-mpi -np 4 "$bin" "${common[@]}" --batch 4 --ep 2 --pp 2 --out "$work/ref4"
+mpi 4 "$bin" "${common[@]}" --batch 4 --ep 2 --pp 2 --out "$work/ref4"
 "$bin" "${common[@]}" --batch 8 --checkpoint.every 5 --out "$work/res1"
 rm -rf "$work/res1/checkpoints/step-10" "$work/res1/checkpoints/step-12"
 /usr/bin/env python3 -c "
 import sys; p='$work/res1/metrics.jsonl'; l=open(p).readlines()[:5]; open(p,'w').writelines(l)"
 "$bin" "${common[@]}" --batch 8 --out "$work/res1" --resume latest
-compare "resume at step 5, 1 rank: bit for bit" "$work/ref1" "$work/res1" 0
-cmp -s "$work/ref1/model.safetensors" "$work/res1/model.safetensors" && ok "resume: final weights identical" || bad "resume: final weights differ"
+compare losses "$work/res1" "$work/ref1" --keys loss --name "resume at step 5, 1 rank"
+compare weights "$work/res1" "$work/ref1" --name "resume at step 5, 1 rank: final weights"
 
 # 2. kill -9 at random moments, resume until done.
 latest_step() {  # the newest complete checkpoint's step, 0 if none
@@ -76,7 +53,7 @@ kill_loop() {  # kill_loop NAME NP WHO ARGS...   WHO: all | rank
     if [ "$np" -eq 1 ]; then
       "$bin" "${common[@]}" "$@" --checkpoint.every 1 --checkpoint.keep 2 --out "$out" "${resume[@]}" >"$out.log" 2>&1 &
     else
-      mpirun --oversubscribe --bind-to none -np "$np" "$bin" "${common[@]}" "$@" --checkpoint.every 1 \
+      "$MPIRUN" "${MPIRUN_FLAGS[@]}" -np "$np" "$bin" "${common[@]}" "$@" --checkpoint.every 1 \
         --checkpoint.keep 2 --out "$out" "${resume[@]}" >"$out.log" 2>&1 &
     fi
     local pid=$!
@@ -116,12 +93,12 @@ kill_loop() {  # kill_loop NAME NP WHO ARGS...   WHO: all | rank
     local rc=$?
     # a kill that left a step-N.tmp folder behind landed while a checkpoint was being written
     [ "$rc" -ne 0 ] && compgen -G "$out/checkpoints/*.tmp" >/dev/null && mid_write=$((mid_write + 1))
-    [ $((SECONDS - t0)) -le 30 ] || { bad "$name: the job took $((SECONDS - t0)) s to end after a kill"; }
+    [ $((SECONDS - t0)) -le 30 ] || { not_ok "$name: the job took $((SECONDS - t0)) s to end after a kill"; }
     if [ "$rc" -eq 0 ] && [ -f "$out/model.safetensors" ]; then break; fi
-    grep -q "checksum mismatch\|truncated\|malformed" "$out.log" && { bad "$name: resume met a corrupt checkpoint"; cat "$out.log"; break; }
-    [ "$tries" -gt 12 ] && { bad "$name: did not finish"; cat "$out.log"; break; }
+    grep -q "checksum mismatch\|truncated\|malformed" "$out.log" && { not_ok "$name: resume met a corrupt checkpoint"; cat "$out.log"; break; }
+    [ "$tries" -gt 12 ] && { not_ok "$name: did not finish"; cat "$out.log"; break; }
   done
-  [ "$tries" -gt 2 ] || bad "$name: finished before two kills landed"
+  [ "$tries" -gt 2 ] || not_ok "$name: finished before two kills landed"
   echo "     $name: finished after $tries launches ($((tries - 1)) killed, $mid_write of them while a checkpoint was being written)"
   mid_write_total=$((mid_write_total + mid_write))
 }
@@ -129,27 +106,27 @@ kill_loop() {  # kill_loop NAME NP WHO ARGS...   WHO: all | rank
 mid_write_total=0
 common=("${common[@]}" --steps 80)
 "$bin" "${common[@]}" --batch 8 --out "$work/ref1"
-mpi -np 4 "$bin" "${common[@]}" --batch 4 --ep 2 --pp 2 --out "$work/ref4"
+mpi 4 "$bin" "${common[@]}" --batch 4 --ep 2 --pp 2 --out "$work/ref4"
 kill_loop kill-1rank 1 all --batch 8
-compare "kill -9 (single process) at random moments + resume: bit for bit" "$work/ref1" "$work/kill-1rank" 0
+compare losses "$work/kill-1rank" "$work/ref1" --keys loss --name "kill -9 (single process) at random moments + resume"
 kill_loop kill-one-of-4 4 rank --batch 4 --ep 2 --pp 2
-compare "kill -9 of one rank of 4 + resume: bit for bit" "$work/ref4" "$work/kill-one-of-4" 0
+compare losses "$work/kill-one-of-4" "$work/ref4" --keys loss --name "kill -9 of one rank of 4 + resume"
 kill_loop kill-all-4 4 all --batch 4 --ep 2 --pp 2
-compare "kill -9 of the whole 4-rank job + resume: bit for bit" "$work/ref4" "$work/kill-all-4" 0
+compare losses "$work/kill-all-4" "$work/ref4" --keys loss --name "kill -9 of the whole 4-rank job + resume"
 [ "$mid_write_total" -ge 1 ] && ok "$mid_write_total kill(s) landed while a checkpoint was being written; every resume found a valid one" \
-  || bad "no kill landed while a checkpoint was being written"
+  || not_ok "no kill landed while a checkpoint was being written"
 common=("${common[@]}" --steps $STEPS)
 
 # 3. Resharding a PP2 x EP2 x DP2 checkpoint (global batch 16).
-mpi -np 8 "$bin" "${common[@]}" --batch 4 --ep 2 --pp 2 --dp 2 --checkpoint.every 6 --checkpoint.keep 0 --out "$work/grid"
+mpi 8 "$bin" "${common[@]}" --batch 4 --ep 2 --pp 2 --dp 2 --checkpoint.every 6 --checkpoint.keep 0 --out "$work/grid"
 for layout in "1|1|--batch 16" "ep2|2|--batch 8 --ep 2" "pp4|4|--batch 16 --pp 4" "ep4dp2|8|--batch 2 --ep 4 --dp 2"; do
   IFS='|' read -r tag np args <<<"$layout"
   out="$work/reshard-$tag"
   mkdir -p "$out"
   head -6 "$work/grid/metrics.jsonl" >"$out/metrics.jsonl"
   # shellcheck disable=SC2086
-  mpi -np "$np" "$bin" "${common[@]}" $args --out "$out" --resume "$work/grid/checkpoints/step-6" >/dev/null 2>&1
-  compare "reshard PP2xEP2xDP2 -> $tag" "$work/grid" "$out" 1e-5
+  mpi "$np" "$bin" "${common[@]}" $args --out "$out" --resume "$work/grid/checkpoints/step-6" >/dev/null 2>&1
+  compare losses "$out" "$work/grid" --keys loss --rtol 1e-5 --name "reshard PP2xEP2xDP2 -> $tag"
 done
 
 # 4. SIGTERM: finish the step, checkpoint, exit 0; the resumed run continues exactly.
@@ -160,16 +137,16 @@ kill -TERM "$pid"
 wait "$pid"
 rc=$?
 last=$(ls "$work/term/checkpoints" 2>/dev/null | grep -v tmp | sort -t- -k2 -n | tail -1)
-[ "$rc" -eq 0 ] && [ -n "$last" ] && ok "SIGTERM: exit 0 with checkpoint $last" || bad "SIGTERM: rc=$rc checkpoint '$last'"
+[ "$rc" -eq 0 ] && [ -n "$last" ] && ok "SIGTERM: exit 0 with checkpoint $last" || not_ok "SIGTERM: rc=$rc checkpoint '$last'"
 
 # 5. Non-finite steps.
 "$bin" "${common[@]}" --batch 8 --fault.nan-steps 3 --out "$work/nan1" 2>"$work/nan1.log"
-[ $? -eq 0 ] && grep -q "step 3: non-finite gradient, update skipped" "$work/nan1.log" && ok "one non-finite step skipped and counted" || bad "one non-finite step"
+[ $? -eq 0 ] && grep -q "step 3: non-finite gradient, update skipped" "$work/nan1.log" && ok "one non-finite step skipped and counted" || not_ok "one non-finite step"
 "$bin" "${common[@]}" --batch 8 --checkpoint.every 2 --fault.nan-steps 5,6,7 --max-bad-steps 3 --out "$work/nan3" 2>"$work/nan3.log"
 rc=$?
 [ "$rc" -ne 0 ] && grep -q "3 non-finite steps in a row (--max-bad-steps 3): stopping; the last good checkpoint is .*step-4" "$work/nan3.log" \
   && "$bin" "${common[@]}" --batch 8 --out "$work/nan3" --resume latest --steps $STEPS >/dev/null 2>&1 \
-  && ok "too many non-finite steps: error, last good checkpoint resumes" || { bad "too many non-finite steps (rc=$rc)"; cat "$work/nan3.log"; }
+  && ok "too many non-finite steps: error, last good checkpoint resumes" || { not_ok "too many non-finite steps (rc=$rc)"; cat "$work/nan3.log"; }
 
 # 6. A failing write (a full disk: a small tmpfs that holds one checkpoint, not two) is a clean
 #    error and leaves the previous checkpoint valid.
@@ -185,13 +162,13 @@ if mount -t tmpfs -o size=$((kb * 3 / 2))k tmpfs "$work/smallfs" 2>/dev/null; th
     && "$bin" "${common[@]}" --batch 8 --checkpoint.dir "$work/full-ck" \
          --out "$work/full" --resume "$work/smallfs/step-4" >/dev/null 2>&1 \
     && ok "disk full: clean error ($(echo "$err" | tail -1 | cut -c1-100)...), previous checkpoint resumes" \
-    || bad "disk full: rc=$rc err=$err"
+    || not_ok "disk full: rc=$rc err=$err"
   umount "$work/smallfs"
 else
   echo "SKIP disk full: cannot mount a tmpfs here (not root?)"
 fi
 err=$("$bin" "${common[@]}" --batch 8 --checkpoint.dir /proc/nope --out "$work/unwritable" 2>&1 >/dev/null)
-[ $? -ne 0 ] && echo "$err" | grep -q "/proc/nope" && ok "unwritable checkpoint folder: $err" || bad "unwritable: $err"
+[ $? -ne 0 ] && echo "$err" | grep -q "/proc/nope" && ok "unwritable checkpoint folder: $err" || not_ok "unwritable: $err"
 
 # 7. Damaged checkpoints are refused with an error naming the folder and what is wrong.
 "$bin" "${common[@]}" --batch 8 --steps 2 --out "$work/good" >/dev/null 2>&1
@@ -206,7 +183,7 @@ damaged() {  # damaged NAME PATTERN EDIT-COMMAND...
   if [ $? -ne 0 ] && echo "$err" | grep -q -- "$pattern" && [ "$(echo "$err" | wc -l)" -eq 1 ]; then
     ok "damaged checkpoint ($name): $err"
   else
-    bad "damaged checkpoint ($name): $err"
+    not_ok "damaged checkpoint ($name): $err"
   fi
 }
 flip() { printf '\x55' | dd of="$1" bs=1 seek="$2" conv=notrunc status=none; }
@@ -218,9 +195,8 @@ damaged "manifest not JSON" "manifest.json: not valid JSON" sh -c "echo '{broken
 damaged "other format" 'format "x"' sed -i 's/"format": "moetrain-checkpoint-1"/"format": "x"/' "$work/dmg/manifest.json"
 err=$("$bin" "${common[@]}" --preset test-moe --batch 8 --steps 4 --out "$work/dmg-out" --resume "$ck" 2>&1 >/dev/null)
 [ $? -ne 0 ] && echo "$err" | grep -q "checkpoint was written for a different model (num_hidden_layers = 4, this run: 3)" \
-  && ok "checkpoint of another model: $err" || bad "checkpoint of another model: $err"
+  && ok "checkpoint of another model: $err" || not_ok "checkpoint of another model: $err"
 err=$("$bin" "${common[@]}" --batch 8 --out "$work/none" --resume latest 2>&1 >/dev/null)
-[ $? -ne 0 ] && echo "$err" | grep -q "found no complete checkpoint" && ok "resume latest with none: $err" || bad "resume latest with none: $err"
+[ $? -ne 0 ] && echo "$err" | grep -q "found no complete checkpoint" && ok "resume latest with none: $err" || not_ok "resume latest with none: $err"
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish checkpoint

@@ -4,7 +4,7 @@
 set -uo pipefail
 bin="$1"
 corpus="$2"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+source "$(dirname "$0")/lib.sh"
 dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
 pass=0
@@ -13,7 +13,7 @@ expect() {  # expect NAME NP PATTERN ARGS...
   local name="$1" np="$2" pattern="$3"
   shift 3
   local out rc n
-  out="$(timeout 60 mpirun --oversubscribe --bind-to none -np "$np" "$bin" train --steps 2 --quiet \
+  out="$(timeout 60 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -np "$np" "$bin" train --steps 2 --quiet \
          --preset test-moe --seq-len 16 --batch 2 --data "$corpus" --out "$dir/$name" "$@" 2>&1)"
   rc=$?
   n=$(printf '%s\n' "$out" | grep -c "^moetrain: error")
@@ -79,7 +79,7 @@ expect bad-steps-in-a-row 4 '2 non-finite steps in a row (--max-bad-steps 2)' --
 expect final-weights-not-finite 2 'the final weights are not finite' --pp 2 --fault.inf-weight-steps 1
 # A checkpoint whose expert placement is damaged (expert 0 twice, expert 1 nowhere): the resume on the
 # EP size that wrote it refuses it in setup, naming the field, the layer and the expert.
-timeout 60 mpirun --oversubscribe --bind-to none -np 2 "$bin" train --steps 2 --quiet --preset test-moe \
+timeout 60 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -np 2 "$bin" train --steps 2 --quiet --preset test-moe \
   --seq-len 16 --batch 2 --data "$corpus" --ep 2 --out "$dir/ep2run" >/dev/null 2>&1
 /usr/bin/python3 - "$dir/ep2run/checkpoints/step-2/manifest.json" <<'PY'
 import json, sys
@@ -90,7 +90,7 @@ PY
 expect bad-expert-placement 2 'manifest.json: field "expert_placement", layer 1: expert 0 is placed twice' \
   --ep 2 --steps 4 --resume "$dir/ep2run/checkpoints/step-2"
 # export is one process: under mpirun it refuses (once), instead of every rank writing one folder.
-out="$(timeout 60 mpirun --oversubscribe --bind-to none -np 2 "$bin" export "$dir/nockpt" "$dir/exp" 2>&1)"
+out="$(timeout 60 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -np 2 "$bin" export "$dir/nockpt" "$dir/exp" 2>&1)"
 rc=$?
 n=$(printf '%s\n' "$out" | grep -c "^moetrain: error")
 if [ "$rc" -ne 0 ] && [ "$n" -eq 1 ] && printf '%s' "$out" | grep -q "export writes one folder from one process, but this is one of 2 ranks"; then

@@ -23,6 +23,7 @@ set -euo pipefail
 MOETRAIN=$(realpath "${1:?usage: tests/cluster.sh MOETRAIN [SOURCE_DIR]}")
 SRC=$(realpath "${2:-$(dirname "$0")/..}")
 CLUSTER="$SRC/scripts/cluster.sh"
+source "$SRC/tests/lib.sh"  # mpi, compare
 
 if ! why=$("$CLUSTER" can); then echo "SKIPPED: cannot make network namespaces here (${why#no: })"; exit 77; fi
 command -v mpirun >/dev/null || { echo "SKIPPED: no mpirun (openmpi-bin)"; exit 77; }
@@ -91,30 +92,18 @@ sys.exit(1 if bad else 0)
 EOF
 
 # Training across the nodes against the same layout on one host and against one process.
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 train=(train --preset test-moe --steps 10 --seq-len 32 --eval-every 0 --eval-batches 1 --quiet --lr 3e-3 --warmup 5)
 "$CLUSTER" run --name "$A" -- "$MOETRAIN" "${train[@]}" --batch 2 --ep 2 --dp 2 --out "$work/cluster" \
   > "$work/cluster.log" 2>&1 || { cat "$work/cluster.log"; fail "EP 2 x DP 2 training on cluster $A"; }
-mpirun --oversubscribe --bind-to none -np 4 "$MOETRAIN" "${train[@]}" --batch 2 --ep 2 --dp 2 \
+mpi 4 "$MOETRAIN" "${train[@]}" --batch 2 --ep 2 --dp 2 \
   --topo.ranks-per-node 2 --out "$work/host" > "$work/host.log" 2>&1 || { cat "$work/host.log"; fail "the same layout on one host"; }
 "$MOETRAIN" "${train[@]}" --batch 8 --out "$work/one" > "$work/one.log" 2>&1 || { cat "$work/one.log"; fail "one process"; }
-cmp -s "$work/cluster/model.safetensors" "$work/host/model.safetensors" ||
+compare weights "$work/cluster" "$work/host" --name "EP 2 x DP 2 across the cluster against one host" ||
   fail "EP 2 x DP 2: the weights trained across the cluster differ from the same layout on one host"
-python3 - "$work" <<'PY' || fail "training across nodes"
-import json, sys
-w = sys.argv[1]
-def losses(run):
-    return [json.loads(l) for l in open(f"{w}/{run}/metrics.jsonl") if '"step_time_s"' in l]
-c, h, o = losses("cluster"), losses("host"), losses("one")
-assert len(c) == len(h) == len(o) == 10, (len(c), len(h), len(o))
-worst = 0
-for a, b, r in zip(c, h, o):
-    for k in ("loss", "ce_loss", "aux_loss", "grad_norm"):
-        assert a[k] == b[k], f"step {a['step']} {k}: cluster {a[k]!r} != one host {b[k]!r}"
-        worst = max(worst, abs(a[k] - r[k]) / max(abs(r[k]), 1e-30))
-assert worst <= 1e-6, f"cluster against one process: worst relative difference {worst:.2e} > 1e-6"
-print(f"training across nodes: EP 2 x DP 2, 10 steps: bit-identical to one host's; one process within {worst:.1e}")
-PY
+q=(--keys loss,ce_loss,aux_loss,grad_norm)
+compare losses "$work/cluster" "$work/host" "${q[@]}" --name "EP 2 x DP 2 across the cluster against one host" &&
+  compare losses "$work/cluster" "$work/one" "${q[@]}" --rtol 1e-6 --name "EP 2 x DP 2 across the cluster against one process" ||
+  fail "training across nodes"
 
 # Down (from here the EXIT trap has nothing left to do) and nothing of ours left.
 "$CLUSTER" down --name "$A"

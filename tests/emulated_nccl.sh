@@ -20,10 +20,9 @@ group_check="$3"
 fake_dir="$4"
 corpus="$5"
 work="$6"
-mpirun="$7"
-rm -rf "$work"
-mkdir -p "$work"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+MPIRUN="$7"
+source "$(dirname "$0")/lib.sh"
+scratch "$work"
 preset="${EMULATED_NCCL_PRESET:-test-moe}"
 common=(train --preset "$preset" --steps 3 --batch 2 --seq-len 16 --eval-every 2 --eval-batches 1
         --data "$corpus" --lr 3e-3 --warmup 1 --peak-gflops 1 --device cuda)
@@ -39,7 +38,7 @@ launch() {  # launch LOG GPUS NP COMMAND...
   shift 3
   MOETRAIN_EMULATED_GPUS="$gpus" LD_LIBRARY_PATH="$fake_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     NCCL_DEBUG=INFO FAKE_NCCL_TIMEOUT_S="${FAKE_NCCL_TIMEOUT_S:-60}" \
-    timeout 300 "$mpirun" --oversubscribe -np "$np" "$@" >"$log" 2>&1
+    timeout 300 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -np "$np" "$@" >"$log" 2>&1
 }
 
 # ---- 1, 2: the fake's contract; Group over NCCL == Group over MPI ----

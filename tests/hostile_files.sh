@@ -28,7 +28,7 @@ markdown=0
 [ "${2:-}" = "--markdown" ] && markdown=1
 dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
-export OPENBLAS_NUM_THREADS=1
+source "$(dirname "$0")/lib.sh"  # the mpirun preamble, one BLAS thread
 py=/usr/bin/python3
 pass=0
 fail=0
@@ -282,12 +282,11 @@ expect "negative AdamW second moment (--resume)" 'tensor "adam_v.lm_head.weight"
 
 # --- the same on 2 ranks: refused in setup, reported once, no rank left waiting ---------------------
 if command -v mpirun >/dev/null; then
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   moe=(train --preset test-moe --steps 2 --batch 2 --seq-len 16 --eval-batches 1 --quiet --data "$dir/text.txt")
   "$bin" "${moe[@]}" --steps 1 --out "$dir/moe" >/dev/null
   expect_mpi() {  # expect_mpi NAME PATTERN CKPT: resume CKPT on 2 ranks (EP 2)
     local out rc=0 n
-    out="$(timeout 120 mpirun --oversubscribe --bind-to none -np 2 "$bin" "${moe[@]}" --ep 2 \
+    out="$(timeout 120 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -np 2 "$bin" "${moe[@]}" --ep 2 \
            --out "$dir/o-mpi-$n_out" --resume "$3" 2>&1)" || rc=$?
     n_out=$((n_out + 1))
     n=$(printf '%s\n' "$out" | grep -c "^moetrain: error" || true)

@@ -10,7 +10,8 @@ bin="$1"; corpus="$2"; work="$3"; mpirun="${4:-}"
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 rm -rf "$work"; mkdir -p "$work"
-export OPENBLAS_NUM_THREADS=1
+source "$(dirname "$0")/lib.sh"
+[ -n "$mpirun" ] && MPIRUN="$mpirun"
 pass=0
 ok() { pass=$((pass + 1)); echo "ok: $*"; }
 die() { echo "FAIL: $*"; exit 1; }
@@ -76,7 +77,7 @@ has "$work/cfg.txt" "parameters        $n total" "8 routed of width"
 ok "config.json"
 
 if [ -n "$mpirun" ]; then
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$mpirun" --oversubscribe --bind-to none -np 2 \
+  mpi 2 \
     "$bin" train --preset test-moe --data "$corpus" --steps 2 --batch 4 --seq-len 32 --ep 2 --quiet --out "$work/ep"
   "$bin" inspect "$work/ep/checkpoints/step-2" > "$work/ep.txt"
   has "$work/ep.txt" "pp 1 x dp 1 x ep 2 x tp 1" "layer 1 [[0,1,2,3],[4,5,6,7]]" "contiguous)" "$n parameters (equal to the config's count)" \

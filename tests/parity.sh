@@ -151,7 +151,7 @@ p='$work/mb2.pp2ep2@resume/metrics.jsonl'; l=open(p).readlines()[:10]; open(p,'w
 esac
 
 /usr/bin/env python3 - "$work" "$steps" "$suite" <<'PY'
-import json, os, sys, filecmp
+import json, os, sys
 work, steps, suite = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 # Quantity -> bound on |run - one process| / |one process| at every step (over the 20 steps, the
 # round-off of a different summation order grows) and at step 1 (where it has not grown yet).
@@ -163,15 +163,10 @@ if suite == "v3cfg":  # TP 2 at hidden 256: Adam turns round-off into 1.5e-5 of 
     BOUNDS["grad_norm"] = 3e-5
 EXACT = ("step", "lr", "tokens")  # the same numbers, whatever the layout
 SAME = EXACT + tuple(BOUNDS)      # bit-identical across the variants of one BASE
-def metrics(name):
-    with open(os.path.join(work, name, "metrics.jsonl")) as f:
-        return [json.loads(l) for l in f]
-def rel(a, b):  # a NaN on either side counts as an infinite difference
-    d = abs(a - b) / abs(b) if b != 0 else (0.0 if a == 0 else float("inf"))
-    return d if d == d else float("inf")
 sys.path.insert(0, os.environ["TESTS_DIR"])
-from checks import Checks
-check = Checks(quiet_ok=True)
+import checks
+metrics = lambda name: checks.metrics(work, name)
+check = checks.Checks(quiet_ok=True)
 runs = sorted(d for d in os.listdir(work) if not d.startswith("single") and os.path.isdir(os.path.join(work, d)))
 cols = list(BOUNDS) + ["step1"]
 print(f"{'run':22s} " + " ".join(f"{c:>10s}" for c in cols) + "   worst relative difference vs one process")
@@ -197,22 +192,16 @@ for name in runs:
             got, ref = got[:flip], ref[:flip]
     worst = {}
     for q, bound in BOUNDS.items():
-        w = 0.0
-        for g, r in zip(got, ref):
-            if (q in g) != (q in r):
-                check(False, f"{name} step {r['step']}: {q} logged in only one of the runs")
-                w = float("inf")
-            elif q in r:
-                w = max(w, rel(g[q], r[q]))
-        check(w <= bound, f"{name}: {q} worst relative difference {w:.3e} > {bound:g}")
-        worst[q] = w
-    for q in EXACT:
-        check(all(g[q] == r[q] for g, r in zip(got, ref)), f"{name}: {q} differs from {ref_name}")
+        r = checks.compare_losses(got, ref, (q,), bound)
+        check(r.ok, f"{name}: {r.msg}")
+        worst[q] = r.worst
+    r = checks.compare_losses(got, ref, EXACT[1:], 0)
+    check(r.ok, f"{name} against {ref_name}: {r.msg}")
     w1 = 0.0
     for q, bound in STEP1.items():
-        d = rel(got[0][q], ref[0][q])
-        check(d <= bound, f"{name}: step 1 {q} relative difference {d:.3e} > {bound:g}")
-        w1 = max(w1, d)
+        r = checks.compare_losses(got, ref, (q,), bound, steps=(1, 1))
+        check(r.ok, f"{name}: step 1 {r.msg}")
+        w1 = max(w1, r.worst)
     worst["step1"] = w1
     # The noaux_tc selection bias after the last step: exact, whatever the layout.
     def router_bias(n):
@@ -230,10 +219,8 @@ for name in runs:
 for base, names in sorted(groups.items()):
     first = names[0]
     for other in names[1:]:
-        a, b = metrics(other), metrics(first)
-        same = len(a) == len(b) and all(x.get(q) == y.get(q) for x, y in zip(a, b) for q in SAME)
-        same = same and filecmp.cmp(os.path.join(work, other, "model.safetensors"),
-                                    os.path.join(work, first, "model.safetensors"), shallow=False)
+        same = checks.compare_losses(metrics(other), metrics(first), SAME[1:], 0).ok and \
+            checks.same_weights_file(work, other, first)
         check(same, f"{other}: metrics/weights not bit-identical to {first}")
         print(f"{other:22s} bit-identical to {first}: {same}")
 # Migration: the runs that may migrate did (and moved load off the busiest rank); @off never did;
@@ -260,10 +247,8 @@ for name in runs:
 for name in runs:
     # Stopped and resumed with nothing else in its group: bit for bit the one-process run.
     if name.endswith("@resume") and len(groups[name.split("@")[0]]) == 1:
-        a, b = metrics(name), metrics("single")
-        same = len(a) == len(b) and all(x.get(q) == y.get(q) for x, y in zip(a, b) for q in SAME)
-        same = same and filecmp.cmp(os.path.join(work, name, "model.safetensors"),
-                                    os.path.join(work, "single", "model.safetensors"), shallow=False)
+        same = checks.compare_losses(metrics(name), metrics("single"), SAME[1:], 0).ok and \
+            checks.same_weights_file(work, name, "single")
         check(same, f"{name}: metrics/weights not bit-identical to single")
         print(f"{name:22s} bit-identical to single: {same}")
 sys.exit(check.finish())

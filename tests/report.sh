@@ -16,7 +16,8 @@ if [ -z "$chromium" ] || [ ! -x "$py" ]; then
   exit 77
 fi
 rm -rf "$work"; mkdir -p "$work"
-export OPENBLAS_NUM_THREADS=1
+source "$(dirname "$0")/lib.sh"
+[ -n "$mpirun" ] && MPIRUN="$mpirun"
 pass=0
 ok() { pass=$((pass + 1)); echo "ok: $*"; }
 die() { echo "FAIL: $*"; exit 1; }
@@ -53,7 +54,7 @@ if "$py" "$here/report_check.py" png "$work/blank.png" >/dev/null; then die "a b
 ok "a blank screenshot fails the check"
 
 if [ -n "$mpirun" ]; then
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$mpirun" --oversubscribe --bind-to none -np 4 \
+  mpi 4 \
     "$bin" train "${common[@]}" --batch 4 --ep 2 --pp 2 --topo.ranks-per-node 1 --out "$work/grid"
   "$bin" report "$work/grid" -o "$work/grid.html" >/dev/null
   "$py" "$here/report_check.py" html "$work/grid.html" 12 loss throughput step-time all-to-all expert-load pipeline
@@ -61,17 +62,13 @@ if [ -n "$mpirun" ]; then
   grep -q 'Bubble per stage' "$work/grid.html" || die "PP 2: no bubble plot"
   render "$work/grid.html" grid
   # Both stages' MoE layers (1 on stage 0, 2 on stage 1) are in the record, equal to one process's.
-  "$py" - "$work/one/metrics.jsonl" "$work/grid/metrics.jsonl" <<'EOF' || die "PP 2 expert loads"
-import json, sys
-one, grid = (json.loads(open(p).readline()) for p in sys.argv[1:3])
-assert grid["expert_loads_layers"] == [1, 2], grid["expert_loads_layers"]
-assert grid["expert_loads"] == one["expert_loads"], (grid["expert_loads"], one["expert_loads"])
-EOF
+  compare losses "$work/grid" "$work/one" --keys expert_loads_layers,expert_loads --steps 1-1 \
+    --name "EP 2 x PP 2: step 1's expert loads" || die "PP 2 expert loads"
   ok "EP 2 x PP 2 report renders; expert loads of both stages equal one process's"
 
   # A real EP 4 run whose experts migrate (every 2 steps, any imbalance above 1.0001): the balance
   # and migration sections render, and their numbers are the metrics file's.
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$mpirun" --oversubscribe --bind-to none -np 4 \
+  mpi 4 \
     "$bin" train --preset test-moe --data "$corpus" --steps 12 --eval-every 6 --seq-len 32 --batch 2 --ep 4 \
     --topo.ranks-per-node 2 --balance.migrate-every 2 --balance.threshold 1.0001 --quiet --out "$work/mig"
   "$bin" report "$work/mig" -o "$work/mig.html" >/dev/null

@@ -13,7 +13,8 @@ set -euo pipefail
 bin="$1"; corpus="$2"; work="$3"; mpirun="${4:-}"
 py=/usr/bin/python3
 rm -rf "$work"; mkdir -p "$work/pct"
-export OPENBLAS_NUM_THREADS=1
+source "$(dirname "$0")/lib.sh"
+[ -n "$mpirun" ] && MPIRUN="$mpirun"
 pass=0
 ok() { pass=$((pass + 1)); echo "ok: $*"; }
 die() { echo "FAIL: $*"; exit 1; }
@@ -38,7 +39,7 @@ done
 ok "step-time p50, p95, max, the Q3 + 3 IQR fence and the median MFU match the hand-computed values"
 
 if [ -n "$mpirun" ]; then
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$mpirun" --oversubscribe --bind-to none -np 2 \
+  mpi 2 \
     "$bin" train --preset test-moe --data "$corpus" --steps 12 --seq-len 32 --batch 4 --ep 2 --eval-every 0 \
     --balance.migrate-every 2 --balance.threshold 1.0001 --quiet --out "$work/mig" >/dev/null
   "$bin" report "$work/mig" -o "$work/mig.html" >/dev/null

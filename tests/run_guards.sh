@@ -15,15 +15,15 @@
 set -uo pipefail
 bin="$1"
 corpus="$2"
-mpirun_bin="${3:-mpirun}"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+MPIRUN="${3:-mpirun}"
+source "$(dirname "$0")/lib.sh"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 pass=0
 fail=0
 ok() { pass=$((pass + 1)); echo "ok   $1"; }
 bad() { fail=$((fail + 1)); echo "FAIL $1"; }
-mpi=("$mpirun_bin" --oversubscribe --bind-to none)  # an array, not a function: $! is mpirun itself
+mpi=("$MPIRUN" "${MPIRUN_FLAGS[@]}")  # an array, not lib.sh's function: $! is mpirun itself
 common=(train --preset test-moe4 --seq-len 32 --batch 4 --eval-every 0 --eval-batches 1 --quiet --data "$corpus")
 lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
 # rank_pid MPIRUN_PID RANK: the pid of that rank (a child of mpirun, by its OMPI_COMM_WORLD_RANK).

@@ -93,11 +93,7 @@ double rel_err(const Vec& a, const Ref& ref, float offset = 0.0f) {
   return std::sqrt(num / std::max(den, 1.0));
 }
 
-Vec randn(Rng& rng, size_t n, double scale) {
-  Vec v(n);
-  for (float& x : v) x = static_cast<float>(rng.normal() * scale);
-  return v;
-}
+using moe::test_util::randn;
 
 // Rows per block are 64: T = 63, 64, 65 sit at the first boundary, 130 and 200 span three and four
 // blocks with a partial last one; hd 16..128.

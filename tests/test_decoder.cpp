@@ -15,19 +15,13 @@
 #include "model/decoder.h"
 #include "model/model.h"
 #include "train/generate.h"
+#include "test_util.h"
 
 using namespace moe;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using moe::test_util::error_of;
 
 // max|a - b| / max|b| over one row of V logits.
 double rel_error(const float* a, const float* b, int V) {

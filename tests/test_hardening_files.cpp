@@ -36,15 +36,7 @@ using nlohmann::json;
 
 std::string fresh_dir(const std::string& name) { return moe::test_util::fresh_scratch_dir("hf", name); }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const moe::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using moe::test_util::error_of;
 
 #define EXPECT_ERROR_HAS(expr, text)                                                     \
   do {                                                                                   \

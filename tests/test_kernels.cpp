@@ -26,6 +26,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu_mlp.h"
+#include "test_util.h"
 
 namespace {
 
@@ -34,20 +35,8 @@ using namespace moe::kernels;
 using Vec = std::vector<float>;
 using Tensors = std::vector<Vec>;
 
-Vec randn(Rng& rng, size_t n, double scale) {
-  Vec v(n);
-  for (auto& x : v) x = static_cast<float>(rng.normal() * scale);
-  return v;
-}
-
-double norm_err(const Vec& a, const Vec& ref) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / (den > 0 ? den : 1e-30));
-}
+using moe::test_util::randn;
+using moe::test_util::norm_err;
 
 // ---------------------------------------------------------------------------------------------
 // Naive references: plain loops in double, no BLAS, written independently of src/kernels.

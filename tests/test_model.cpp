@@ -17,20 +17,14 @@
 #include "model/model.h"
 #include "model/weights_io.h"
 #include "train/optimizer.h"
+#include "test_util.h"
 
 using namespace moe;
 using nlohmann::json;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using moe::test_util::error_of;
 
 std::vector<int32_t> random_tokens(int B, int T, int V, uint64_t seed) {
   Rng r(seed);

@@ -19,6 +19,7 @@
 #include "moe/layout.h"
 #include "moe/moe_layer.h"
 #include "moe/router.h"
+#include "test_util.h"
 
 namespace {
 
@@ -27,17 +28,9 @@ using namespace moe::mixture;
 using Vec = std::vector<float>;
 using IVec = std::vector<int32_t>;
 
-Vec randn(size_t n, uint64_t seed, float stddev) {
-  Rng rng = derive_rng(seed, 17);
-  Vec v(n);
-  for (float& f : v) f = static_cast<float>(rng.normal() * stddev);
-  return v;
-}
-
-template <class T>
-std::vector<T> to_vec(const Buffer<T>& b) {
-  return std::vector<T>(b.data(), b.data() + b.size());
-}
+// Each suite draws its tensors from its own stream of the seed.
+Vec randn(size_t n, uint64_t seed, float stddev) { return test_util::randn(n, seed, 17, stddev); }
+using test_util::to_vec;
 
 // Random top-k routing: k distinct experts per token.
 IVec random_topk(int T, int k, int E, uint64_t seed) {
@@ -50,17 +43,6 @@ IVec random_topk(int T, int k, int E, uint64_t seed) {
     for (int j = 0; j < k; ++j) idx[static_cast<size_t>(t) * k + j] = perm[j];
   }
   return idx;
-}
-
-// max |a-b| / (max |b| + tiny): a scale-aware error for whole tensors.
-double rel_err(const Vec& a, const Vec& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0, scale = 1e-30;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-  }
-  return diff / scale;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -509,7 +491,7 @@ TEST(MoeLayer, ForwardMatchesNaivePerTokenLoop) {
       EXPECT_GT(act.padded_layout.num_dropped, 0);
     }
     Vec ref = naive_moe(m, r.idx, to_vec(act.routing.topk_weight_TK), kept);
-    EXPECT_LT(rel_err(r.y, ref), 1e-5) << "variant " << variant;
+    EXPECT_LT(test_util::max_rel_err(r.y, ref), 1e-5) << "variant " << variant;
     // Every byte held for backward is charged to the tracker.
     size_t held = act.routing.scores_TE.bytes() + act.routing.topk_idx_TK.bytes() +
                   act.routing.topk_weight_TK.bytes() + act.routing.aux_coef_BE.bytes() +
@@ -540,28 +522,28 @@ TEST(MoeLayer, OneExpertTopOneEqualsDenseMlp) {
   kernels::swiglu_mlp_backward(dx.data(), {dg.data(), du.data(), dd.data()}, dy.data(),
                                m.x.data(), gg.data(), uu.data(), hh.data(), w, T, H, F,
                                scratch.data());
-  EXPECT_LT(rel_err(r.y, y), 1e-6);
-  EXPECT_LT(rel_err(g.dx, dx), 1e-6);
-  EXPECT_LT(rel_err(g.deg, dg), 1e-6);
-  EXPECT_LT(rel_err(g.deu, du), 1e-6);
-  EXPECT_LT(rel_err(g.ded, dd), 1e-6);
+  EXPECT_LT(test_util::max_rel_err(r.y, y), 1e-6);
+  EXPECT_LT(test_util::max_rel_err(g.dx, dx), 1e-6);
+  EXPECT_LT(test_util::max_rel_err(g.deg, dg), 1e-6);
+  EXPECT_LT(test_util::max_rel_err(g.deu, du), 1e-6);
+  EXPECT_LT(test_util::max_rel_err(g.ded, dd), 1e-6);
   for (float v : g.dgate) EXPECT_EQ(v, 0.0f);  // softmax over one expert has zero derivative
 }
 
 void expect_same(const std::pair<RunResult, Grads>& a, const std::pair<RunResult, Grads>& b,
                  double tol, const char* what) {
   EXPECT_EQ(a.first.idx, b.first.idx) << what;
-  EXPECT_LT(rel_err(a.first.y, b.first.y), tol) << what << " y";
+  EXPECT_LT(test_util::max_rel_err(a.first.y, b.first.y), tol) << what << " y";
   EXPECT_NEAR(a.first.aux, b.first.aux, 1e-12) << what;
   const Grads &ga = a.second, &gb = b.second;
-  EXPECT_LT(rel_err(ga.dx, gb.dx), tol) << what << " dx";
-  EXPECT_LT(rel_err(ga.dgate, gb.dgate), tol) << what << " dgate";
-  EXPECT_LT(rel_err(ga.deg, gb.deg), tol) << what << " d expert gate";
-  EXPECT_LT(rel_err(ga.deu, gb.deu), tol) << what << " d expert up";
-  EXPECT_LT(rel_err(ga.ded, gb.ded), tol) << what << " d expert down";
-  EXPECT_LT(rel_err(ga.dsg, gb.dsg), tol) << what << " d shared gate";
-  EXPECT_LT(rel_err(ga.dsu, gb.dsu), tol) << what << " d shared up";
-  EXPECT_LT(rel_err(ga.dsd, gb.dsd), tol) << what << " d shared down";
+  EXPECT_LT(test_util::max_rel_err(ga.dx, gb.dx), tol) << what << " dx";
+  EXPECT_LT(test_util::max_rel_err(ga.dgate, gb.dgate), tol) << what << " dgate";
+  EXPECT_LT(test_util::max_rel_err(ga.deg, gb.deg), tol) << what << " d expert gate";
+  EXPECT_LT(test_util::max_rel_err(ga.deu, gb.deu), tol) << what << " d expert up";
+  EXPECT_LT(test_util::max_rel_err(ga.ded, gb.ded), tol) << what << " d expert down";
+  EXPECT_LT(test_util::max_rel_err(ga.dsg, gb.dsg), tol) << what << " d shared gate";
+  EXPECT_LT(test_util::max_rel_err(ga.dsu, gb.dsu), tol) << what << " d shared up";
+  EXPECT_LT(test_util::max_rel_err(ga.dsd, gb.dsd), tol) << what << " d shared down";
 }
 
 TEST(MoeLayer, PaddedAgreesWithPaddingFree) {

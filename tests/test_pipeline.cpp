@@ -11,21 +11,14 @@
 #include "comm/group.h"
 #include "core/error.h"
 #include "parallel/pipeline.h"
+#include "test_util.h"
 
 using namespace moe;
 using namespace moe::parallel;
 
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using moe::test_util::error_of;
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;

@@ -33,14 +33,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using moe::test_util::error_of;
 
 fs::path temp_file(const std::string& name, const std::string& text) {
   const fs::path p = moe::test_util::scratch_path("plan", name);

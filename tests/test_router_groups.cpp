@@ -34,12 +34,8 @@ using namespace moe::mixture;
 using Vec = std::vector<float>;
 using IVec = std::vector<int32_t>;
 
-Vec randn(size_t n, uint64_t seed, float stddev) {
-  Rng rng = derive_rng(seed, 29);
-  Vec v(n);
-  for (float& f : v) f = static_cast<float>(rng.normal() * stddev);
-  return v;
-}
+// Each suite draws its tensors from its own stream of the seed.
+Vec randn(size_t n, uint64_t seed, float stddev) { return test_util::randn(n, seed, 29, stddev); }
 
 using test_util::error_of;
 

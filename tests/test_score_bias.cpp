@@ -19,6 +19,7 @@
 #include "moe/router.h"
 #include "train/checkpoint_manifest.h"
 #include "train/score_bias.h"
+#include "test_util.h"
 
 namespace {
 
@@ -27,26 +28,11 @@ using namespace moe::mixture;
 using Vec = std::vector<float>;
 using IVec = std::vector<int32_t>;
 
-Vec randn(size_t n, uint64_t seed, float stddev) {
-  Rng rng = derive_rng(seed, 31);
-  Vec v(n);
-  for (float& f : v) f = static_cast<float>(rng.normal() * stddev);
-  return v;
-}
+// Each suite draws its tensors from its own stream of the seed.
+Vec randn(size_t n, uint64_t seed, float stddev) { return test_util::randn(n, seed, 31, stddev); }
+using test_util::to_vec;
 
-template <class T>
-std::vector<T> to_vec(const Buffer<T>& b) {
-  return std::vector<T>(b.data(), b.data() + b.size());
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using moe::test_util::error_of;
 
 RouterConfig sigmoid_config(int variant, const float* bias) {
   RouterConfig c;

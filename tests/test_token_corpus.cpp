@@ -57,14 +57,7 @@ std::vector<int64_t> expected_stream(const std::vector<std::vector<std::vector<i
   return out;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const moe::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using moe::test_util::error_of;
 
 #define SKIP_WITHOUT_PYTHON() \
   if (!have_python()) GTEST_SKIP() << "no /usr/bin/python3 with numpy"
@@ -345,7 +338,7 @@ TEST(IndexedDataset, OverlappingOrOutOfOrderSequencesAreRefused) {
   set_pointer(2, 30);  // a gap (Megatron allows it) is fine
   set_pointer(3, 40);
   fs::resize_file(p + ".bin", 50);
-  EXPECT_EQ(error_of([&] { TokenCorpus::load(p, 256); }), "(no error)");
+  EXPECT_EQ(error_of([&] { TokenCorpus::load(p, 256); }), "");
 }
 
 // Issue 42, class 5: the .bin is read with pread, so one that shrinks under a reader is an error

@@ -9,7 +9,7 @@
 set -euo pipefail
 bin="$1"; corpus="$2"; work="$3"
 rm -rf "$work"; mkdir -p "$work"
-export OPENBLAS_NUM_THREADS=1
+source "$(dirname "$0")/lib.sh"
 common=(train --preset test-moe --seq-len 32 --batch 4 --eval-every 0 --warmup 6 --data "$corpus")
 run() {  # run NAME ARGS...: a training run that must succeed, its stderr in NAME.log
   local name="$1"; shift
@@ -83,8 +83,7 @@ assert all(c[s] == a[s] for s in c), "the resumed run's losses differ"
 PY
 # Two ranks (EP 2) choose one count together (the slowest rank's median): a disagreement would
 # leave one rank waiting in a collective, which --comm.timeout ends.
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-mpirun -np 2 --oversubscribe --bind-to none "$bin" "${common[@]}" --ep 2 --time-budget 0.3 --steps 400 \
+mpi 2 "$bin" "${common[@]}" --ep 2 --time-budget 0.3 --steps 400 \
   --comm.timeout 60 --out "$work/ep2" 2>"$work/ep2.log" || { cat "$work/ep2.log" >&2; exit 1; }
 /usr/bin/python3 - "$work" <<'PY'
 import json, sys

@@ -62,15 +62,15 @@ run res.tp2-to-tp2 2 "${m[@]}" --batch 8 --tp 2 --resume "$work/tp2/checkpoints/
 import json, os, sys
 work = sys.argv[1]
 sys.path.insert(0, sys.argv[2])
-import run_files as rf
-check = rf.Checks()
-rel, worst_weights = rf.rel, rf.worst_weights
-metrics = lambda name: rf.metrics(work, name)
-weights = lambda name: rf.weights(work, name)
-same_file = lambda a, b: rf.same_weights_file(work, a, b)
+import checks
+check = checks.Checks()
+rel, worst_weights = checks.rel, checks.worst_weights
+metrics = lambda name: checks.metrics(work, name)
+weights = lambda name: checks.weights(work, name)
+same_file = lambda a, b: checks.same_weights_file(work, a, b)
 QS = ("loss", "ce_loss", "aux_loss", "val_loss", "grad_norm")
-worst_metrics = lambda got, ref: rf.worst_metrics(got, ref, QS)
-bits_equal = lambda a, b: rf.bits_equal(a, b, QS)
+worst_metrics = lambda got, ref: checks.worst_metrics(got, ref, QS)
+bits_equal = lambda a, b: checks.bits_equal(a, b, QS)
 
 # 1. Parity with one process.
 for run, ref in [("tp2", "single"), ("tp4", "single"), ("tp2ep2", "single"), ("tp2dp2", "single"),
@@ -152,5 +152,5 @@ for res, ref, exact in [("res.tp2-to-single", "single", False), ("res.single-to-
         check(bits_equal(got, want) and same_file(res, ref), f"{res}: steps 11-20 and final weights bit for bit with {ref}")
     else:
         check(wm <= 1e-5 and ww <= 1e-5, f"{res}: steps 11-20 vs {ref}: {wm:.2e}, weights {ww:.2e} (<= 1e-5)")
-sys.exit(check.exit_code())
+sys.exit(check.finish())
 PY

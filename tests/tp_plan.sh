@@ -17,10 +17,8 @@ set -euo pipefail
 bin="$1"
 corpus="$2"
 work="$3"
-rm -rf "$work"
-mkdir -p "$work"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
-mpirun=(mpirun --oversubscribe --bind-to none)
+source "$(dirname "$0")/lib.sh"
+scratch "$work"
 short=(--steps 2 --eval-every 0 --eval-batches 1 --quiet --data "$corpus")
 
 "$bin" plan --save-cluster "$work/cluster.json" --cluster dgx-h100 > /dev/null
@@ -37,7 +35,7 @@ run_printed() {
   local name="$1" cmd="$2"
   read -r -a words <<< "$cmd"
   for i in "${!words[@]}"; do [ "${words[$i]}" = moetrain ] && words[$i]="$bin"; done
-  [ "${words[0]}" = mpirun ] && words=("${mpirun[@]}" "${words[@]:1}")
+  [ "${words[0]}" = mpirun ] && words=("$MPIRUN" "${MPIRUN_FLAGS[@]}" "${words[@]:1}")
   "${words[@]}" "${short[@]}" --out "$work/$name"
   echo "ok   $name: the planner's command ran: $cmd"
 }

@@ -12,8 +12,8 @@
 # Usage: upcycle.sh MOETRAIN PYTHON CORPUS WORK
 set -euo pipefail
 bin="$1"; py="$2"; corpus="$3"; work="$4"
-rm -rf "$work"; mkdir -p "$work"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+source "$(dirname "$0")/lib.sh"
+scratch "$work"
 fail=0
 data=(--data "$corpus" --seq-len 64)
 "$bin" train --preset test-dense --steps 100 --batch 16 --lr 3e-3 --eval-every 0 --quiet "${data[@]}" --out "$work/dense-run"
@@ -64,7 +64,7 @@ sys.exit(0 if ok else 1)
 PY
 
 # The noisy model trains from there on 2 EP ranks (the folder's experts split by the layout).
-mpirun --oversubscribe --bind-to none -np 2 "$bin" train --init-from "$work/e4k2-noise" --steps 20 --batch 8 --ep 2 \
+mpi 2 "$bin" train --init-from "$work/e4k2-noise" --steps 20 --batch 8 --ep 2 \
   --lr 3e-3 --warmup 2 --eval-every 0 --eval-batches 1 --quiet "${data[@]}" --out "$work/e4k2-noise.ep2"
 "$py" - "$work/e4k2-noise.ep2/metrics.jsonl" <<'PY' || fail=1
 import json, sys

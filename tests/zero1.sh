@@ -69,7 +69,7 @@ cmd=$(/usr/bin/env python3 -c 'import json,sys; print(json.load(open(sys.argv[1]
       "$work/plan-dp2-z.json")
 read -r -a words <<< "$cmd"
 for i in "${!words[@]}"; do [ "${words[$i]}" = moetrain ] && words[$i]="$bin"; done
-[ "${words[0]}" = mpirun ] && words=(mpirun --oversubscribe --bind-to none "${words[@]:1}")
+[ "${words[0]}" = mpirun ] && words=("$MPIRUN" "${MPIRUN_FLAGS[@]}" "${words[@]:1}")
 "${words[@]}" --steps 2 --eval-every 0 --eval-batches 1 --quiet --data "$corpus" --out "$work/plan-cmd"
 echo "ok   the planner's command ran: $cmd"
 
@@ -77,14 +77,14 @@ echo "ok   the planner's command ran: $cmd"
 import json, os, sys
 work = sys.argv[1]
 sys.path.insert(0, sys.argv[2])
-import run_files as rf
-check = rf.Checks()
-metrics = lambda name: rf.metrics(work, name)
-weights = lambda name: rf.weights(work, name)[0]
+import checks
+check = checks.Checks()
+metrics = lambda name: checks.metrics(work, name)
+weights = lambda name: checks.weights(work, name)[0]
 LOSSES = ("loss", "ce_loss", "aux_loss", "val_loss")
-worst_metrics = lambda got, ref, qs=LOSSES + ("grad_norm",): rf.worst_metrics(got, ref, qs)
-worst_weights = rf.worst_weights
-bits_equal = lambda a, b, qs=LOSSES: rf.bits_equal(a, b, qs)
+worst_metrics = lambda got, ref, qs=LOSSES + ("grad_norm",): checks.worst_metrics(got, ref, qs)
+worst_weights = checks.worst_weights
+bits_equal = lambda a, b, qs=LOSSES: checks.bits_equal(a, b, qs)
 
 # 1. Parity with one process, 2. bit for bit against the same layout without --zero1.
 for z, plain, ref, expect_bits in [("single-z", "single", "single", True), ("dp2-z", "dp2", "single", True),
@@ -160,5 +160,5 @@ for res, ref, exact in [("res.dp2-z-to-dp2", "dp2", True), ("res.dp2-z-to-single
         check(bits_equal(got, want) and ww == 0, f"{res}: steps 11-20 and final weights bit for bit with {ref}")
     else:
         check(wm <= 1e-5 and ww <= 1e-5, f"{res}: steps 11-20 vs {ref}: {wm:.2e}, weights {ww:.2e} (<= 1e-5)")
-sys.exit(check.exit_code())
+sys.exit(check.finish())
 PY
