@@ -20,7 +20,7 @@ target_link_libraries(moetrain_smpi_a2a PRIVATE moetrain_smpi_comm CLI11::CLI11)
 # moetrain_smpi_step: one training step, communication only, compute injected from the planner's
 # time model (src/smpi/step_*.cpp). It links the planner and what it reads (model config, the
 # dispatch layout's capacity, the pipeline schedules, the grid), all compiled with smpicxx too.
-set(smpi_plan_src ${S}/model/config.cpp ${S}/model/family.cpp ${S}/model/params.cpp ${S}/model/memory_sizes.cpp
+set(smpi_plan_src ${S}/model/config.cpp ${S}/model/presets.cpp ${S}/model/family.cpp ${S}/model/params.cpp ${S}/model/memory_sizes.cpp
     ${S}/moe/layout.cpp ${S}/kernels/permute.cpp ${S}/kernels/device_select.cpp
     ${S}/parallel/schedule.cpp ${S}/parallel/parallel_dims.cpp ${S}/parallel/grid.cpp
     ${S}/io/safetensors.cpp ${S}/io/data_file.cpp ${S}/io/output_file.cpp)
