@@ -277,6 +277,80 @@ int run_a2a_bench_cli(int* argc, char*** argv, A2aCli& a) {
   return 0;
 }
 
+// moetrain export: a checkpoint as a Hugging Face folder.
+struct ExportCli {
+  std::string checkpoint, out;
+  double shard_mb = 2048;
+  std::string mtp = "keep";
+};
+
+void add_export_command(CLI::App& app, ExportCli& cli) {
+  CLI::App* ex = app.add_subcommand("export", "checkpoint -> Hugging Face folder (config.json + safetensors)");
+  ex->add_option("checkpoint", cli.checkpoint, "a step-N checkpoint folder")->required();
+  ex->add_option("out", cli.out, "output folder")->required();
+  ex->add_option("--shard-mb", cli.shard_mb, "largest safetensors file (MB) before sharding")->capture_default_str();
+  ex->add_option("--mtp", cli.mtp, "DeepSeek-V3's multi-token-prediction module: keep (V3's layer L) or drop")
+      ->check(CLI::IsMember({"keep", "drop"}))
+      ->capture_default_str();
+}
+
+int run_export(const ExportCli& cli) {
+  MOE_CHECK(std::isfinite(cli.shard_mb) && cli.shard_mb > 0 && cli.shard_mb <= 1e9,
+            "--shard-mb must be a positive number of megabytes (at most 1e9), got ", cli.shard_mb);
+  // Started once per rank, every copy would write the same folder at the same time.
+  const int ranks = train::launcher_world_size();
+  if (ranks > 1 && train::launcher_world_rank() != 0) return 1;  // rank 0 says why, once
+  MOE_CHECK(ranks == 1, "export writes one folder from one process, but this is one of ", ranks,
+            " ranks started by a launcher (mpirun/srun): run `moetrain export` without it");
+  train::ExportResult r = train::export_checkpoint(
+      cli.checkpoint, cli.out, static_cast<size_t>(std::max(1.0, cli.shard_mb * 1024 * 1024)),
+      cli.mtp == "drop");
+  std::printf("exported %s -> %s (%d file(s), %.1f MB)\n", cli.checkpoint.c_str(), cli.out.c_str(),
+              r.num_files, r.bytes / 1e6);
+  return 0;
+}
+
+// moetrain train: the options CLI11 cannot check alone, then the run under MPI.
+int run_train_command(const CLI::App& cmd, train::TrainOptions& train_opts, bool quiet, int* argc,
+                      char*** argv) {
+  // --global-batch: the per-data-rank --batch it implies (no MPI needed; every rank agrees).
+  if (cmd.count("--global-batch") > 0) {
+    const int data_ranks = train_opts.parallel.dims.ep * train_opts.parallel.dims.dp;
+    const int g = train_opts.data.global_batch;
+    if (cmd.count("--batch") > 0)
+      throw Error(str_cat("--global-batch ", g, " and --batch ", train_opts.data.batch,
+                          ": give one (--batch is per data rank, --global-batch over all ", data_ranks, ")"));
+    if (g < 1 || data_ranks < 1 || g % data_ranks != 0)
+      throw Error(str_cat("--global-batch ", g, " must be a positive multiple of the data ranks (ep ",
+                          train_opts.parallel.dims.ep, " x dp ", train_opts.parallel.dims.dp, " = ", data_ranks, ")"));
+    train_opts.data.batch = g / data_ranks;
+  }
+  // --init-from: the folder's config is the model; a --preset given as well is compared with it.
+  if (!train_opts.model.init_from.empty() && cmd.count("--preset") == 0)
+    train_opts.model.preset.clear();
+  comm::MpiRuntime mpi(argc, argv);
+  try {
+    train_opts.progress = !quiet;
+    // --time-budget chooses the step count; an explicit --steps caps it.
+    if (train_opts.time_budget_s > 0 && cmd.count("--steps") == 0)
+      train_opts.steps = train::kTimeBudgetMaxSteps;
+    train::install_stop_handlers();
+    train::run_training(train_opts);
+  } catch (const train::SetupError& e) {
+    // Every rank stopped at the same point: report once, finalise MPI, exit 1.
+    if (e.report_here()) std::fprintf(stderr, "moetrain: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    if (mpi.world_size() == 1) throw;
+    // Other ranks may be waiting in a collective: end the whole job, not just this rank.
+    std::fprintf(stderr, "moetrain: error (rank %d of %d): %s\n", mpi.world_rank(),
+                 mpi.world_size(), e.what());
+    std::fflush(stderr);
+    comm::MpiRuntime::abort(1);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -309,16 +383,8 @@ int main(int argc, char** argv) {
   apps::add_tokenize_command(app, tokenize_cli);
   train::UpcycleOptions upcycle_cli;
   apps::add_upcycle_command(app, upcycle_cli);
-  std::string export_ckpt, export_out;
-  double export_shard_mb = 2048;
-  CLI::App* ex = app.add_subcommand("export", "checkpoint -> Hugging Face folder (config.json + safetensors)");
-  ex->add_option("checkpoint", export_ckpt, "a step-N checkpoint folder")->required();
-  ex->add_option("out", export_out, "output folder")->required();
-  ex->add_option("--shard-mb", export_shard_mb, "largest safetensors file (MB) before sharding")->capture_default_str();
-  std::string export_mtp = "keep";
-  ex->add_option("--mtp", export_mtp, "DeepSeek-V3's multi-token-prediction module: keep (V3's layer L) or drop")
-      ->check(CLI::IsMember({"keep", "drop"}))
-      ->capture_default_str();
+  ExportCli export_cli;
+  add_export_command(app, export_cli);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -356,63 +422,13 @@ int main(int argc, char** argv) {
                                      : mixture::format_moe_bench_table(result).c_str());
       return 0;
     }
-    if (app.got_subcommand("export")) {
-      MOE_CHECK(std::isfinite(export_shard_mb) && export_shard_mb > 0 && export_shard_mb <= 1e9,
-                "--shard-mb must be a positive number of megabytes (at most 1e9), got ", export_shard_mb);
-      // Started once per rank, every copy would write the same folder at the same time.
-      const int ranks = train::launcher_world_size();
-      if (ranks > 1 && train::launcher_world_rank() != 0) return 1;  // rank 0 says why, once
-      MOE_CHECK(ranks == 1, "export writes one folder from one process, but this is one of ", ranks,
-                " ranks started by a launcher (mpirun/srun): run `moetrain export` without it");
-      train::ExportResult r = train::export_checkpoint(
-          export_ckpt, export_out, static_cast<size_t>(std::max(1.0, export_shard_mb * 1024 * 1024)),
-          export_mtp == "drop");
-      std::printf("exported %s -> %s (%d file(s), %.1f MB)\n", export_ckpt.c_str(), export_out.c_str(),
-                  r.num_files, r.bytes / 1e6);
-      return 0;
-    }
+    if (app.got_subcommand("export")) return run_export(export_cli);
     if (app.get_subcommands().empty()) {
       std::printf("%s", app.help().c_str());
       return 0;
     }
-    if (app.got_subcommand("train")) {
-      // --global-batch: the per-data-rank --batch it implies (no MPI needed; every rank agrees).
-      if (app.get_subcommand("train")->count("--global-batch") > 0) {
-        const int data_ranks = train_opts.parallel.dims.ep * train_opts.parallel.dims.dp;
-        const int g = train_opts.data.global_batch;
-        if (app.get_subcommand("train")->count("--batch") > 0)
-          throw Error(str_cat("--global-batch ", g, " and --batch ", train_opts.data.batch,
-                              ": give one (--batch is per data rank, --global-batch over all ", data_ranks, ")"));
-        if (g < 1 || data_ranks < 1 || g % data_ranks != 0)
-          throw Error(str_cat("--global-batch ", g, " must be a positive multiple of the data ranks (ep ",
-                              train_opts.parallel.dims.ep, " x dp ", train_opts.parallel.dims.dp, " = ", data_ranks, ")"));
-        train_opts.data.batch = g / data_ranks;
-      }
-      // --init-from: the folder's config is the model; a --preset given as well is compared with it.
-      if (!train_opts.model.init_from.empty() && app.get_subcommand("train")->count("--preset") == 0)
-        train_opts.model.preset.clear();
-      comm::MpiRuntime mpi(&argc, &argv);
-      try {
-        train_opts.progress = !quiet;
-        // --time-budget chooses the step count; an explicit --steps caps it.
-        if (train_opts.time_budget_s > 0 && app.get_subcommand("train")->count("--steps") == 0)
-          train_opts.steps = train::kTimeBudgetMaxSteps;
-        train::install_stop_handlers();
-        train::run_training(train_opts);
-      } catch (const train::SetupError& e) {
-        // Every rank stopped at the same point: report once, finalise MPI, exit 1.
-        if (e.report_here()) std::fprintf(stderr, "moetrain: error: %s\n", e.what());
-        return 1;
-      } catch (const std::exception& e) {
-        if (mpi.world_size() == 1) throw;
-        // Other ranks may be waiting in a collective: end the whole job, not just this rank.
-        std::fprintf(stderr, "moetrain: error (rank %d of %d): %s\n", mpi.world_rank(),
-                     mpi.world_size(), e.what());
-        std::fflush(stderr);
-        comm::MpiRuntime::abort(1);
-      }
-      return 0;
-    }
+    if (app.got_subcommand("train"))
+      return run_train_command(*app.get_subcommand("train"), train_opts, quiet, &argc, &argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moetrain: error: %s\n", e.what());
     return 1;

@@ -183,8 +183,7 @@ exchange_detail::ExchangeRun TokenExchange::start_run(const Impl& im) const {
 
 void TokenExchange::multicast_host(const ExchangePlan& plan, const float* src, float* recv,
                                    int H) const {
-  double unused_seconds = 0;
-  ScopedTimer timer(stats_ ? stats_->seconds : unused_seconds);
+  ScopedTimer timer(seconds_of(stats_));
   const Impl& im = checked_impl(plan, algo_, group_, "multicast", H);
   if (H == 0) return;  // nothing to move (every rank passes the same H)
   algorithm_of(algo_).multicast(start_run(im), src, recv, H);
@@ -192,8 +191,7 @@ void TokenExchange::multicast_host(const ExchangePlan& plan, const float* src, f
 
 void TokenExchange::reduce_host(const ExchangePlan& plan, const float* rows, float* dst,
                                 int H) const {
-  double unused_seconds = 0;
-  ScopedTimer timer(stats_ ? stats_->seconds : unused_seconds);
+  ScopedTimer timer(seconds_of(stats_));
   const Impl& im = checked_impl(plan, algo_, group_, "reduce", H);
   if (H == 0) return;  // nothing to move (every rank passes the same H)
   // ret[p]: the row of pair p back at its source (rbd: the pilot pair's row holds S_node).
@@ -205,8 +203,7 @@ void TokenExchange::reduce_host(const ExchangePlan& plan, const float* rows, flo
 
 void TokenExchange::return_values_host(const ExchangePlan& plan, const float* recv_vals,
                                        float* src_vals) const {
-  double unused_seconds = 0;
-  ScopedTimer timer(stats_ ? stats_->seconds : unused_seconds);
+  ScopedTimer timer(seconds_of(stats_));
   const Impl& im = checked_impl(plan, algo_, group_, "return_values");
   group_.alltoallv(recv_vals, im.recv_count, im.recv_off, src_vals, im.send_count, im.send_off);
   if (stats_)

@@ -302,8 +302,7 @@ void unpack_metadata(const Impl& im, int ipp, const std::vector<int32_t>& counts
 ExchangePlan TokenExchange::plan(int num_src_rows, int num_pairs, const int32_t* src_row,
                                  const int32_t* dst_rank, const int32_t* tag,
                                  const float* value, const int32_t* fold_key) const {
-  double unused_seconds = 0;
-  ScopedTimer timer(stats_ ? stats_->seconds : unused_seconds);
+  ScopedTimer timer(seconds_of(stats_));
   const Group& g = group_;
   MOE_CHECK(g.valid(), "TokenExchange::plan: invalid group");
   const int n = g.size(), me = g.rank();

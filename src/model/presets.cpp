@@ -37,35 +37,41 @@ void set_group_limit(ModelConfig& c, int experts, int k, int n_group, int topk_g
   c.topk_group = topk_group;
 }
 
+// The sizes of a preset built from scratch (designated initialisers name each one); a field left
+// out keeps ModelConfig's default (0).
+struct Sizes {
+  int hidden = 0, layers = 0, heads = 0, intermediate = 0, moe_intermediate = 0;
+  int experts = 0, shared = 0, top_k = 0, first_dense = 0;
+  int max_position = 0;
+};
+void set_sizes(ModelConfig& c, const Sizes& s) {
+  c.hidden_size = s.hidden;
+  c.num_hidden_layers = s.layers;
+  c.num_attention_heads = s.heads;
+  c.intermediate_size = s.intermediate;
+  c.moe_intermediate_size = s.moe_intermediate;
+  c.n_routed_experts = s.experts;
+  c.n_shared_experts = s.shared;
+  c.num_experts_per_tok = s.top_k;
+  c.first_k_dense_replace = s.first_dense;
+  c.max_position_embeddings = s.max_position;
+}
+
 // The other families' PyTorch reference configs (model/family.h): grouped-query attention
 // (4 heads over 2 key/value heads), E=8, k=2, the aux loss on (output_router_logits).
 void family_reference(ModelConfig& c) {
-  c.hidden_size = 32;
-  c.num_hidden_layers = 3;
-  c.num_attention_heads = 4;
+  set_sizes(c, {.hidden = 32, .layers = 3, .heads = 4, .intermediate = 48, .moe_intermediate = 16,
+                .experts = 8, .top_k = 2, .max_position = 256});
   c.num_key_value_heads = 2;
-  c.moe_intermediate_size = 16;
-  c.intermediate_size = 48;
-  c.n_routed_experts = 8;
-  c.num_experts_per_tok = 2;
   c.aux_loss_alpha = 0.02f;
   c.output_router_logits = true;
-  c.max_position_embeddings = 256;
 }
 
 // The default training job: learns byte-level KJV to < 2 nats/byte in minutes on 2 cores.
 void set_tiny(ModelConfig& c) {
-  c.hidden_size = 128;
-  c.num_hidden_layers = 4;
-  c.num_attention_heads = 4;
-  c.intermediate_size = 384;
-  c.moe_intermediate_size = 96;
-  c.n_routed_experts = 8;
-  c.n_shared_experts = 1;
-  c.num_experts_per_tok = 2;
-  c.first_k_dense_replace = 1;
+  set_sizes(c, {.hidden = 128, .layers = 4, .heads = 4, .intermediate = 384, .moe_intermediate = 96,
+                .experts = 8, .shared = 1, .top_k = 2, .first_dense = 1, .max_position = 1024});
   c.aux_loss_alpha = 0.01f;
-  c.max_position_embeddings = 1024;
 }
 
 // tiny with aux-loss-free balancing instead of the aux loss (DeepSeek-V3): sigmoid, noaux_tc,
@@ -79,17 +85,9 @@ void set_tiny_noaux(ModelConfig& c) {
 
 // The PyTorch reference config: 1 dense + 2 MoE layers, E=8, k=2, one shared expert, aux on.
 void set_test_moe(ModelConfig& c) {
-  c.hidden_size = 32;
-  c.num_hidden_layers = 3;
-  c.num_attention_heads = 4;
-  c.intermediate_size = 48;
-  c.moe_intermediate_size = 16;
-  c.n_routed_experts = 8;
-  c.n_shared_experts = 1;
-  c.num_experts_per_tok = 2;
-  c.first_k_dense_replace = 1;
+  set_sizes(c, {.hidden = 32, .layers = 3, .heads = 4, .intermediate = 48, .moe_intermediate = 16,
+                .experts = 8, .shared = 1, .top_k = 2, .first_dense = 1, .max_position = 256});
   c.aux_loss_alpha = 0.01f;
-  c.max_position_embeddings = 256;
 }
 
 // test-moe with the other router branches: renormalised top-k weights, per-sequence aux loss.
@@ -136,11 +134,7 @@ void set_test_moe4(ModelConfig& c) {
 }
 
 void set_test_dense(ModelConfig& c) {
-  c.hidden_size = 32;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 2;
-  c.intermediate_size = 48;
-  c.max_position_embeddings = 256;
+  set_sizes(c, {.hidden = 32, .layers = 2, .heads = 2, .intermediate = 48, .max_position = 256});
 }
 
 // test-moe with DeepSeek-V2's multi-head latent attention: a query latent of 16, a key/value
