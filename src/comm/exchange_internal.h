@@ -22,6 +22,12 @@
 namespace moe::comm {
 namespace exchange_detail {
 
+// What a timed call adds its seconds to: stats->seconds, or a sink nobody reads without stats.
+inline double& seconds_of(TrafficStats* stats) {
+  thread_local double unused = 0;
+  return stats ? stats->seconds : unused;
+}
+
 // Tags of the exchange's point-to-point messages (reserved on the group's communicator).
 constexpr int kTagRbdA = 30001, kTagRbdB = 30002, kTagRbdABack = 30003, kTagRbdBBack = 30004;
 constexpr int kTagHalo1 = 30011, kTagHalo2 = 30012, kTagHalo3 = 30013;

@@ -58,6 +58,9 @@ void route_rbd_sources(PlanContext& c, std::vector<std::vector<int32_t>>& extra,
 }
 
 // rbd stages. Receiver-side pool: [pilots that came to me | rows forwarded to me by pilot ranks].
+// Long (149 lines): the stages A, B, the forwarding table, the expansion and B' are one plan over
+// the same pool slots, in the order the messages travel; each step reads the slots the one before
+// numbered, so it reads best top to bottom.
 void build_rbd_stages(PlanContext& c, Impl& im) {
   c.recv_pilot_rank.resize(im.num_recv);
   c.recv_pilot_idx.resize(im.num_recv);

@@ -5,7 +5,7 @@
 // Counts and displacements are in elements. Buffers may be GPU memory (device_of decides): MPI
 // here is not CUDA-aware, so they are staged through host copies (a receive is stored to the
 // device when it completes). mpi.h stays out of this header: MPI handles are
-// kept as opaque 64-bit words (checked by static_assert in group.cpp).
+// kept as opaque 64-bit words (checked by static_assert in group_internal.h).
 #pragma once
 #include <csignal>
 #include <cstdint>
@@ -16,7 +16,7 @@
 namespace moe::comm {
 
 class HostStage;  // comm/host_stage.h: the host copy of a device buffer in flight
-struct LocalBox;  // group.cpp: the messages a group of one sends itself (a world without MPI)
+struct LocalBox;  // group_internal.h: the messages a group of one sends itself (a world without MPI)
 class NcclComm;   // comm/nccl.h: the NCCL communicator of a group
 
 // A pending non-blocking send or receive. Movable, not copyable. A receive checks on completion
@@ -158,6 +158,7 @@ class Group {
                       const std::vector<int>& recv_counts,
                       const std::vector<int>& recv_displs) const;
   void allreduce_impl(int dtype, int op, void* data, int64_t count, const char* name) const;
+  void allgather_impl(int dtype, const void* send, void* recv, int count_per_rank) const;
   void check_peer(int peer, const char* op) const;
   std::vector<int> block_displs(const std::vector<int>& counts, const char* op) const;
 

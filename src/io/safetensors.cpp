@@ -163,6 +163,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path, Origin origin) {
   return from_fd(f.fd(), path);
 }
 
+// Long (132 lines): one pass over a hostile file, length, header, every tensor entry, the tiling
+// of the data section, each check with its own error line in file order (docs/bad_inputs.md).
 SafetensorsFile SafetensorsFile::from_fd(int fd, const std::string& path) {
   auto bad = [&](const auto&... what) { return Error(str_cat("safetensors file ", path, ": ", what...)); };
 

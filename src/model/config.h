@@ -131,7 +131,7 @@ nlohmann::json config_to_json(const ModelConfig& c);
 void save_config(const ModelConfig& c, const std::string& path);
 
 // Named presets: "tiny" (the default training job), "test-moe" (1 dense + 2 MoE layers, E=8, k=2,
-// one shared expert: the PyTorch reference config), "test-dense", ...
+// one shared expert: the PyTorch reference config), "test-dense", ... (presets.cpp: one table)
 ModelConfig preset(const std::string& name);
 std::vector<std::string> preset_names();
 

@@ -16,55 +16,12 @@
 #include "kernels/swiglu_mlp.h"
 #include "model/family.h"
 #include "model/mla_block.h"
+#include "model/model_internal.h"
 
 namespace moe::model {
 
 namespace k = moe::kernels;
 namespace mx = moe::mixture;
-
-
-// What one layer's forward keeps for its backward. Shapes use N = B·T tokens; under tensor
-// parallelism n = N/tp rows of this rank's shard, Ha = nh·hd/tp (its heads: H/tp for DeepSeek),
-// I = intermediate_size/tp.
-struct Model::LayerActs {
-  Buffer<float> x;          // [n,H] layer input (residual stream): always kept
-  Buffer<float> ln1;        // [N,H] rmsnorm(x), gathered over TP (the q/k/v input)
-  Buffer<float> rstd1;      // [n]
-  Buffer<float> q, k, v;    // [N,Ha] after rope (q, k); k, v repeated to nh heads under GQA; MLA: in `mla`
-  QkvKept qkv;              // QK-norm (qwen3_moe): q, k before their norm, and its rstd
-  Buffer<float> att;        // attention_saved_floats: row LSE [B,nh,T] + a copy of out [N,Ha]
-  Buffer<float> attn_out;   // [N,Ha] heads concatenated, before o_proj
-  Buffer<float> h;          // [n,H] x + attention
-  Buffer<float> ln2;        // rmsnorm(h), the FFN input: [n,H] for MoE, gathered [N,H] for dense
-  Buffer<float> rstd2;      // [n]
-  Buffer<float> mlp_g, mlp_u, mlp_h;  // [N,I] dense SwiGLU
-  MlaActs mla;              // DeepSeek-V2/V3's attention (config.uses_mla())
-  mx::MoeActivations moe;   // MoE layer
-  std::vector<int32_t> topk_first;  // [N,k] routing of the first forward (checked on recompute)
-  bool complete = false;    // everything backward needs is present
-};
-
-class Model::MicroBatch {
- private:
-  friend class Model;
-  int B = 0, T = 0;
-  Buffer<int32_t> inputs, targets;                    // [n] on the model's device (this shard's)
-  std::vector<std::unique_ptr<LayerActs>> layers;     // this stage's layers, in order
-  std::vector<std::vector<int>> loads;                // [moe layers][E]
-  size_t moe_dispatch_bytes = 0;                      // see Model::moe_dispatch_bytes
-  int dropped = 0;
-  Buffer<float> final_in, final_ln, final_rstd, logits, probs, losses;
-  // Multi-token prediction (Model::has_mtp()): the module's input rows, its block, its head.
-  std::unique_ptr<LayerActs> mtp_layer;             // the block (layer num_hidden_layers)
-  Buffer<float> mtp_e, mtp_en, mtp_rstd_e, mtp_hn, mtp_rstd_h;  // [n,H] embed(t+1), the norms
-  Buffer<float> mtp_out;                            // [n,H] the block's output (norm' reads it)
-  Buffer<float> mtp_ln, mtp_rstd, mtp_logits, mtp_probs, mtp_losses;
-  Buffer<int32_t> mtp_targets;                      // [n] token t+2 (0 where there is none)
-  std::vector<int> mtp_masked;                      // rows without a token t+2 (t = T-1)
-  float mtp_row_scale = 0.0f;                       // d(mtp loss)/d(a valid row's ce)
-  LossParts loss;
-  bool have = false;                                  // kept for backward
-};
 
 Recompute parse_recompute(const std::string& name) {
   if (name == "none") return Recompute::kNone;
@@ -107,25 +64,22 @@ mx::MoeConfig moe_config(const ModelConfig& c, const MoeOptions& o, const mx::Ex
   return m;
 }
 
-mx::MoeWeights moe_weights(const LayerTensors& L) {
-  mx::MoeWeights w;
-  w.gate_EH = L.router;
-  w.experts = {L.experts_gate, L.experts_up, L.experts_down};
-  w.shared = {L.shared_gate, L.shared_up, L.shared_down};
-  w.shared_gate_H = L.shared_expert_gate;
-  return w;
-}
-
 namespace {
-
-mx::MoeGrads moe_grads(const LayerTensors& L) {
-  mx::MoeGrads g;
-  g.gate_EH = L.router;
-  g.experts = {L.experts_gate, L.experts_up, L.experts_down};
-  g.shared = {L.shared_gate, L.shared_up, L.shared_down};
-  g.shared_gate_H = L.shared_expert_gate;
-  return g;
+// The MoE block's tensors of a layer, as weights (const) or as gradients.
+template <class M>
+M moe_tensors(const LayerTensors& L) {
+  M m;
+  m.gate_EH = L.router;
+  m.experts = {L.experts_gate, L.experts_up, L.experts_down};
+  m.shared = {L.shared_gate, L.shared_up, L.shared_down};
+  m.shared_gate_H = L.shared_expert_gate;
+  return m;
 }
+}  // namespace
+
+mx::MoeWeights moe_weights(const LayerTensors& L) { return moe_tensors<mx::MoeWeights>(L); }
+
+mx::MoeGrads moe_grads(const LayerTensors& L) { return moe_tensors<mx::MoeGrads>(L); }
 
 QkvWeights qkv_weights(const LayerTensors& L) {
   return {L.q, L.k, L.v, L.q_bias, L.k_bias, L.v_bias, L.q_norm, L.k_norm};
@@ -134,8 +88,6 @@ QkvWeights qkv_weights(const LayerTensors& L) {
 QkvGrads qkv_grads(const LayerTensors& L) {
   return {L.q, L.k, L.v, L.q_bias, L.k_bias, L.v_bias, L.q_norm, L.k_norm};
 }
-
-}  // namespace
 
 namespace {
 balance::Placement placement_of(const ModelConfig& c, const mx::ExpertParallel* ep) {
@@ -291,225 +243,6 @@ double Model::flops_per_token(int T) const {
   return 6.0 * n_active + 6.0 * config_.num_hidden_layers * widths * T;
 }
 
-Model::Keep Model::keep_mode(int l) const {
-  switch (recompute_) {
-    case Recompute::kNone: return Keep::kAll;
-    case Recompute::kMoe: return config_.is_moe_layer(l) ? Keep::kNoMoe : Keep::kAll;
-    case Recompute::kFull: return Keep::kInput;
-  }
-  return Keep::kAll;
-}
-
-void Model::tp_allgather(float* full, size_t shard_elems) const {
-  if (!tp_) return;
-  tp_->group->allgatherv(full, std::vector<int>(tp_->size, static_cast<int>(shard_elems)));
-}
-
-void Model::tp_reduce_scatter(float* full, size_t shard_elems) const {
-  if (!tp_) return;
-  tp_->group->reduce_scatter_sum(full, std::vector<int>(tp_->size, static_cast<int>(shard_elems)));
-}
-
-void Model::row_parallel_add(float* y, const float* x, const float* w, int N, int in, int H) {
-  if (!tp_) {
-    k::linear_forward(y, x, w, N, in, H, /*accumulate=*/true);
-    return;
-  }
-  const size_t shard = static_cast<size_t>(N / tp_->size) * H;
-  Buffer<float> partial(static_cast<size_t>(N) * H, &work_mem_, dev_);
-  k::linear_forward(partial.data(), x, w, N, in, H);
-  tp_reduce_scatter(partial.data(), shard);
-  k::add_inplace(y, partial.data() + shard * tp_->rank, shard);
-}
-
-int Model::moe_sequences(int B) const {
-  // Only the router's seq_aux statistics count sequences; forward checks that a shard then holds
-  // whole ones.
-  return B % tp_size() == 0 ? B / tp_size() : 1;
-}
-
-void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTracker* mem) {
-  const ModelConfig& c = config_;
-  const LayerTensors& W = w_.layers[l];
-  const int tp = tp_size(), N = B * T, n = N / tp, H = c.hidden_size, hd = c.head_dim();
-  const int nh = c.num_attention_heads / tp, Ha = nh * c.value_head_dim();  // this rank's heads, their width
-  const int nkv = c.kv_heads() / tp;                         // this rank's key/value heads
-  const int I = c.intermediate_size / tp;
-  const size_t NH = static_cast<size_t>(N) * H, nH = static_cast<size_t>(n) * H;
-  const size_t NA = static_cast<size_t>(N) * Ha, mine = nH * tp_rank();  // this shard's rows
-  const bool moe = c.is_moe_layer(l);
-  // The normed shard goes into its rows of the gathered [N,H] that q, k, v read.
-  a.ln1.resize_for_overwrite(NH, mem, dev_);
-  a.rstd1.resize_for_overwrite(n, mem, dev_);
-  k::rmsnorm_forward(a.ln1.data() + mine, a.rstd1.data(), a.x.data(), W.input_norm, n, H, c.rms_norm_eps);
-  tp_allgather(a.ln1.data(), nH);
-  a.attn_out.resize_for_overwrite(NA, mem, dev_);
-  if (c.uses_mla()) {
-    const k::Bf16InputScope ln1_once(a.ln1.data(), NH);  // q (or q_a) and kv_a read the same rows
-    mla_forward(a.mla, a.attn_out.data(), a.ln1.data(), W, c, nh, B, T, rope_, mem, &work_mem_, dev_);
-  } else {
-    a.q.resize_for_overwrite(NA, mem, dev_);
-    a.k.resize_for_overwrite(NA, mem, dev_);
-    a.v.resize_for_overwrite(NA, mem, dev_);
-    {  // q, k, v (model/attention_proj.h); grouped-query attention: k, v of nkv heads, repeated
-      const QkvDims d{B, T, H, nh, nkv, hd};
-      Buffer<float> k_kv, v_kv;  // [N,Akv] (GQA only; MHA writes a.k, a.v directly)
-      if (nkv != nh) {
-        k_kv.resize_for_overwrite(static_cast<size_t>(N) * d.Akv(), &work_mem_, dev_);
-        v_kv.resize_for_overwrite(static_cast<size_t>(N) * d.Akv(), &work_mem_, dev_);
-      }
-      float* kp = nkv != nh ? k_kv.data() : a.k.data();
-      float* vp = nkv != nh ? v_kv.data() : a.v.data();
-      qkv_forward(a.q.data(), kp, vp, &a.qkv, a.ln1.data(), qkv_weights(W), d, rope_, c.rms_norm_eps,
-                  qkv_scratch_, mem, &work_mem_);
-      if (nkv != nh) {
-        repeat_kv(a.k.data(), kp, d, qkv_scratch_);
-        repeat_kv(a.v.data(), vp, d, qkv_scratch_);
-      }
-    }
-    a.att.resize_for_overwrite(k::attention_saved_floats(B, T, nh, hd), mem, dev_);
-    k::attention_forward(a.attn_out.data(), a.att.data(), a.q.data(), a.k.data(), a.v.data(), B, T,
-                         nh, hd);
-  }
-  a.h.resize_for_overwrite(nH, mem, dev_);
-  kernels::copy(a.h.data(), a.x.data(), a.h.size());
-  row_parallel_add(a.h.data(), a.attn_out.data(), W.o, N, Ha, H);
-  // MoE: the block runs on the shard (SSMB). Dense: the normed shard is gathered for gate/up.
-  a.ln2.resize_for_overwrite(moe ? nH : NH, mem, dev_);
-  a.rstd2.resize_for_overwrite(n, mem, dev_);
-  k::rmsnorm_forward(a.ln2.data() + (moe ? 0 : mine), a.rstd2.data(), a.h.data(), W.post_norm, n, H,
-                     c.rms_norm_eps);
-  if (moe) {
-    kernels::fill_zero(out, nH);
-    mx::moe_forward(out, a.moe, a.ln2.data(), moe_weights(W),
-                    moe_config(c, moe_options_, layer_ep(l), layer_placement(l), &work_mem_, layer_score_bias(l)),
-                    n, moe_sequences(B), mem);
-    k::add_inplace(out, a.h.data(), nH);
-  } else {
-    tp_allgather(a.ln2.data(), nH);
-    a.mlp_g.resize_for_overwrite(static_cast<size_t>(N) * I, mem, dev_);
-    a.mlp_u.resize_for_overwrite(static_cast<size_t>(N) * I, mem, dev_);
-    a.mlp_h.resize_for_overwrite(static_cast<size_t>(N) * I, mem, dev_);
-    kernels::copy(out, a.h.data(), nH);
-    if (!tp_) {
-      k::swiglu_mlp_forward(out, a.mlp_g.data(), a.mlp_u.data(), a.mlp_h.data(), a.ln2.data(),
-                            {W.mlp_gate, W.mlp_up, W.mlp_down}, N, H, I, /*accumulate=*/true);
-    } else {
-      Buffer<float> partial(NH, &work_mem_, dev_);
-      k::swiglu_mlp_forward(partial.data(), a.mlp_g.data(), a.mlp_u.data(), a.mlp_h.data(), a.ln2.data(),
-                            {W.mlp_gate, W.mlp_up, W.mlp_down}, N, H, I);
-      tp_reduce_scatter(partial.data(), nH);
-      k::add_inplace(out, partial.data() + mine, nH);
-    }
-  }
-  a.complete = true;
-}
-
-void Model::drop_activations(LayerActs& a, Keep keep) {
-  if (keep == Keep::kAll) return;
-  if (config_.n_routed_experts > 0) {
-    // Kept to check that the recomputation routes exactly as this forward did.
-    const auto& idx = a.moe.routing.topk_idx_TK;
-    a.topk_first.resize(idx.size());
-    device_copy(Device::kCpu, a.topk_first.data(), idx.device(), idx.data(), idx.bytes());
-  }
-  a.complete = false;
-  a.moe = mx::MoeActivations{};  // MoE activations are recomputed in both modes
-  if (keep == Keep::kNoMoe) return;
-  for (Buffer<float>* b : {&a.ln1, &a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.attn_out, &a.h, &a.ln2,
-                           &a.rstd2, &a.mlp_g, &a.mlp_u, &a.mlp_h, &a.qkv.q_raw, &a.qkv.k_raw,
-                           &a.qkv.q_rstd, &a.qkv.k_rstd})
-    b->release();
-  for (Buffer<float>* b : a.mla.buffers()) b->release();
-}
-
-void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float loss_scale) {
-  const ModelConfig& c = config_;
-  const LayerTensors& W = w_.layers[l];
-  const LayerTensors& G = g_.layers[l];
-  const int tp = tp_size(), N = B * T, n = N / tp, H = c.hidden_size, hd = c.head_dim();
-  const int nh = c.num_attention_heads / tp, Ha = nh * c.value_head_dim(), nkv = c.kv_heads() / tp;
-  const int I = c.intermediate_size / tp;
-  const size_t NH = static_cast<size_t>(N) * H, nH = static_cast<size_t>(n) * H;
-  const size_t NA = static_cast<size_t>(N) * Ha, mine = nH * tp_rank();
-  MemTracker* work = &work_mem_;
-  const bool moe = c.is_moe_layer(l);
-  if (!a.complete) {
-    // Recompute from the kept input (full) or the kept FFN input (moe); charged to work memory.
-    Buffer<float> out(nH, work, dev_);
-    if (!a.ln2.data()) {
-      layer_forward(l, a, out.data(), B, T, work);
-    } else {
-      MOE_CHECK(moe, "internal: layer ", l, " lost activations it cannot recompute");
-      mx::moe_forward(out.data(), a.moe, a.ln2.data(), moe_weights(W),
-                      moe_config(c, moe_options_, layer_ep(l), layer_placement(l), &work_mem_, layer_score_bias(l)), n,
-                      moe_sequences(B), work);
-      a.complete = true;
-    }
-    if (moe) {
-      const auto& idx = a.moe.routing.topk_idx_TK;
-      std::vector<int32_t> now(idx.size());
-      device_copy(Device::kCpu, now.data(), idx.device(), idx.data(), idx.bytes());
-      MOE_CHECK(a.topk_first == now,
-                "layer ", l, ": recomputed routing differs from the first forward");
-    }
-  }
-  // d(out) of a row-parallel linear, gathered over TP: every rank's rows (dx itself without TP).
-  Buffer<float> dy_full(tp_ ? NH : 0, work, dev_);
-  auto gathered = [&](const float* shard) -> const float* {
-    if (!tp_) return shard;
-    kernels::copy(dy_full.data() + mine, shard, nH);
-    tp_allgather(dy_full.data(), nH);
-    return dy_full.data();
-  };
-  Buffer<float> dln(moe ? nH : NH, work, dev_);
-  // FFN branch: out = h + ffn(ln2(h)); dx holds d(out).
-  if (moe) {
-    mx::MoeConfig cfg = moe_config(c, moe_options_, layer_ep(l), layer_placement(l), &work_mem_, layer_score_bias(l));
-    cfg.workspace = &moe_work_;
-    mx::moe_backward(dln.data(), moe_grads(G), dx, /*aux_grad=*/loss_scale, a.moe, a.ln2.data(),
-                     moe_weights(W), cfg, n, moe_sequences(B));
-  } else {
-    Buffer<float> scratch(2 * static_cast<size_t>(N) * I, work, dev_);
-    k::swiglu_mlp_backward(dln.data(), {G.mlp_gate, G.mlp_up, G.mlp_down}, gathered(dx), a.ln2.data(),
-                           a.mlp_g.data(), a.mlp_u.data(), a.mlp_h.data(),
-                           {W.mlp_gate, W.mlp_up, W.mlp_down}, N, H, I, scratch.data());
-    tp_reduce_scatter(dln.data(), nH);
-  }
-  k::rmsnorm_backward(dx, G.post_norm, dln.data() + (moe ? 0 : mine), a.h.data(), W.post_norm,
-                      a.rstd2.data(), n, H);
-  // Attention branch: h = x + o_proj(attn); dx now holds d(h).
-  Buffer<float> dattn(NA, work, dev_);
-  k::linear_backward(dattn.data(), G.o, gathered(dx), a.attn_out.data(), W.o, N, Ha, H);
-  if (dln.size() == NH)
-    dln.zero();
-  else
-    dln.resize(NH, work, dev_);
-  if (c.uses_mla()) {
-    const k::Bf16InputScope ln1_once(a.ln1.data(), NH);
-    mla_backward(dln.data(), G, dattn.data(), a.mla, a.ln1.data(), W, c, nh, B, T, rope_, work, dev_);
-  } else {
-    Buffer<float> dq(NA, work, dev_), dk(NA, work, dev_), dv(NA, work, dev_);
-    Buffer<float> att_scratch(k::attention_scratch_floats(T), work, dev_);
-    k::attention_backward(dq.data(), dk.data(), dv.data(), dattn.data(), a.q.data(), a.k.data(),
-                          a.v.data(), a.att.data(), B, T, nh, hd, att_scratch.data());
-    // back through the projections; grouped-query attention: dk, dv summed over each group first
-    const QkvDims d{B, T, H, nh, nkv, hd};
-    Buffer<float> dk_kv, dv_kv;
-    if (nkv != nh) {
-      dk_kv.resize(static_cast<size_t>(N) * d.Akv(), work, dev_);
-      dv_kv.resize(static_cast<size_t>(N) * d.Akv(), work, dev_);
-      repeat_kv_backward(dk_kv.data(), dk.data(), d, qkv_scratch_);
-      repeat_kv_backward(dv_kv.data(), dv.data(), d, qkv_scratch_);
-    }
-    qkv_backward(dln.data(), qkv_grads(G), dq.data(), nkv != nh ? dk_kv.data() : dk.data(),
-                 nkv != nh ? dv_kv.data() : dv.data(), a.qkv, a.ln1.data(), qkv_weights(W), d, rope_,
-                 qkv_scratch_, work);
-  }
-  tp_reduce_scatter(dln.data(), nH);
-  k::rmsnorm_backward(dx, G.input_norm, dln.data() + mine, a.x.data(), W.input_norm, a.rstd1.data(), n, H);
-}
-
 LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float* x_in, float* x_out,
                          int B, int T, bool keep) {
   const ModelConfig& c = config_;
@@ -621,95 +354,6 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
   return loss;
 }
 
-double Model::mtp_forward(MicroBatch& mb, const int32_t* tokens_BT1, MemTracker* mem) {
-  // DeepSeek-V3's MTP module (depth 1) on this shard's rows r (token t of sequence b):
-  //   x' = block_L(eh_proj([enorm(embed(t+1)) | hnorm(h)])),  h = the main head's normed state
-  //   loss = mean over rows with a token t+2 of ce(lm_head(norm'(x')), t+2)
-  // The input h is the final-normed state the head reads (as vLLM's DeepSeek MTP reads the target
-  // model's output); embed and lm_head are the main model's (shared).
-  const ModelConfig& c = config_;
-  const int B = mb.B, T = mb.T, tp = tp_size(), n = B * T / tp, H = c.hidden_size, V = c.vocab_size;
-  const int L = c.num_hidden_layers;
-  const size_t nH = static_cast<size_t>(n) * H;
-  const MtpTensors& M = w_.mtp;
-  std::vector<int32_t> tg(n);
-  mb.mtp_masked.clear();
-  for (int i = 0; i < n; ++i) {
-    const int row = n * tp_rank() + i, b = row / T, t = row % T;
-    if (t + 1 < T) {
-      tg[i] = tokens_BT1[static_cast<size_t>(b) * (T + 1) + t + 2];  // checked as a target already
-    } else {
-      tg[i] = 0;
-      mb.mtp_masked.push_back(i);
-    }
-  }
-  mb.mtp_targets.resize(n, nullptr, dev_);
-  device_copy(dev_, mb.mtp_targets.data(), Device::kCpu, tg.data(), n * sizeof(int32_t));
-  // The module's input: embed(t+1) (the main targets) and the normed state, each normed again.
-  for (Buffer<float>* b : {&mb.mtp_e, &mb.mtp_en, &mb.mtp_hn}) b->resize_for_overwrite(nH, mem, dev_);
-  for (Buffer<float>* b : {&mb.mtp_rstd_e, &mb.mtp_rstd_h}) b->resize_for_overwrite(n, mem, dev_);
-  k::embedding_forward(mb.mtp_e.data(), mb.targets.data(), w_.embed, n, H);
-  k::rmsnorm_forward(mb.mtp_en.data(), mb.mtp_rstd_e.data(), mb.mtp_e.data(), M.enorm, n, H, c.rms_norm_eps);
-  k::rmsnorm_forward(mb.mtp_hn.data(), mb.mtp_rstd_h.data(), mb.final_ln.data(), M.hnorm, n, H,
-                     c.rms_norm_eps);
-  mb.mtp_layer = std::make_unique<LayerActs>();
-  LayerActs& a = *mb.mtp_layer;
-  a.x.resize_for_overwrite(nH, mem, dev_);
-  // eh_proj [H, 2H] over the concatenation, as two products into its column blocks.
-  k::gemm(false, true, n, H, H, 1.0f, mb.mtp_en.data(), H, M.eh_proj, 2 * H, 0.0f, a.x.data(), H);
-  k::gemm(false, true, n, H, H, 1.0f, mb.mtp_hn.data(), H, M.eh_proj + H, 2 * H, 1.0f, a.x.data(), H);
-  Buffer<float> out;
-  out.resize_for_overwrite(nH, mem, dev_);
-  layer_forward(L, a, out.data(), B, T, mem);  // every activation kept, whatever --recompute says
-  mb.mtp_ln.resize_for_overwrite(nH, mem, dev_);
-  mb.mtp_rstd.resize_for_overwrite(n, mem, dev_);
-  k::rmsnorm_forward(mb.mtp_ln.data(), mb.mtp_rstd.data(), out.data(), M.norm, n, H, c.rms_norm_eps);
-  mb.mtp_logits.resize_for_overwrite(static_cast<size_t>(n) * V, mem, dev_);
-  k::linear_forward(mb.mtp_logits.data(), mb.mtp_ln.data(), w_.lm_head, n, H, V);
-  mb.mtp_probs.resize_for_overwrite(static_cast<size_t>(n) * V, mem, dev_);
-  mb.mtp_losses.resize_for_overwrite(n, mem, dev_);
-  k::cross_entropy_forward(mb.mtp_losses.data(), mb.mtp_probs.data(), mb.mtp_logits.data(),
-                           mb.mtp_targets.data(), n, V);
-  std::vector<float> row_loss(n);
-  device_copy(Device::kCpu, row_loss.data(), dev_, mb.mtp_losses.data(), n * sizeof(float));
-  for (int i : mb.mtp_masked) row_loss[i] = 0.0f;
-  double sum = 0.0;
-  for (float v : row_loss) sum += v;
-  // Over the batch's B·(T-1) rows; a shard's part times tp, so the TP group's mean is the batch's.
-  const double rows = static_cast<double>(B) * (T - 1);
-  mb.mtp_row_scale = T > 1 ? static_cast<float>(tp / rows) : 0.0f;
-  mb.mtp_out = std::move(out);
-  return T > 1 ? sum * tp / rows : 0.0;
-}
-
-void Model::mtp_backward(MicroBatch& mb, float* d_final_ln, float loss_scale) {
-  const ModelConfig& c = config_;
-  const int B = mb.B, T = mb.T, n = B * T / tp_size(), H = c.hidden_size, V = c.vocab_size;
-  const int L = c.num_hidden_layers;
-  const size_t nH = static_cast<size_t>(n) * H;
-  const MtpTensors& M = w_.mtp;
-  const MtpTensors& MG = g_.mtp;
-  MemTracker* work = &work_mem_;
-  Buffer<float> dlogits(static_cast<size_t>(n) * V, work, dev_);
-  k::cross_entropy_backward(dlogits.data(), mb.mtp_probs.data(), mb.mtp_targets.data(), n, V,
-                            loss_scale * mtp_weight_ * mb.mtp_row_scale);
-  for (int i : mb.mtp_masked) k::fill_zero(dlogits.data() + static_cast<size_t>(i) * V, V);
-  Buffer<float> dln(nH, work, dev_), dx(nH, work, dev_);
-  k::linear_backward(dln.data(), g_.lm_head, dlogits.data(), mb.mtp_ln.data(), w_.lm_head, n, H, V);
-  k::rmsnorm_backward(dx.data(), MG.norm, dln.data(), mb.mtp_out.data(), M.norm, mb.mtp_rstd.data(), n, H);
-  layer_backward(L, *mb.mtp_layer, dx.data(), B, T, loss_scale);  // dx: d(block input)
-  Buffer<float> den(nH, work, dev_), dhn(nH, work, dev_);
-  // y = en · W[:, :H]^T + hn · W[:, H:]^T: dW blocks += dy^T · input, d(input) = dy · W block.
-  k::gemm(true, false, H, H, n, 1.0f, dx.data(), H, mb.mtp_en.data(), H, 1.0f, MG.eh_proj, 2 * H);
-  k::gemm(true, false, H, H, n, 1.0f, dx.data(), H, mb.mtp_hn.data(), H, 1.0f, MG.eh_proj + H, 2 * H);
-  k::gemm(false, false, n, H, H, 1.0f, dx.data(), H, M.eh_proj, 2 * H, 0.0f, den.data(), H);
-  k::gemm(false, false, n, H, H, 1.0f, dx.data(), H, M.eh_proj + H, 2 * H, 0.0f, dhn.data(), H);
-  Buffer<float> de(nH, work, dev_);
-  k::rmsnorm_backward(de.data(), MG.enorm, den.data(), mb.mtp_e.data(), M.enorm, mb.mtp_rstd_e.data(), n, H);
-  k::embedding_backward(g_.embed, de.data(), mb.targets.data(), n, H);
-  k::rmsnorm_backward(d_final_ln, MG.hnorm, dhn.data(), mb.final_ln.data(), M.hnorm, mb.mtp_rstd_h.data(),
-                      n, H);
-}
 
 void Model::backward(MicroBatch& mb, const float* dy_out, float* dx_in, float loss_scale) {
   MOE_CHECK(mb.have, "backward() called without a preceding forward() that kept activations");

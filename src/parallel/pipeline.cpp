@@ -38,6 +38,8 @@ class SlotPool {
 
 }  // namespace
 
+// Long (127 lines): the op loop runs twice (a dry pass that counts buffer slots, then the real
+// one) in one lambda over the same slots, requests and timers; see the comment inside.
 PipelineTimes run_pipeline(const comm::Group& pp, Schedule schedule, int M,
                            size_t activation_floats, const StageCallbacks& callbacks,
                            MemTracker* comm_mem, Device device) {

@@ -105,6 +105,8 @@ Candidate evaluate_layout(const PlanModel& m, const ClusterProfile& c, const Lay
   return cand;
 }
 
+// Long (121 lines): the checks of the options, the nested loops over every layout (pp, ep, tp,
+// dp, micro-batches, recompute) and the ranking, kept together so the search space reads at once.
 SearchResult search_plans(const PlanModel& m, const ClusterProfile& c, const SearchOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   MOE_CHECK(o.gpus >= 1, "--gpus must be >= 1, got ", o.gpus);

@@ -85,6 +85,8 @@ void split_documents(std::string_view text, const std::string& mode, std::vector
 
 }  // namespace
 
+// Long (123 lines): checks every output before reading, tokenizes into temporary files, then
+// publishes them together; the temporaries' owners span all three steps.
 TokenizeResult run_tokenize(const TokenizeOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
   MOE_CHECK(!opts.inputs.empty(), "--input: no input files");
