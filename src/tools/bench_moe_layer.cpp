@@ -90,6 +90,65 @@ MoeStepTimes mean_step_times(const std::vector<MoeStepTimes>& all) {
   return mean;
 }
 
+// The best GEMM rate (GFLOP/s) now: on a shared machine the best of the run's measurements is the
+// honest denominator (a single one can catch a busy moment). On the CPU each measurement is itself
+// the best of several runs at 1024³ and 1536³; on a GPU, cuBLAS at blas_n³.
+double roofline_gflops(const MoeBenchOptions& opts, int blas_n) {
+#ifdef MOETRAIN_HAVE_CUDA
+  if (opts.device == Device::kCuda) return kernels::cuda::measure_gemm_gflops(blas_n, 5, opts.bf16);
+#endif
+  return kernels::measure_peak_gflops(opts.bf16 ? "bf16" : "fp32");
+}
+
+// The layer of the run: padding-free (dropless unless --pft-capacity-factor) or the padded baseline.
+MoeConfig layer_config(const MoeBenchOptions& opts, bool padded) {
+  MoeConfig cfg;
+  cfg.hidden = opts.hidden;
+  cfg.ffn = opts.ffn;
+  cfg.num_experts = opts.experts;
+  cfg.top_k = opts.topk;
+  cfg.shared_ffn = opts.shared * opts.ffn;
+  cfg.padded = padded;
+  cfg.capacity_factor = padded ? opts.capacity_factor : opts.pft_capacity_factor;
+  return cfg;
+}
+
+// The random model and batch of the run (host), and its device copy on a GPU (dev is left empty on
+// the CPU). Inputs and upstream gradient std 1, weights std 0.02: a random router on random inputs.
+void make_bench_data(const MoeBenchOptions& opts, bool on_gpu, BenchData& d, BenchData& dev) {
+  const int T = opts.tokens, H = opts.hidden, E = opts.experts, F = opts.ffn;
+  const int Fs = opts.shared * opts.ffn;
+  const size_t EFH = static_cast<size_t>(E) * F * H, FsH = static_cast<size_t>(Fs) * H;
+  using Member = Buffer<float> BenchData::*;
+  using Sized = std::pair<Member, size_t>;
+  for (const Sized& b : {Sized{&BenchData::x, size_t(T) * H}, Sized{&BenchData::dy, size_t(T) * H},
+                         Sized{&BenchData::gate, size_t(E) * H}, Sized{&BenchData::eg, EFH},
+                         Sized{&BenchData::eu, EFH}, Sized{&BenchData::ed, EFH},
+                         Sized{&BenchData::sg, FsH}, Sized{&BenchData::su, FsH},
+                         Sized{&BenchData::sd, FsH}, Sized{&BenchData::dgate, size_t(E) * H},
+                         Sized{&BenchData::deg, EFH}, Sized{&BenchData::deu, EFH},
+                         Sized{&BenchData::ded, EFH}, Sized{&BenchData::dsg, FsH},
+                         Sized{&BenchData::dsu, FsH}, Sized{&BenchData::dsd, FsH},
+                         Sized{&BenchData::dx, size_t(T) * H}}) {
+    (d.*b.first).resize(b.second);
+    if (on_gpu) (dev.*b.first).resize(b.second, nullptr, Device::kCuda);
+  }
+  fill_normal(d.x, derive_rng(opts.seed, 0), 1.0f);
+  fill_normal(d.dy, derive_rng(opts.seed, 1), 1.0f);
+  fill_normal(d.gate, derive_rng(opts.seed, 2), 0.02f);
+  fill_normal(d.eg, derive_rng(opts.seed, 3), 0.02f);
+  fill_normal(d.eu, derive_rng(opts.seed, 4), 0.02f);
+  fill_normal(d.ed, derive_rng(opts.seed, 5), 0.02f);
+  fill_normal(d.sg, derive_rng(opts.seed, 6), 0.02f);
+  fill_normal(d.su, derive_rng(opts.seed, 7), 0.02f);
+  fill_normal(d.sd, derive_rng(opts.seed, 8), 0.02f);
+  if (on_gpu)
+    for (Member m : {&BenchData::x, &BenchData::dy, &BenchData::gate, &BenchData::eg,
+                     &BenchData::eu, &BenchData::ed, &BenchData::sg, &BenchData::su,
+                     &BenchData::sd})
+      device_copy(Device::kCuda, (dev.*m).data(), Device::kCpu, (d.*m).data(), (d.*m).bytes());
+}
+
 }  // namespace
 
 double moe_layer_useful_flops(const MoeBenchOptions& o, size_t real_rows) {
@@ -108,51 +167,15 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
   const bool on_gpu = opts.device == Device::kCuda;
   kernels::set_active_device(opts.device);
   kernels::set_gemm_bf16(opts.bf16);
-  // The roofline: the best GEMM of the run, measured before and after the layer (on a shared
-  // machine the best is the honest denominator; a single measurement can catch a busy moment).
-  // On the CPU each measurement is itself the best of several runs at 1024³ and 1536³.
+  // The roofline: the best GEMM of the run, measured before and after the layer.
   res.blas_n = on_gpu ? 4096 : kernels::peak_sizes().back();
-  auto roofline = [&] {
-#ifdef MOETRAIN_HAVE_CUDA
-    if (on_gpu) return kernels::cuda::measure_gemm_gflops(res.blas_n, 5, opts.bf16);
-#endif
-    return kernels::measure_peak_gflops(opts.bf16 ? "bf16" : "fp32");  // best of a few sizes and runs
-  };
-  res.blas_gflops_1024 = roofline();
+  res.blas_gflops_1024 = roofline_gflops(opts, res.blas_n);
 
   const int T = opts.tokens, H = opts.hidden, E = opts.experts, k = opts.topk, F = opts.ffn;
   const int Fs = opts.shared * opts.ffn;
   const size_t EFH = static_cast<size_t>(E) * F * H, FsH = static_cast<size_t>(Fs) * H;
   BenchData d, dev;  // host data (and the naive check's inputs); its device copy on a GPU
-  using Member = Buffer<float> BenchData::*;
-  using Sized = std::pair<Member, size_t>;
-  for (const Sized& b : {Sized{&BenchData::x, size_t(T) * H}, Sized{&BenchData::dy, size_t(T) * H},
-                         Sized{&BenchData::gate, size_t(E) * H}, Sized{&BenchData::eg, EFH},
-                         Sized{&BenchData::eu, EFH}, Sized{&BenchData::ed, EFH},
-                         Sized{&BenchData::sg, FsH}, Sized{&BenchData::su, FsH},
-                         Sized{&BenchData::sd, FsH}, Sized{&BenchData::dgate, size_t(E) * H},
-                         Sized{&BenchData::deg, EFH}, Sized{&BenchData::deu, EFH},
-                         Sized{&BenchData::ded, EFH}, Sized{&BenchData::dsg, FsH},
-                         Sized{&BenchData::dsu, FsH}, Sized{&BenchData::dsd, FsH},
-                         Sized{&BenchData::dx, size_t(T) * H}}) {
-    (d.*b.first).resize(b.second);
-    if (on_gpu) (dev.*b.first).resize(b.second, nullptr, Device::kCuda);
-  }
-  // Inputs and upstream gradient std 1, weights std 0.02: a random router on random inputs.
-  fill_normal(d.x, derive_rng(opts.seed, 0), 1.0f);
-  fill_normal(d.dy, derive_rng(opts.seed, 1), 1.0f);
-  fill_normal(d.gate, derive_rng(opts.seed, 2), 0.02f);
-  fill_normal(d.eg, derive_rng(opts.seed, 3), 0.02f);
-  fill_normal(d.eu, derive_rng(opts.seed, 4), 0.02f);
-  fill_normal(d.ed, derive_rng(opts.seed, 5), 0.02f);
-  fill_normal(d.sg, derive_rng(opts.seed, 6), 0.02f);
-  fill_normal(d.su, derive_rng(opts.seed, 7), 0.02f);
-  fill_normal(d.sd, derive_rng(opts.seed, 8), 0.02f);
-  if (on_gpu)
-    for (Member m : {&BenchData::x, &BenchData::dy, &BenchData::gate, &BenchData::eg,
-                     &BenchData::eu, &BenchData::ed, &BenchData::sg, &BenchData::su,
-                     &BenchData::sd})
-      device_copy(Device::kCuda, (dev.*m).data(), Device::kCpu, (d.*m).data(), (d.*m).bytes());
+  make_bench_data(opts, on_gpu, d, dev);
   BenchData& run = on_gpu ? dev : d;  // what the layer reads and writes
   MoeWeights w{run.gate.data(), {run.eg.data(), run.eu.data(), run.ed.data()},
                {run.sg.data(), run.su.data(), run.sd.data()}};
@@ -162,14 +185,7 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
 
   for (bool padded : {false, true}) {
     if (padded && (on_gpu || !opts.run_padded)) continue;  // the padded baseline: a CPU comparison
-    MoeConfig cfg;
-    cfg.hidden = H;
-    cfg.ffn = F;
-    cfg.num_experts = E;
-    cfg.top_k = k;
-    cfg.shared_ffn = Fs;
-    cfg.padded = padded;
-    cfg.capacity_factor = padded ? opts.capacity_factor : opts.pft_capacity_factor;
+    MoeConfig cfg = layer_config(opts, padded);
 
     MemTracker tracker;
     MoeActivations act;
@@ -247,7 +263,7 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
     }
     res.rows.push_back(row);
   }
-  res.blas_gflops_1024 = std::max(res.blas_gflops_1024, roofline());
+  res.blas_gflops_1024 = std::max(res.blas_gflops_1024, roofline_gflops(opts, res.blas_n));
   kernels::set_gemm_bf16(false);
   kernels::set_active_device(Device::kCpu);
   for (MoeBenchRow& row : res.rows) {
