@@ -8,15 +8,7 @@
 //                      folds: --cfg=smpi/auto-shared-malloc-thresh); origins and counts are checked
 // Times are simulated (MPI_Wtime under SMPI); every rank's host compute is free unless the run
 // passes --cfg=smpi/simulate-computation:yes.
-// smpicxx defines exit(x) as a macro (smpi_helpers.h), which breaks CLI11's App::exit(e, out, err):
-// CLI11 is compiled, and its exit called, with the macro out of the way.
-#pragma push_macro("exit")
-#undef exit
-#include <CLI/CLI.hpp>
-namespace {
-int cli_exit(const CLI::App& app, const CLI::ParseError& e) { return app.exit(e); }
-}  // namespace
-#pragma pop_macro("exit")
+#include "tools/smpi/smpi_cli.h"  // first: CLI11 without smpicxx's exit macro
 #include <cmath>
 #include <cstdio>
 #include <string>

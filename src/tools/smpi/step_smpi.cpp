@@ -25,13 +25,7 @@
 // traffic of the planner's ring models without their arithmetic (MPI_Allreduce would apply the
 // sum on the host to every rank's buffer, and its temporaries are not folded: 1024 ranks do not
 // fit).
-#pragma push_macro("exit")
-#undef exit
-#include <CLI/CLI.hpp>
-namespace {
-int cli_exit(const CLI::App& app, const CLI::ParseError& e) { return app.exit(e); }
-}  // namespace
-#pragma pop_macro("exit")
+#include "tools/smpi/smpi_cli.h"  // first: CLI11 without smpicxx's exit macro
 #include <simgrid/host.h>
 #include <smpi/smpi.h>
 
