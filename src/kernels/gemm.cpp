@@ -31,21 +31,26 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
   sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-           const float* B, int ldb, float beta, float* C, int ldc) {
+bool gemm_prologue(bool trans_a, bool trans_b, int M, int N, int K, int& lda, int& ldb, float beta,
+                   float* C, int& ldc) {
   MOE_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
-  if (M == 0 || N == 0) return;
-  // Dense row strides: A is stored [M,K] (or [K,M] when transposed), B [K,N] (or [N,K]).
+  if (M == 0 || N == 0) return false;
   if (lda == 0) lda = trans_a ? M : K;
   if (ldb == 0) ldb = trans_b ? K : N;
   if (ldc == 0) ldc = N;
-  if (K == 0) {  // BLAS would only scale C; do the same without calling it with K = 0
+  if (K == 0) {
     for (int i = 0; i < M; ++i) {
       float* c = C + static_cast<size_t>(i) * ldc;
       for (int j = 0; j < N; ++j) c[j] = beta == 0.0f ? 0.0f : beta * c[j];
     }
-    return;
+    return false;
   }
+  return true;
+}
+
+void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+           const float* B, int ldb, float beta, float* C, int ldc) {
+  if (!gemm_prologue(trans_a, trans_b, M, N, K, lda, ldb, beta, C, ldc)) return;
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

@@ -16,6 +16,12 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 
 void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
            const float* B, int ldb, float beta, float* C, int ldc);
+// What every host GEMM does before its library call: checks the sizes, fills the dense strides
+// (lda/ldb/ldc 0: A [M,K] or [K,M] when transposed, B [K,N] or [N,K], C [M,N]), and does the work
+// itself when there is no product (M or N 0: nothing; K 0: C = beta · C, as BLAS would, without
+// calling it with K = 0). Returns false when nothing is left for the library to do.
+bool gemm_prologue(bool trans_a, bool trans_b, int M, int N, int K, int& lda, int& ldb, float beta,
+                   float* C, int& ldc);
 
 // One product of a grouped GEMM: C = op(A) · op(B) + beta · C with gemm()'s conventions
 // (row-major, row strides, 0 for dense) and alpha 1.

@@ -212,18 +212,7 @@ std::string bf16_cpu_unavailable_reason() {
 
 void gemm_bf16_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                    const float* B, int ldb, float beta, float* C, int ldc) {
-  MOE_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
-  if (M == 0 || N == 0) return;
-  if (lda == 0) lda = trans_a ? M : K;
-  if (ldb == 0) ldb = trans_b ? K : N;
-  if (ldc == 0) ldc = N;
-  if (K == 0) {  // only scales C (the fp32 path's rule)
-    for (int i = 0; i < M; ++i) {
-      float* c = C + static_cast<size_t>(i) * ldc;
-      for (int j = 0; j < N; ++j) c[j] = beta == 0.0f ? 0.0f : beta * c[j];
-    }
-    return;
-  }
+  if (!gemm_prologue(trans_a, trans_b, M, N, K, lda, ldb, beta, C, ldc)) return;  // the fp32 path's rules
   for (int i = 0; i < g_open_inputs; ++i)  // the copy would go stale
     MOE_CHECK(!overlaps(C, static_cast<size_t>(M - 1) * ldc + N, g_inputs[i].data, g_inputs[i].n),
               "gemm (bf16): the output overlaps an input held by a Bf16InputScope");

@@ -14,6 +14,7 @@
 #include "kernels/device_select.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/field_timer.h"
 #include "kernels/gemm_bf16_cpu.h"
 
 namespace moe::kernels {
@@ -22,23 +23,8 @@ namespace {
 thread_local MlpStepTimes* g_mlp_times = nullptr;
 
 // Adds the wall time of one part to a field of the installed recorder (no-op without one).
-class PartTimer {
- public:
-  explicit PartTimer(double MlpStepTimes::*field)
-      : field_(field), start_(g_mlp_times ? synced_now() : 0.0) {}
-  ~PartTimer() {
-    if (g_mlp_times) g_mlp_times->*field_ += synced_now() - start_;
-  }
-  PartTimer(const PartTimer&) = delete;
-  PartTimer& operator=(const PartTimer&) = delete;
-
- private:
-  static double synced_now() {
-    device_synchronize();
-    return now_seconds();
-  }
-  double MlpStepTimes::*field_;
-  double start_;
+struct PartTimer : FieldTimer<MlpStepTimes> {
+  explicit PartTimer(double MlpStepTimes::*field) : FieldTimer(g_mlp_times, field) {}
 };
 
 void check_sizes(const char* who, int N, int H, int F) {

@@ -21,6 +21,7 @@
 #include "kernels/device_select.h"
 #include "kernels/gemm.h"
 #include "kernels/permute.h"
+#include "kernels/field_timer.h"
 #include "kernels/router_ops.h"
 
 namespace moe::mixture {
@@ -29,24 +30,8 @@ namespace {
 thread_local MoeStepTimes* g_step_times = nullptr;
 
 // Adds the wall time of one step to a field of the installed recorder (no-op without one).
-class StepTimer {
- public:
-  // On a GPU the interval is closed by a device sync (only while a recorder is installed).
-  explicit StepTimer(double MoeStepTimes::*field)
-      : field_(field), start_(g_step_times ? synced_now() : 0.0) {}
-  ~StepTimer() {
-    if (g_step_times) g_step_times->*field_ += synced_now() - start_;
-  }
-  static double synced_now() {
-    kernels::device_synchronize();
-    return now_seconds();
-  }
-  StepTimer(const StepTimer&) = delete;
-  StepTimer& operator=(const StepTimer&) = delete;
-
- private:
-  double MoeStepTimes::*field_;
-  double start_;
+struct StepTimer : kernels::FieldTimer<MoeStepTimes> {
+  explicit StepTimer(double MoeStepTimes::*field) : FieldTimer(g_step_times, field) {}
 };
 
 // Installs the routed experts' part recorder (MoeStepTimes::expert_parts) for one scope, when a
