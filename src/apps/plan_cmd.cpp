@@ -152,15 +152,9 @@ int run_plan(const PlanCli& s) {
 
   MOE_CHECK(s.gpus >= 1, "--gpus must be given and >= 1 (got ", s.gpus, "), or use --evaluate --layout");
   ctx.shape.global_batch = s.global_batch > 0 ? s.global_batch : 2LL * s.gpus;
-  plan::SearchOptions so;
-  so.gpus = s.gpus;
-  so.shape = ctx.shape;
-  so.zero1 = s.zero1;
-  so.top = s.top;
-  so.max_tp = s.max_tp;
-  so.max_micro_batches = s.max_micro_batches;
-  so.imbalance = s.imbalance;
-  so.routing = rp;
+  const plan::SearchOptions so{.gpus = s.gpus, .shape = ctx.shape, .zero1 = s.zero1, .top = s.top,
+                               .max_tp = s.max_tp, .max_micro_batches = s.max_micro_batches,
+                               .imbalance = s.imbalance, .routing = rp};
   plan::SearchResult r = plan::search_plans(m, c, so);
   if (s.json) {
     std::printf("%s\n", plan::search_json(ctx, r, s.explain).dump(1).c_str());

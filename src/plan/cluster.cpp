@@ -181,18 +181,14 @@ void ClusterProfile::validate(const std::string& w) const {
             ") is not below \"hbm_bytes\" (", hbm_bytes, ")");
   positive("peak_flops", peak_flops);
   positive("mem_bandwidth", mem_bandwidth);
-  positive("links.intra_node.bandwidth", intra_node.bandwidth);
-  positive("links.inter_node.bandwidth", inter_node.bandwidth);
-  positive("links.inter_group.bandwidth", inter_group.bandwidth);
-  non_negative("links.intra_node.latency", intra_node.latency);
-  non_negative("links.inter_node.latency", inter_node.latency);
-  non_negative("links.inter_group.latency", inter_group.latency);
-  non_negative("links.intra_node.wire_latency", intra_node.wire_latency);
-  non_negative("links.inter_node.wire_latency", inter_node.wire_latency);
-  non_negative("links.inter_group.wire_latency", inter_group.wire_latency);
-  non_negative("links.intra_node.injection", intra_node.injection);
-  non_negative("links.inter_node.injection", inter_node.injection);
-  non_negative("links.inter_group.injection", inter_group.injection);
+  for (const auto& [name, link] : {std::pair{"intra_node", &intra_node}, std::pair{"inter_node", &inter_node},
+                                   std::pair{"inter_group", &inter_group}}) {
+    const std::string f = str_cat("links.", name, ".");
+    positive((f + "bandwidth").c_str(), link->bandwidth);
+    non_negative((f + "latency").c_str(), link->latency);
+    non_negative((f + "wire_latency").c_str(), link->wire_latency);
+    non_negative((f + "injection").c_str(), link->injection);
+  }
   MOE_CHECK(!elem_fwd.empty() && !elem_bwd.empty() && !recompute_fwd.empty() && !recompute_bwd.empty(), w,
             ": \"elementwise\" tables are missing");
   positive("optimizer_s_per_param", optimizer_s_per_param);
