@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "apps/mode_option.h"
 #include "core/error.h"
 #include "io/json_file.h"
 #include "io/token_corpus.h"
@@ -63,7 +64,7 @@ void add_generate_command(CLI::App& app, GenerateCli& s) {
   g->add_option("--temperature", o.temperature, "sampling temperature (0 = greedy)")->capture_default_str();
   g->add_option("--top-k", o.top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str();
   g->add_option("--seed", o.seed, "sampler seed")->capture_default_str()->check(kSeed);
-  g->add_option("--device", o.device, "cpu or cuda")->capture_default_str();
+  add_mode_option(g, "--device", o.device, "cpu or cuda");
   g->add_option("--tokenizer", o.tokenizer,
                 "bytes, or spm:PATH.model (the SentencePiece model `moetrain tokenize` wrote beside the dataset)")
       ->capture_default_str();

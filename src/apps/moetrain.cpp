@@ -27,6 +27,7 @@
 #include "apps/eval_cmd.h"
 #include "apps/tokenize_cmd.h"
 #include "apps/upcycle_cmd.h"
+#include "apps/mode_option.h"
 
 using namespace moe;
 
@@ -104,8 +105,8 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   t->add_option("--tp", o.parallel.dims.tp, "tensor-parallel degree: heads, dense FFN and tokens split over tp adjacent ranks (Megatron TP + SP, SSMB MoE)")->capture_default_str();
   t->add_option("--micro-batches", o.parallel.micro_batches, "micro-batches per step (pipeline / gradient accumulation)")->capture_default_str();
   t->add_option("--pp.layers", o.parallel.pp_layers, "layers per pipeline stage, e.g. 5,4,4,3 (default: even)")->delimiter(',');
-  t->add_option("--pp.schedule", o.parallel.schedule, "pipeline schedule: 1f1b or gpipe")->capture_default_str();
-  t->add_option("--recompute", o.model.recompute, "activation checkpointing: none, moe or full")->capture_default_str();
+  apps::add_mode_option(t, "--pp.schedule", o.parallel.schedule, "pipeline schedule: 1f1b or gpipe");
+  apps::add_mode_option(t, "--recompute", o.model.recompute, "activation checkpointing: none, moe or full");
   t->add_option("--mtp.weight", o.model.mtp_weight,
                 "multi-token prediction's loss weight lambda (configs with num_nextn_predict_layers 1)")
       ->capture_default_str()
@@ -118,8 +119,8 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
                 "expert migration (Piper): every N steps, rebalance the EP ranks' loads (0 = never)")->capture_default_str();
   t->add_option("--balance.threshold", o.balance.threshold,
                 "migrate a layer when its max/mean EP-rank load exceeds this (> 1)")->capture_default_str();
-  t->add_option("--a2a", o.parallel.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase), rbd-halo (both), "
-                "or auto: the one the planner prices lowest on --cluster's profile")->capture_default_str();
+  apps::add_mode_option(t, "--a2a", o.parallel.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase), rbd-halo (both), "
+                "or auto: the one the planner prices lowest on --cluster's profile");
   t->add_option("--cluster", o.parallel.a2a_cluster,
                 "cluster profile for --a2a auto: a `moetrain calibrate` file (measured on these nodes) or a preset");
   t->add_flag("--comm.overlap", o.parallel.comm_overlap,
@@ -137,14 +138,11 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
   t->add_option("--comm.timeout", o.faults.comm_timeout_s,
                 "seconds a rank may wait in one MPI operation before the job ends naming it (0 = forever)")
       ->capture_default_str();
-  t->add_option("--device", o.device.name, "cpu or cuda (one GPU per rank: local rank modulo the visible GPUs)")
-      ->capture_default_str();
-  t->add_option("--comm.backend", o.device.comm_backend,
-                "auto, mpi or nccl: how GPU buffers move between ranks (auto: NCCL when every rank "
-                "has its own GPU, else staged through the host over MPI)")
-      ->capture_default_str();
-  t->add_option("--precision", o.device.precision, "fp32; bf16 GEMM inputs with fp32 accumulation (cuBLAS, or oneDNN on a CPU with AVX-512 BF16); or auto: bf16 where this CPU measures its bf16 GEMM peak at least 1.3x its fp32 peak, else fp32 (and fp32 on CUDA)")
-      ->capture_default_str();
+  apps::add_mode_option(t, "--device", o.device.type, "cpu or cuda (one GPU per rank: local rank modulo the visible GPUs)");
+  apps::add_mode_option(t, "--comm.backend", o.device.comm_backend,
+                        "auto, mpi or nccl: how GPU buffers move between ranks (auto: NCCL when every rank "
+                        "has its own GPU, else staged through the host over MPI)");
+  apps::add_mode_option(t, "--precision", o.device.precision, "fp32; bf16 GEMM inputs with fp32 accumulation (cuBLAS, or oneDNN on a CPU with AVX-512 BF16); or auto: bf16 where this CPU measures its bf16 GEMM peak at least 1.3x its fp32 peak, else fp32 (and fp32 on CUDA)");
   t->add_flag("--zero1", o.parallel.zero1,
               "ZeRO-1: split the AdamW state over the data ranks (reduce-scatter, sliced update, "
               "all-gather); with one data rank a no-op");
@@ -155,8 +153,6 @@ void add_train_command(CLI::App& app, train::TrainOptions& o, bool& quiet) {
 void add_a2a_bench(CLI::App* bench, A2aCli& a);
 
 void add_pipeline_bench(CLI::App* bench, PipeCli& p);
-
-std::string bench_device = "cpu", bench_precision = "fp32";
 
 void add_bench_command(CLI::App& app, mixture::MoeBenchOptions& b, bool& json, int& threads,
                        A2aCli& a2a, PipeCli& pipe) {
@@ -177,9 +173,8 @@ void add_bench_command(CLI::App& app, mixture::MoeBenchOptions& b, bool& json, i
   m->add_option("--warmup", b.warmup, "untimed iterations")->capture_default_str();
   m->add_option("--seed", b.seed, "seed")->capture_default_str()->check(kNonNegativeInteger);
   m->add_option("--threads", threads, "BLAS threads")->capture_default_str();
-  m->add_option("--device", bench_device, "cpu or cuda (on cuda only the padding-free path runs)")
-      ->capture_default_str();
-  m->add_option("--precision", bench_precision, "fp32, or bf16 GEMM inputs (cuBLAS, or oneDNN on a CPU with AVX-512 BF16)")->capture_default_str();
+  apps::add_mode_option(m, "--device", b.device, "cpu or cuda (on cuda only the padding-free path runs)");
+  apps::add_mode_option(m, "--precision", b.precision, "fp32, or bf16 GEMM inputs (cuBLAS, or oneDNN on a CPU with AVX-512 BF16)");
   m->add_flag("--json", json, "print JSON instead of a table");
   m->add_flag("!--no-padded", b.run_padded, "skip the capacity-padded baseline");
   m->add_flag("--breakdown", b.breakdown, "also print each step's forward and backward time");
@@ -225,7 +220,15 @@ void add_pipeline_bench(CLI::App* bench, PipeCli& p) {
   CLI::App* m = bench->add_subcommand("pipeline", "pipeline bubble of 1F1B / GPipe vs (PP-1)/(M+PP-1) (run under mpirun, one rank per stage)");
   m->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   m->add_option("--micro-batches", p.opts.micro_batches, "M values, e.g. 1,2,4,8,16")->delimiter(',');
-  m->add_option("--schedule", p.opts.schedule, "1f1b, gpipe or both")->capture_default_str();
+  m->add_option_function<std::string>(
+       "--schedule",
+       [&p](const std::string& s) {
+         p.opts.schedule = find_mode<Schedule>(s);
+         MOE_CHECK(p.opts.schedule || s == "both", "--schedule: unknown pipeline schedule '", s,
+                   "' (expected 1f1b, gpipe or both)");
+       },
+       "1f1b, gpipe or both")
+      ->default_str(name(*p.opts.schedule));
   m->add_option("--forward-ms", p.opts.forward_ms, "forward time per micro-batch and stage (backward = 2x)")->capture_default_str();
   m->add_option("--activation-floats", p.opts.activation_floats, "floats per micro-batch activation")->capture_default_str();
   m->add_option("--iters", p.opts.iters, "measured steps per row")->capture_default_str();
@@ -263,7 +266,7 @@ int run_a2a_bench_cli(int* argc, char*** argv, A2aCli& a) {
     a.opts.min_bytes = parse_size("-b", a.min_bytes);
     a.opts.max_bytes = parse_size("-e", a.max_bytes);
     a.opts.algorithms.clear();
-    for (const std::string& s : a.algorithms) a.opts.algorithms.push_back(comm::parse_a2a_algorithm(s));
+    for (const std::string& s : a.algorithms) a.opts.algorithms.push_back(parse_a2a(s, "--algos"));
     comm::Group world = comm::Group::world();
     comm::Topology topo = comm::Topology::detect(world.size(), a.ranks_per_node, a.nodes_per_group);
     comm::A2aBenchResult r = comm::run_a2a_bench(world, topo, a.opts);
@@ -328,6 +331,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "moetrain: error: %s (see --help)\n", e.what());
     return e.get_exit_code() == 0 ? 2 : e.get_exit_code();
+  } catch (const Error& e) {
+    // A mode's word refused by its parser (apps/mode_option.h). Every rank of a launched job
+    // parses the same flags: the first one says why, once.
+    if (train::launcher_world_rank() == 0) std::fprintf(stderr, "moetrain: error: %s\n", e.what());
+    return 1;
   }
   try {
     if (int rc = apps::run_plan_commands(app, plan_cli, &argc, &argv); rc >= 0) return rc;
@@ -346,10 +354,6 @@ int main(int argc, char** argv) {
       MOE_CHECK(std::isfinite(bench_opts.capacity_factor) && bench_opts.capacity_factor >= 0,
                 "--capacity-factor must be a finite number >= 0, got ", bench_opts.capacity_factor);
       kernels::set_blas_threads(bench_threads);
-      bench_opts.device = parse_device(bench_device, "--device");
-      MOE_CHECK(bench_precision == "fp32" || bench_precision == "bf16",
-                "--precision: expected fp32 or bf16, got '", bench_precision, "'");
-      bench_opts.bf16 = bench_precision == "bf16";
       require_device(bench_opts.device, "--device");
       auto result = mixture::run_moe_layer_bench(bench_opts);
       std::printf("%s\n", bench_json ? mixture::moe_bench_json(result).c_str()

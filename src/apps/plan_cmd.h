@@ -2,7 +2,10 @@
 // plan/ for the resource model, train/calibrate for the measurements).
 #pragma once
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
+
+#include "core/modes.h"
 
 #include "train/calibrate.h"
 
@@ -14,7 +17,7 @@ struct PlanCli {
   int gpus = 0;
   int seq_len = 0;                   // 0 = the model's default training length
   long long global_batch = 0;        // 0 = 2 sequences per rank (search) / per micro-batch (evaluate)
-  std::string precision;             // empty = the cluster's native precision
+  std::optional<Precision> precision;  // none = the cluster's native precision
   int top = 5;
   int max_tp = 1;
   int max_micro_batches = 256;

@@ -86,7 +86,7 @@ int run(Cli& a, moe::comm::MpiRuntime& mpi) {
     a.opts.max_bytes = parse_size("-e", a.max_bytes);
     a.opts.check_rows = !a.no_check_rows;
     a.opts.algorithms.clear();
-    for (const std::string& s : a.algorithms) a.opts.algorithms.push_back(comm::parse_a2a_algorithm(s));
+    for (const std::string& s : a.algorithms) a.opts.algorithms.push_back(parse_a2a(s, "--algos"));
     comm::set_sim_message_overhead(a.overhead_us * 1e-6);
     comm::Group world = comm::Group::world();
     comm::Topology topo = comm::Topology::detect(world.size(), a.ranks_per_node, a.nodes_per_group);
