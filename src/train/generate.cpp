@@ -159,7 +159,7 @@ GenerateResult generate(const GenerateOptions& o,
   r.max_position_embeddings = c.max_position_embeddings;
   // A model trained on another tokenizer's ids (a BPE dataset's vocab) would print bytes that
   // mean nothing: refused, not guessed.
-  MOE_CHECK(std::string(tok->name()) != "bytes" || c.vocab_size == 256, m.source, ": vocab_size ",
+  MOE_CHECK(tok->kind() != "bytes" || c.vocab_size == 256, m.source, ": vocab_size ",
             c.vocab_size, " is not the byte-level vocabulary (256): give the tokenizer of its data "
             "with --tokenizer spm:PATH.model");
   // The tokenizer the model was trained with (issue 42, class 4): another one's ids mean other text.
