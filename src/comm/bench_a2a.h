@@ -33,8 +33,7 @@ struct A2aBenchOptions {
   int hidden = 1024;              // H
   int experts = 64;               // E (a multiple of the number of ranks)
   int topk = 8;                   // k
-  std::vector<A2a> algorithms = {A2a::kFlat, A2a::kRbd,
-                                          A2a::kHalo, A2a::kRbdHalo};
+  std::vector<A2a> algorithms = {A2a::kFlat, A2a::kRbd, A2a::kHalo, A2a::kRbdHalo};
   std::string routing = "uniform";  // "uniform" | "skewed" | "node-limited"
   int topk_group = 0;             // node-limited: nodes a token may reach (required there only)
   int iters = 20, warmup = 5;

@@ -70,7 +70,7 @@ void resolve_auto_precision(RunSetup& r, const TrainOptions& opts) {
 // measured curves where `moetrain calibrate` wrote them for this world and group, else its link
 // model), with the run's own topology. Returns the choice and the header's reason.
 std::pair<A2a, std::string> choose_a2a(const TrainOptions& opts, const model::ModelConfig& cfg,
-                                                      const comm::Topology& topo, int world) {
+                                       const comm::Topology& topo, int world) {
   const parallel::ParallelDims& d = opts.parallel.dims;
   plan::ClusterProfile c = plan::resolve_cluster(opts.parallel.a2a_cluster);  // a bad profile is an error anyway
   if (d.ep < 2 || cfg.num_moe_layers() == 0)
