@@ -190,7 +190,7 @@ TEST(GemmBf16Cpu, RoundToNearestEven) {
 TEST(GemmBf16Cpu, RooflineRate) {
   SKIP_WITHOUT_BF16();
   // The bf16 peak runs oneDNN's product and gives a positive rate (its values: GemmBf16Cpu.*).
-  EXPECT_GT(measure_peak_gflops("bf16", {256}, 2), 1.0);
+  EXPECT_GT(measure_peak_gflops(moe::Precision::kBf16, {256}, 2), 1.0);
 }
 
 }  // namespace

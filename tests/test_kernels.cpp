@@ -508,7 +508,7 @@ TEST(Gemm, ThreadsAndRoofline) {
   EXPECT_EQ(blas_threads(), 1);
   set_blas_threads(before);
   EXPECT_THROW(set_blas_threads(0), moe::Error);
-  EXPECT_GT(measure_peak_gflops("fp32", {64}, 2), 0.0);
+  EXPECT_GT(measure_peak_gflops(moe::Precision::kFp32, {64}, 2), 0.0);
 }
 
 TEST(Gemm, BlasCoresThisCpuCannotRunAreNamed) {

@@ -228,7 +228,7 @@ struct LossAndGrads {
   std::map<std::string, std::vector<float>> grads;
   size_t act_peak;
 };
-LossAndGrads run_whole(model::Recompute r, const std::vector<int32_t>& tok, int B, int T,
+LossAndGrads run_whole(Recompute r, const std::vector<int32_t>& tok, int B, int T,
                        const char* preset = "test-moe") {
   model::Model m(model::preset(preset), {}, nullptr, {}, r);
   m.init_weights(21);
@@ -249,9 +249,9 @@ TEST(Model, RecomputeIsBitIdenticalAndHoldsLess) {
   auto tok = random_tokens(2, 16, 256, 31);
   // The families too: QK-norm's kept q and k, the gated shared expert (model/family.h).
   for (const char* preset : {"test-moe", "test-qwen2moe", "test-qwen3moe"}) {
-    LossAndGrads none = run_whole(model::Recompute::kNone, tok, 2, 16, preset);
-    LossAndGrads moe_r = run_whole(model::Recompute::kMoe, tok, 2, 16, preset);
-    LossAndGrads full = run_whole(model::Recompute::kFull, tok, 2, 16, preset);
+    LossAndGrads none = run_whole(Recompute::kNone, tok, 2, 16, preset);
+    LossAndGrads moe_r = run_whole(Recompute::kMoe, tok, 2, 16, preset);
+    LossAndGrads full = run_whole(Recompute::kFull, tok, 2, 16, preset);
     for (const LossAndGrads* o : {&moe_r, &full}) {
       EXPECT_EQ(o->loss, none.loss) << preset;
       for (const auto& [name, g] : none.grads)
@@ -307,8 +307,8 @@ TEST(Model, MemorySizeFunctionsMatchTheAllocations) {
   model::ModelConfig c = model::preset(preset);
   const int B = 2, T = 16;
   auto tok = random_tokens(B, T, 256, 3);
-  for (const char* rc : {"none", "moe", "full"}) {
-    model::Model m(c, {}, nullptr, {}, model::parse_recompute(rc));
+  for (Recompute rc : {Recompute::kNone, Recompute::kMoe, Recompute::kFull}) {
+    model::Model m(c, {}, nullptr, {}, rc);
     m.init_weights(1);
     m.forward(tok.data(), B, T);
     size_t elems = model::head_kept_elems(c, B, T);

@@ -74,7 +74,7 @@ TEST(PipelineSchedule, EveryMicroBatchOnceInOrder) {
     for (int PP = 1; PP <= 4; ++PP)
       for (int s = 0; s < PP; ++s)
         for (int M = 1; M <= 8; ++M) {
-          SCOPED_TRACE(str_cat(schedule_name(sched), " PP=", PP, " stage=", s, " M=", M));
+          SCOPED_TRACE(str_cat(name(sched), " PP=", PP, " stage=", s, " M=", M));
           std::vector<PipeOp> ops = make_schedule(sched, PP, s, M);
           ASSERT_EQ(ops.size(), 2u * M);
           std::vector<int> fwd_pos(M, -1), bwd_pos(M, -1);
@@ -149,7 +149,7 @@ TEST(PipelineSchedule, GlobalSimulationGivesTheoreticalBubble) {
   for (Schedule sched : {Schedule::k1F1B, Schedule::kGPipe})
     for (int PP = 1; PP <= 4; ++PP)
       for (int M = 1; M <= 8; ++M) {
-        SCOPED_TRACE(str_cat(schedule_name(sched), " PP=", PP, " M=", M));
+        SCOPED_TRACE(str_cat(name(sched), " PP=", PP, " M=", M));
         const double step = simulate_step(sched, PP, M, tf, tb);
         ASSERT_GE(step, 0) << "deadlock";
         EXPECT_DOUBLE_EQ(step, (M + PP - 1) * (tf + tb));
@@ -160,11 +160,11 @@ TEST(PipelineSchedule, GlobalSimulationGivesTheoreticalBubble) {
 }
 
 TEST(PipelineSchedule, ParseAndName) {
-  EXPECT_EQ(parse_schedule("1f1b"), Schedule::k1F1B);
-  EXPECT_EQ(parse_schedule("gpipe"), Schedule::kGPipe);
-  EXPECT_STREQ(schedule_name(Schedule::k1F1B), "1f1b");
-  EXPECT_STREQ(schedule_name(Schedule::kGPipe), "gpipe");
-  std::string e = error_of([] { parse_schedule("zero-bubble"); });
+  EXPECT_EQ(parse_schedule("1f1b", "--pp.schedule"), Schedule::k1F1B);
+  EXPECT_EQ(parse_schedule("gpipe", "--pp.schedule"), Schedule::kGPipe);
+  EXPECT_STREQ(name(Schedule::k1F1B), "1f1b");
+  EXPECT_STREQ(name(Schedule::kGPipe), "gpipe");
+  std::string e = error_of([] { parse_schedule("zero-bubble", "--pp.schedule"); });
   EXPECT_TRUE(contains(e, "'zero-bubble'")) << e;
 }
 

@@ -53,7 +53,7 @@ TEST(PlanMemory, PiperTestVector) {
   l.pp = 4;
   l.ep = 8;
   l.micro_batches = 8;
-  plan::TrainShape s{4096, 8 * 8, "bf16"};  // b = 8 sequences per rank, dp · ep = 8 ranks
+  plan::TrainShape s{4096, 8 * 8, Precision::kBf16};  // b = 8 sequences per rank, dp · ep = 8 ranks
   const plan::MemoryEstimate e = plan::estimate_memory(m, l, s, plan::piper_paper_options());
   const double want[4] = {109.39, 89.83, 70.26, 50.70};
   ASSERT_EQ(e.stages.size(), 4u);
@@ -110,10 +110,10 @@ TEST(PlanMemory, ActivationsAreTheTrainersSizeFunctions) {
   for (const model::ModelConfig& cfg : {c, c2, model::preset("test-mixtral"), model::preset("test-qwen2moe"),
                                         model::preset("test-qwen3moe")}) {
     const plan::PlanModel m = plan::from_model_config(cfg, "cfg", "--preset cfg");
-    const plan::MemoryOptions o = plan::memory_options(plan::cluster_preset("frontier"), "fp32", false);
+    const plan::MemoryOptions o = plan::memory_options(plan::cluster_preset("frontier"), Precision::kFp32, false);
     plan::MemoryOptions cpu = o;
     cpu.attention_s2 = false;  // the trainer's attention is fused (lse + out kept, no T×T)
-    for (const char* rc : {"none", "moe", "full"}) {
+    for (Recompute rc : {Recompute::kNone, Recompute::kMoe, Recompute::kFull}) {
       plan::Layout l;
       l.recompute = rc;
       for (int layer = 0; layer < cfg.num_hidden_layers; ++layer) {
@@ -131,13 +131,13 @@ TEST(PlanMemory, ActivationsAreTheTrainersSizeFunctions) {
   plan::Layout l;
   l.pp = 2;
   l.micro_batches = 4;
-  plan::MemoryOptions o = plan::memory_options(plan::cluster_preset("frontier"), "fp32", false);
+  plan::MemoryOptions o = plan::memory_options(plan::cluster_preset("frontier"), Precision::kFp32, false);
   o.attention_s2 = false;
-  const plan::MemoryEstimate e = plan::estimate_memory(m, l, {64, 8, "fp32"}, o);
+  const plan::MemoryEstimate e = plan::estimate_memory(m, l, {64, 8, Precision::kFp32}, o);
   const int Bm = 2, T = 64;
   const size_t R = static_cast<size_t>(Bm) * T * c.num_experts_per_tok;
-  const size_t s0 = model::layer_kept_elems(c, 0, Bm, T, R, "none") + model::layer_kept_elems(c, 1, Bm, T, R, "none");
-  const size_t s1 = model::layer_kept_elems(c, 2, Bm, T, R, "none") + model::layer_kept_elems(c, 3, Bm, T, R, "none") +
+  const size_t s0 = model::layer_kept_elems(c, 0, Bm, T, R, Recompute::kNone) + model::layer_kept_elems(c, 1, Bm, T, R, Recompute::kNone);
+  const size_t s1 = model::layer_kept_elems(c, 2, Bm, T, R, Recompute::kNone) + model::layer_kept_elems(c, 3, Bm, T, R, Recompute::kNone) +
                     model::head_kept_elems(c, Bm, T);
   EXPECT_EQ(e.stages[0].activations, 2.0 * 4 * s0);
   EXPECT_EQ(e.stages[1].activations, 1.0 * 4 * s1);
@@ -152,8 +152,8 @@ TEST(PlanMemory, StageParametersAreTheTrainersLayout) {
   plan::Layout l;
   l.pp = 2;
   l.ep = 2;
-  plan::MemoryOptions o = plan::memory_options(plan::cluster_preset("frontier"), "fp32", false);
-  const plan::MemoryEstimate e = plan::estimate_memory(m, l, {64, 4, "fp32"}, o);
+  plan::MemoryOptions o = plan::memory_options(plan::cluster_preset("frontier"), Precision::kFp32, false);
+  const plan::MemoryEstimate e = plan::estimate_memory(m, l, {64, 4, Precision::kFp32}, o);
   const std::vector<int> split = parallel::split_layers(c, 2, {});
   for (int s = 0; s < 2; ++s) {
     model::ParamLayout pl(c, model::ExpertShard{0, c.n_routed_experts / 2, {}}, parallel::stage_spec(split, s));
@@ -165,7 +165,7 @@ TEST(PlanMemory, StageParametersAreTheTrainersLayout) {
   l.dp = 2;
   l.zero1 = true;
   o.zero1 = true;
-  const plan::MemoryEstimate z = plan::estimate_memory(m, l, {64, 8, "fp32"}, o);
+  const plan::MemoryEstimate z = plan::estimate_memory(m, l, {64, 8, Precision::kFp32}, o);
   model::ParamLayout full(c, model::ExpertShard{0, c.n_routed_experts / 2, {}});
   size_t experts = 0;
   for (const model::ParamSpec& p : full.specs()) experts += p.is_expert ? p.numel : 0;
@@ -176,9 +176,9 @@ TEST(PlanLayout, SchedulesAndBuffersFollowThePipelineExecutor) {
   for (int pp : {1, 2, 3, 4})
     for (int M : {1, 2, 3, 5, 8})
       for (int s = 0; s < pp; ++s)
-        for (const char* sched : {"1f1b", "gpipe"}) {
+        for (Schedule sched : {Schedule::k1F1B, Schedule::kGPipe}) {
           const auto mine = plan::schedule_ops(sched, pp, s, M);
-          const auto theirs = parallel::make_schedule(parallel::parse_schedule(sched), pp, s, M);
+          const auto theirs = parallel::make_schedule(sched, pp, s, M);
           ASSERT_EQ(mine.size(), theirs.size());
           for (size_t i = 0; i < mine.size(); ++i) {
             EXPECT_EQ(mine[i].forward, theirs[i].forward);
@@ -186,14 +186,14 @@ TEST(PlanLayout, SchedulesAndBuffersFollowThePipelineExecutor) {
           }
           EXPECT_EQ(plan::max_in_flight(mine), parallel::max_in_flight(theirs));
         }
-  EXPECT_EQ(plan::pipeline_buffer_slots("1f1b", 1, 0, 4), 0);
-  EXPECT_GT(plan::pipeline_buffer_slots("1f1b", 2, 0, 4), 0);
+  EXPECT_EQ(plan::pipeline_buffer_slots(Schedule::k1F1B, 1, 0, 4), 0);
+  EXPECT_GT(plan::pipeline_buffer_slots(Schedule::k1F1B, 2, 0, 4), 0);
 }
 
 TEST(PlanConstraints, EachConstraintRefusesWhatItShould) {
   const plan::PlanModel m = plan::plan_preset("xmoe-super");  // E = 256, L = 61
   const plan::ClusterProfile f = plan::cluster_preset("frontier");  // fast domain 4 nodes x 8
-  const plan::TrainShape s{4096, 1024, "bf16"};
+  const plan::TrainShape s{4096, 1024, Precision::kBf16};
   auto check = [&](plan::Layout l, std::string* kind) { return plan::check_layout(m, f, l, s, kind); };
   std::string kind;
   plan::Layout l;
@@ -223,7 +223,7 @@ TEST(PlanConstraints, EachConstraintRefusesWhatItShould) {
   g.kv_heads = 4;
   EXPECT_EQ(plan::check_layout(g, f, l, s, &kind), "tp(4) does not divide the dense FFN width 6");
   g.dense_ffn = 8;
-  EXPECT_EQ(plan::check_layout(g, f, l, {4094, 1024, "bf16"}, &kind), "tp(4) does not divide the sequence length 4094");
+  EXPECT_EQ(plan::check_layout(g, f, l, {4094, 1024, Precision::kBf16}, &kind), "tp(4) does not divide the sequence length 4094");
   EXPECT_EQ(kind, "divisibility");
   EXPECT_EQ(plan::check_layout(g, f, l, s, &kind), "");
   l = {};
@@ -267,7 +267,7 @@ TEST(PlanSearch, XmoeSuperOnFrontier1024IsFeasibleAndFast) {
   const plan::ClusterProfile f = plan::cluster_preset("frontier");
   plan::SearchOptions o;
   o.gpus = 1024;
-  o.shape = {4096, 2048, "bf16"};
+  o.shape = {4096, 2048, Precision::kBf16};
   const auto t0 = std::chrono::steady_clock::now();
   const plan::SearchResult r = plan::search_plans(m, f, o);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -290,7 +290,7 @@ TEST(PlanSearch, XmoeSuperOnFrontier1024IsFeasibleAndFast) {
 // Padded (DeepSpeed: [E, C, H] + [T, E, C]) holds more than padding-free (N·k rows).
 TEST(PlanMemory, PaddedDispatchCostsMoreThanPaddingFree) {
   const plan::PlanModel m = plan::plan_preset("xmoe-medium");
-  plan::MemoryOptions o = plan::memory_options(plan::cluster_preset("frontier"), "bf16", false);
+  plan::MemoryOptions o = plan::memory_options(plan::cluster_preset("frontier"), Precision::kBf16, false);
   const plan::DispatchBuffers d = plan::dispatch_buffers(m, 4096, o);
   EXPECT_EQ(d.rows_padding_free, 4096.0 * 6);
   EXPECT_EQ(d.capacity, 240);  // ceil(4096 · 6 · 1.25 / 128)
@@ -302,7 +302,7 @@ TEST(PlanMemory, PaddedDispatchCostsMoreThanPaddingFree) {
   l.ep = 8;
   l.dp = 8;
   l.micro_batches = 4;
-  const plan::TrainShape s{4096, 256, "bf16"};
+  const plan::TrainShape s{4096, 256, Precision::kBf16};
   const double pf = plan::estimate_memory(m, l, s, o).worst_stage().total;
   o.padded = true;
   const double pd = plan::estimate_memory(m, l, s, o).worst_stage().total;
@@ -408,7 +408,7 @@ TEST(PlanCluster, ProfilesValidateAndRoundTrip) {
 // square rate), and the planner finds a plan with it.
 TEST(PlanCluster, MeasuredH200ProfileLoadsAndPlans) {
   const plan::ClusterProfile c = plan::resolve_cluster(MOETRAIN_SOURCE_DIR "/profiles/dgx-h200-measured.json");
-  EXPECT_EQ(c.kind, "gpu");
+  EXPECT_EQ(c.kind, NodeKind::kGpu);
   EXPECT_GT(c.hbm_bytes, 140e9);  // H200: 141 GB
   const double square = c.gemm_nt.gflops_at(8192, 8192, 8192);
   const double expert128 = c.gemm_nt.gflops_at(128, 2048, 7168);  // DeepSeek-V3 expert, 128 rows
@@ -419,7 +419,7 @@ TEST(PlanCluster, MeasuredH200ProfileLoadsAndPlans) {
   so.gpus = 64;
   so.shape.seq_len = 2048;
   so.shape.global_batch = 128;
-  so.shape.precision = "bf16";
+  so.shape.precision = Precision::kBf16;
   const plan::SearchResult r = plan::search_plans(plan::plan_preset("xmoe-small"), c, so);
   ASSERT_FALSE(r.best.empty());
   EXPECT_TRUE(r.best.front().fits);
@@ -468,9 +468,9 @@ TEST(PlanLayout, ParseAndShapeErrorsNameTheNumbers) {
             "--layout: unknown key 'xx' (keys: pp, dp, ep, tp, mb, recompute, a2a, zero1, schedule)");
   EXPECT_EQ(error_of([] { plan::parse_layout("pp=0"); }), "--layout: pp=0 must be >= 1");
   EXPECT_EQ(error_of([] { plan::parse_layout("recompute=some"); }), "--layout: recompute=some (expected none, moe or full)");
-  EXPECT_EQ(error_of([&] { plan::rank_shape(l, {128, 12, "fp32"}); }),
+  EXPECT_EQ(error_of([&] { plan::rank_shape(l, {128, 12, Precision::kFp32}); }),
             "global batch 12 is not divisible by dp(1) * ep(2) * micro-batches(4) = 8");
-  const plan::RankShape r = plan::rank_shape(l, {128, 16, "fp32"});
+  const plan::RankShape r = plan::rank_shape(l, {128, 16, Precision::kFp32});
   EXPECT_EQ(r.batch_per_rank, 8);
   EXPECT_EQ(r.micro_batch, 2);
   EXPECT_EQ(r.tokens, 256);
@@ -481,24 +481,24 @@ TEST(PlanLayout, ParseAndShapeErrorsNameTheNumbers) {
 TEST(PlanTime, BasicOrderings) {
   const plan::PlanModel m = plan::plan_preset("mixtral-8x7b");
   const plan::ClusterProfile c = plan::cluster_preset("dgx-h100");
-  const plan::TrainShape s{4096, 256, "bf16"};
+  const plan::TrainShape s{4096, 256, Precision::kBf16};
   plan::Layout l;
   l.pp = 4;
   l.ep = 8;
   l.dp = 2;
   l.micro_batches = 4;
-  const plan::MemoryOptions o = plan::memory_options(c, "bf16", false);
+  const plan::MemoryOptions o = plan::memory_options(c, Precision::kBf16, false);
   const plan::TimeBreakdown t4 = plan::estimate_time(m, l, s, c, o);
   l.micro_batches = 16;
   const plan::TimeBreakdown t16 = plan::estimate_time(m, l, s, c, o);
   EXPECT_LT(t16.bubble / t16.step, t4.bubble / t4.step);
-  l.recompute = "full";
+  l.recompute = Recompute::kFull;
   EXPECT_GT(plan::estimate_time(m, l, s, c, o).step, t16.step);
   EXPECT_LT(c.gemm_nt.gflops_at(32, 14336, 4096), c.gemm_nt.gflops_at(8192, 14336, 4096));
   // Exchange algorithms differ only when the EP group spans nodes.
-  EXPECT_EQ(plan::a2a_seconds(c, "flat", 16, 8, 1, 1e8, 2), plan::a2a_seconds(c, "halo", 16, 8, 1, 1e8, 2));
+  EXPECT_EQ(plan::a2a_seconds(c, A2a::kFlat, 16, 8, 1, 1e8, 2), plan::a2a_seconds(c, A2a::kHalo, 16, 8, 1, 1e8, 2));
   const plan::ClusterProfile f = plan::cluster_preset("frontier");
-  EXPECT_LT(plan::a2a_seconds(f, "rbd", 64, 32, 1, 1e8, 8), plan::a2a_seconds(f, "flat", 64, 32, 1, 1e8, 8));
+  EXPECT_LT(plan::a2a_seconds(f, A2a::kRbd, 64, 32, 1, 1e8, 8), plan::a2a_seconds(f, A2a::kFlat, 64, 32, 1, 1e8, 8));
 }
 
 // Unaligned dimensions leave the GPU's fast GEMM path (measured 3-7x slower on an H200): the
@@ -506,7 +506,7 @@ TEST(PlanTime, BasicOrderings) {
 TEST(PlanReport, UnalignedDimensionsAreNamedOnGpuClusters) {
   const plan::ClusterProfile gpu = plan::cluster_preset("dgx-h100");
   plan::PlanModel m = plan::plan_preset("mixtral-8x7b");
-  plan::ReportContext ctx{&m, &gpu, plan::TrainShape{4096, 64, "bf16"}, 64};
+  plan::ReportContext ctx{&m, &gpu, plan::TrainShape{4096, 64, Precision::kBf16}, 64};
   EXPECT_EQ(plan::format_header(ctx).find("multiple of 8"), std::string::npos);
   m.moe_ffn = 14335;
   m.vocab_size = 32001;

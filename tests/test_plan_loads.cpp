@@ -45,7 +45,7 @@ plan::RoutingStats loads_file(const std::string& name, const std::vector<double>
 struct TinyPlan {
   plan::PlanModel model = plan::plan_preset("tiny");  // E = 8, k = 2, 3 MoE layers
   plan::ClusterProfile cluster = plan::resolve_cluster("dgx-h100");
-  plan::TrainShape shape{128, 16, "bf16"};             // seq 128, global batch 16 (the default job)
+  plan::TrainShape shape{128, 16, Precision::kBf16};             // seq 128, global batch 16 (the default job)
 
   plan::Candidate eval(const std::string& layout, const plan::RoutingStats* r, double imbalance = 1.0) const {
     return plan::evaluate_layout(model, cluster, plan::parse_layout(layout), shape, r, imbalance);

@@ -59,7 +59,7 @@ plan::MemoryOptions bare() {
   return o;
 }
 
-plan::Layout layout(int pp, int dp, int ep, int M, const char* recompute = "none") {
+plan::Layout layout(int pp, int dp, int ep, int M, Recompute recompute = Recompute::kNone) {
   plan::Layout l;
   l.pp = pp;
   l.dp = dp;
@@ -77,8 +77,8 @@ plan::GemmTable gemm_at(double gflops) { return plan::GemmTable{{1.0}, {1.0}, {1
 plan::ClusterProfile unit_profile() {
   plan::ClusterProfile c;
   c.name = "unit";
-  c.kind = "gpu";
-  c.precision = "bf16";
+  c.kind = NodeKind::kGpu;
+  c.precision = Precision::kBf16;
   c.ranks_per_node = 2;
   c.nics_per_node = 2;
   c.nic_bandwidth = 16e9;
@@ -98,7 +98,7 @@ plan::ClusterProfile unit_profile() {
 plan::CommCurve flat_a2a_curve_4_ranks() {
   plan::CommCurve cc;
   cc.op = "a2a";
-  cc.algo = "flat";
+  cc.algo = A2a::kFlat;
   cc.world = 4;
   cc.group = 4;
   cc.ranks_per_node = 2;
@@ -122,7 +122,7 @@ TEST(PlanTerms, ParamsGradsOptimizerPerStage) {
   const plan::PlanModel m = toy({true, true});
   plan::MemoryOptions o = bare();
   o.embeddings = true;
-  const plan::MemoryEstimate e = plan::estimate_memory(m, layout(2, 1, 2, 1), {4, 2, "bf16"}, o);
+  const plan::MemoryEstimate e = plan::estimate_memory(m, layout(2, 1, 2, 1), {4, 2, Precision::kBf16}, o);
   ASSERT_EQ(e.stages.size(), 2u);
   const double want[2] = {200, 204};
   for (int s = 0; s < 2; ++s) {
@@ -134,7 +134,7 @@ TEST(PlanTerms, ParamsGradsOptimizerPerStage) {
   // Tied embeddings on one stage: the head is the embedding, 40 + 2 x 88 + 2 x 72 + 4 = 364.
   plan::PlanModel t = toy({true, true});
   t.tied_embeddings = true;
-  EXPECT_EQ(plan::estimate_memory(t, layout(1, 1, 2, 1), {4, 2, "bf16"}, o).stages[0].param_count, 364);
+  EXPECT_EQ(plan::estimate_memory(t, layout(1, 1, 2, 1), {4, 2, Precision::kBf16}, o).stages[0].param_count, 364);
 }
 
 // ZeRO-1, pp 1, dp 2, ep 2 (4 data ranks). Replicated: 40 + 2 x 88 + 44 = 260, shared by all 4
@@ -145,10 +145,10 @@ TEST(PlanTerms, ZeroOneShardsReplicatedOverDataRanksExpertsOverDp) {
   plan::MemoryOptions o = bare();
   o.embeddings = true;
   plan::Layout l = layout(1, 2, 2, 1);
-  EXPECT_EQ(plan::estimate_memory(m, l, {4, 4, "bf16"}, o).stages[0].optimizer, 4848);
+  EXPECT_EQ(plan::estimate_memory(m, l, {4, 4, Precision::kBf16}, o).stages[0].optimizer, 4848);
   o.zero1 = true;
   l.zero1 = true;
-  const plan::StageMemory st = plan::estimate_memory(m, l, {4, 4, "bf16"}, o).stages[0];
+  const plan::StageMemory st = plan::estimate_memory(m, l, {4, 4, Precision::kBf16}, o).stages[0];
   EXPECT_EQ(st.optimizer, 1644);
   EXPECT_EQ(st.params, 2 * 404);  // weights and gradients stay whole
   EXPECT_EQ(st.grads, 2 * 404);
@@ -167,9 +167,9 @@ TEST(PlanTerms, LayerActivationsByRecomputeMode) {
   const plan::PlanModel m = toy({false, true});
   const plan::MemoryOptions o = bare();
   struct Want {
-    const char* mode;
+    Recompute mode;
     double dense_kept, moe_kept;
-  } wants[] = {{"none", 168 + 72, 168 + 193}, {"moe", 168 + 72, 168}, {"full", 16, 16}};
+  } wants[] = {{Recompute::kNone, 168 + 72, 168 + 193}, {Recompute::kMoe, 168 + 72, 168}, {Recompute::kFull, 16, 16}};
   for (const Want& w : wants) {
     const plan::Layout l = layout(1, 1, 1, 1, w.mode);
     const plan::LayerActivation d = plan::layer_activation(m, 0, 1, 4, l, o);
@@ -249,20 +249,20 @@ TEST(PlanTerms, TensorParallelHeadAndWorkspaceOnTheShard) {
   o.embeddings = true;
   plan::Layout l = layout(1, 1, 1, 1);
   l.tp = 2;
-  const plan::StageMemory st = plan::estimate_memory(toy({true}), l, {4, 1, "bf16"}, o).stages[0];
+  const plan::StageMemory st = plan::estimate_memory(toy({true}), l, {4, 1, Precision::kBf16}, o).stages[0];
   EXPECT_EQ(st.kept_per_micro_batch, 2 * 253.0);
   EXPECT_EQ(st.workspace, 2 * 96.0);
   o.embeddings = false;
-  EXPECT_EQ(plan::estimate_memory(toy({false}), l, {4, 1, "bf16"}, o).stages[0].workspace, 2 * 88.0);
-  l.recompute = "full";
-  const plan::StageMemory full = plan::estimate_memory(toy({false}), l, {4, 1, "bf16"}, o).stages[0];
+  EXPECT_EQ(plan::estimate_memory(toy({false}), l, {4, 1, Precision::kBf16}, o).stages[0].workspace, 2 * 88.0);
+  l.recompute = Recompute::kFull;
+  const plan::StageMemory full = plan::estimate_memory(toy({false}), l, {4, 1, Precision::kBf16}, o).stages[0];
   EXPECT_EQ(full.kept_per_micro_batch, 2 * 8.0);
   EXPECT_EQ(full.workspace, 2 * 216.0);
   plan::MemoryOptions buffers = bare();
   buffers.pipeline_buffers = true;
   plan::Layout p = layout(2, 1, 1, 2);
   p.tp = 2;
-  EXPECT_EQ(plan::estimate_memory(toy({false, false}), p, {4, 2, "bf16"}, buffers).stages[0].comm, 4 * 16.0);
+  EXPECT_EQ(plan::estimate_memory(toy({false, false}), p, {4, 2, Precision::kBf16}, buffers).stages[0].comm, 4 * 16.0);
 }
 
 // Capacity-padded dispatch, one sequence of T = 16 (N = 16): C = max(ceil(16·2·1.25/4), 4) = 10,
@@ -299,7 +299,7 @@ TEST(PlanTerms, PaddedAgainstPaddingFreeRows) {
 // 0..2 hold 2 micro-batches (M caps them) and stage 3 holds 1.
 TEST(PlanTerms, InFlightOneFOneBWithFewerMicroBatchesThanStages) {
   const plan::PlanModel m = toy({false, false, false, false});
-  const plan::MemoryEstimate e = plan::estimate_memory(m, layout(4, 1, 1, 2), {4, 2, "bf16"}, bare());
+  const plan::MemoryEstimate e = plan::estimate_memory(m, layout(4, 1, 1, 2), {4, 2, Precision::kBf16}, bare());
   const int want[4] = {2, 2, 2, 1};
   for (int s = 0; s < 4; ++s) {
     EXPECT_EQ(e.stages[s].in_flight, want[s]) << s;
@@ -307,13 +307,13 @@ TEST(PlanTerms, InFlightOneFOneBWithFewerMicroBatchesThanStages) {
     EXPECT_EQ(e.stages[s].activations, want[s] * 480.0) << s;
   }
   // M = 1: every stage holds its one micro-batch.
-  for (const plan::StageMemory& st : plan::estimate_memory(m, layout(4, 1, 1, 1), {4, 1, "bf16"}, bare()).stages)
+  for (const plan::StageMemory& st : plan::estimate_memory(m, layout(4, 1, 1, 1), {4, 1, Precision::kBf16}, bare()).stages)
     EXPECT_EQ(st.in_flight, 1) << st.stage;
   // M = 8 > PP: min(PP - s, M) = 4, 3, 2, 1.
-  const plan::MemoryEstimate big = plan::estimate_memory(m, layout(4, 1, 1, 8), {4, 8, "bf16"}, bare());
+  const plan::MemoryEstimate big = plan::estimate_memory(m, layout(4, 1, 1, 8), {4, 8, Precision::kBf16}, bare());
   for (int s = 0; s < 4; ++s) EXPECT_EQ(big.stages[s].in_flight, 4 - s) << s;
   // The schedule itself: stage 0 of 4 with M = 2 is F0 F1 B0 B1.
-  const auto ops = parallel::make_schedule(parallel::Schedule::k1F1B, 4, 0, 2);
+  const auto ops = parallel::make_schedule(Schedule::k1F1B, 4, 0, 2);
   ASSERT_EQ(ops.size(), 4u);
   EXPECT_TRUE(ops[0].forward && ops[1].forward && !ops[2].forward && !ops[3].forward);
 }
@@ -322,8 +322,8 @@ TEST(PlanTerms, InFlightOneFOneBWithFewerMicroBatchesThanStages) {
 TEST(PlanTerms, InFlightGPipeHoldsEveryMicroBatch) {
   const plan::PlanModel m = toy({false, false});
   plan::Layout l = layout(2, 1, 1, 3);
-  l.schedule = "gpipe";
-  const plan::MemoryEstimate e = plan::estimate_memory(m, l, {4, 3, "bf16"}, bare());
+  l.schedule = Schedule::kGPipe;
+  const plan::MemoryEstimate e = plan::estimate_memory(m, l, {4, 3, Precision::kBf16}, bare());
   for (const plan::StageMemory& st : e.stages) {
     EXPECT_EQ(st.in_flight, 3) << st.stage;
     EXPECT_EQ(st.activations, 3 * 480.0) << st.stage;
@@ -345,14 +345,14 @@ TEST(PlanTerms, WorkspaceMoeLayerBackwardPeak) {
   const plan::PlanModel m = toy({true});
   plan::MemoryOptions o = bare();
   o.workspace = true;
-  auto ws = [&](const char* rc) {
-    return plan::estimate_memory(m, layout(1, 1, 1, 1, rc), {4, 1, "bf16"}, o).stages[0].workspace;
+  auto ws = [&](Recompute rc) {
+    return plan::estimate_memory(m, layout(1, 1, 1, 1, rc), {4, 1, Precision::kBf16}, o).stages[0].workspace;
   };
-  EXPECT_EQ(ws("none"), 2 * 232.0);
-  EXPECT_EQ(ws("moe"), 2 * 425.0);
-  EXPECT_EQ(ws("full"), 2 * 577.0);
+  EXPECT_EQ(ws(Recompute::kNone), 2 * 232.0);
+  EXPECT_EQ(ws(Recompute::kMoe), 2 * 425.0);
+  EXPECT_EQ(ws(Recompute::kFull), 2 * 577.0);
   o.workspace = false;
-  EXPECT_EQ(ws("none"), 0);
+  EXPECT_EQ(ws(Recompute::kNone), 0);
 }
 
 // A dense layer (full 240): backward = 240 + 32 + max(2·N·I = 48, 64 + T² = 80) = 352 -> 112
@@ -363,10 +363,10 @@ TEST(PlanTerms, WorkspaceAttentionScratchAndPrefix) {
   plan::MemoryOptions o = bare();
   o.workspace = true;
   const plan::Layout l = layout(1, 1, 1, 1);
-  EXPECT_EQ(plan::estimate_memory(toy({false}), l, {4, 1, "bf16"}, o).stages[0].workspace, 224);
-  EXPECT_EQ(plan::estimate_memory(toy({false, false}), l, {4, 1, "bf16"}, o).stages[0].workspace, 224);
+  EXPECT_EQ(plan::estimate_memory(toy({false}), l, {4, 1, Precision::kBf16}, o).stages[0].workspace, 224);
+  EXPECT_EQ(plan::estimate_memory(toy({false, false}), l, {4, 1, Precision::kBf16}, o).stages[0].workspace, 224);
   o.attention_s2 = false;
-  EXPECT_EQ(plan::estimate_memory(toy({false}), l, {4, 1, "bf16"}, o).stages[0].workspace, 192);
+  EXPECT_EQ(plan::estimate_memory(toy({false}), l, {4, 1, Precision::kBf16}, o).stages[0].workspace, 192);
 }
 
 // Head backward on the last stage: kept 361 + head (2·N·H + 2·N + 2·N·V = 32 + 8 + 80 = 120) =
@@ -377,7 +377,7 @@ TEST(PlanTerms, WorkspaceHeadBackward) {
   plan::MemoryOptions o = bare();
   o.workspace = true;
   o.embeddings = true;
-  const plan::StageMemory st = plan::estimate_memory(toy({true}), layout(1, 1, 1, 1), {4, 1, "bf16"}, o).stages[0];
+  const plan::StageMemory st = plan::estimate_memory(toy({true}), layout(1, 1, 1, 1), {4, 1, Precision::kBf16}, o).stages[0];
   EXPECT_EQ(st.kept_per_micro_batch, 2 * 481.0);
   EXPECT_EQ(st.workspace, 2 * 192.0);
 }
@@ -392,8 +392,8 @@ TEST(PlanTerms, WorkspaceExpertParallelReturnRows) {
   plan::MemoryOptions o = bare();
   o.workspace = true;
   const plan::PlanModel m = toy({true}, 1);
-  EXPECT_EQ(plan::estimate_memory(m, layout(1, 1, 1, 1), {4, 1, "bf16"}, o).stages[0].workspace, 2 * 200.0);
-  EXPECT_EQ(plan::estimate_memory(m, layout(1, 1, 2, 1), {4, 2, "bf16"}, o).stages[0].workspace, 2 * 200.0);
+  EXPECT_EQ(plan::estimate_memory(m, layout(1, 1, 1, 1), {4, 1, Precision::kBf16}, o).stages[0].workspace, 2 * 200.0);
+  EXPECT_EQ(plan::estimate_memory(m, layout(1, 1, 2, 1), {4, 2, Precision::kBf16}, o).stages[0].workspace, 2 * 200.0);
 }
 
 // ---------------------------------------------------------------- memory: buffers, reserved
@@ -403,16 +403,16 @@ TEST(PlanTerms, WorkspaceExpertParallelReturnRows) {
 //   stage 1 (F0 B0 F1 B1): x_in 0 and 1 are open at F0; B0's dx reuses x_in 0; B1's x_in 1: 2.
 // M = 1: 2 and 1. Each slot is one N·H activation = 16 elements = 32 bytes.
 TEST(PlanTerms, PipelineBufferSlots) {
-  EXPECT_EQ(plan::pipeline_buffer_slots("1f1b", 2, 0, 2), 4);
-  EXPECT_EQ(plan::pipeline_buffer_slots("1f1b", 2, 1, 2), 2);
-  EXPECT_EQ(plan::pipeline_buffer_slots("1f1b", 2, 0, 1), 2);
-  EXPECT_EQ(plan::pipeline_buffer_slots("1f1b", 2, 1, 1), 1);
+  EXPECT_EQ(plan::pipeline_buffer_slots(Schedule::k1F1B, 2, 0, 2), 4);
+  EXPECT_EQ(plan::pipeline_buffer_slots(Schedule::k1F1B, 2, 1, 2), 2);
+  EXPECT_EQ(plan::pipeline_buffer_slots(Schedule::k1F1B, 2, 0, 1), 2);
+  EXPECT_EQ(plan::pipeline_buffer_slots(Schedule::k1F1B, 2, 1, 1), 1);
   plan::MemoryOptions o = bare();
   o.pipeline_buffers = true;
-  const plan::MemoryEstimate e = plan::estimate_memory(toy({false, false}), layout(2, 1, 1, 2), {4, 2, "bf16"}, o);
+  const plan::MemoryEstimate e = plan::estimate_memory(toy({false, false}), layout(2, 1, 1, 2), {4, 2, Precision::kBf16}, o);
   EXPECT_EQ(e.stages[0].comm, 4 * 32.0);
   EXPECT_EQ(e.stages[1].comm, 2 * 32.0);
-  EXPECT_EQ(plan::estimate_memory(toy({false}), layout(1, 1, 1, 2), {4, 2, "bf16"}, o).stages[0].comm, 0);
+  EXPECT_EQ(plan::estimate_memory(toy({false}), layout(1, 1, 1, 2), {4, 2, Precision::kBf16}, o).stages[0].comm, 0);
 }
 
 // A communication library's send + receive buffers under EP: 2 · R · H · 2 bytes with R = N·k = 8:
@@ -422,7 +422,7 @@ TEST(PlanTerms, AllToAllBuffers) {
   plan::MemoryOptions o = bare();
   o.a2a_buffers = true;
   auto comm = [&](int ep) {
-    return plan::estimate_memory(m, layout(1, 1, ep, 1), {4, ep, "bf16"}, o).stages[0].comm;
+    return plan::estimate_memory(m, layout(1, 1, ep, 1), {4, ep, Precision::kBf16}, o).stages[0].comm;
   };
   EXPECT_EQ(comm(2), 128);
   EXPECT_EQ(comm(1), 0);
@@ -441,7 +441,7 @@ TEST(PlanTerms, ReservedAndTotal) {
   plan::MemoryOptions o = bare();
   o.embeddings = o.workspace = o.pipeline_buffers = true;
   o.reserved_bytes = 1000;
-  const plan::MemoryEstimate e = plan::estimate_memory(toy({false, false}), layout(2, 1, 1, 2), {4, 2, "bf16"}, o);
+  const plan::MemoryEstimate e = plan::estimate_memory(toy({false, false}), layout(2, 1, 1, 2), {4, 2, Precision::kBf16}, o);
   const plan::StageMemory& s0 = e.stages[0];
   EXPECT_EQ(s0.reserved, 1000);
   EXPECT_EQ(s0.param_count, 184);
@@ -492,7 +492,7 @@ TEST(PlanTerms, StepDenseLayerGemmAttentionElementsOptimizerRecompute) {
   plan::MemoryOptions o = bare();
   o.embeddings = true;
   const plan::PlanModel m = toy({false});
-  plan::TimeBreakdown t = plan::estimate_time(m, layout(1, 1, 1, 1), {4, 1, "bf16"}, c, o);
+  plan::TimeBreakdown t = plan::estimate_time(m, layout(1, 1, 1, 1), {4, 1, Precision::kBf16}, c, o);
   expect_ns(t.stages[0].fwd, 2040, "fwd");
   expect_ns(t.stages[0].bwd, 4048, "bwd");
   expect_ns(t.optimizer, 228, "optimizer");
@@ -501,8 +501,8 @@ TEST(PlanTerms, StepDenseLayerGemmAttentionElementsOptimizerRecompute) {
   EXPECT_EQ(t.allreduce, 0);
   EXPECT_EQ(t.p2p, 0);
   // M = 2 on one stage: twice the micro-batch, the optimizer once: 2 x 6088 + 228.
-  expect_ns(plan::estimate_time(m, layout(1, 1, 1, 2), {4, 2, "bf16"}, c, o).step, 2 * 6088 + 228, "M=2");
-  t = plan::estimate_time(m, layout(1, 1, 1, 1, "full"), {4, 1, "bf16"}, c, o);
+  expect_ns(plan::estimate_time(m, layout(1, 1, 1, 2), {4, 2, Precision::kBf16}, c, o).step, 2 * 6088 + 228, "M=2");
+  t = plan::estimate_time(m, layout(1, 1, 1, 1, Recompute::kFull), {4, 1, Precision::kBf16}, c, o);
   expect_ns(t.stages[0].fwd, 2712, "full fwd");
   expect_ns(t.stages[0].bwd, 6752, "full bwd");
   expect_ns(t.step, 9692, "full step");
@@ -529,7 +529,7 @@ TEST(PlanTerms, StepMoeLayerExpertGemmsAllToAllAllReduce) {
   plan::MemoryOptions o = bare();
   o.embeddings = true;
   const plan::PlanModel m = toy({true});
-  const plan::TrainShape s{4, 2, "bf16"};
+  const plan::TrainShape s{4, 2, Precision::kBf16};
   // flat messages only a rank that gets rows: R pairs over 2 ranks miss the peer with 2^-R, so
   // an all-to-all's 1 ns latency counts (1 − 2^-R) ns.
   const double a2a8 = 1 + (1 - std::ldexp(1.0, -8)), a2a12 = 1.5 + (1 - std::ldexp(1.0, -12));
@@ -540,7 +540,7 @@ TEST(PlanTerms, StepMoeLayerExpertGemmsAllToAllAllReduce) {
   expect_ns(t.allreduce, 14.75, "allreduce");
   expect_ns(t.optimizer, 244, "optimizer");
   expect_ns(t.step, 1792 + 3584 + 4 * a2a8 + 3 + 14.75 + 244, "step");
-  t = plan::estimate_time(m, layout(1, 1, 2, 1, "moe"), s, c, o);
+  t = plan::estimate_time(m, layout(1, 1, 2, 1, Recompute::kMoe), s, c, o);
   expect_ns(t.stages[0].bwd, 3584 + 704 + 3 + 4 * a2a8, "moe recompute bwd");
   // The busiest rank holds 1.5x the mean rows; inside one node it also paces the exchange.
   o.time_imbalance = o.a2a_imbalance = 1.5;
@@ -562,7 +562,7 @@ TEST(PlanTerms, PipelineBubbleAndP2p) {
   const plan::ClusterProfile c = unit_profile();
   plan::MemoryOptions o = bare();
   o.embeddings = true;
-  const plan::TimeBreakdown t = plan::estimate_time(toy({false, false}), layout(2, 1, 1, 2), {4, 2, "bf16"}, c, o);
+  const plan::TimeBreakdown t = plan::estimate_time(toy({false, false}), layout(2, 1, 1, 2), {4, 2, Precision::kBf16}, c, o);
   expect_ns(t.stages[0].fwd + t.stages[0].bwd, 4032, "stage 0");
   expect_ns(t.stages[1].fwd + t.stages[1].bwd, 4992, "stage 1");
   expect_ns(t.p2p, 4, "p2p");
@@ -582,15 +582,15 @@ TEST(PlanTerms, PipelineBubbleAndP2p) {
 //   alone -15360; s0 B1 15362-18050. The optimizer at the shared speed: 188 / (1/2) = 376.
 TEST(PlanTerms, CpuPipelineSimulationWithSharedCores) {
   plan::ClusterProfile c = unit_profile();
-  c.kind = "cpu";
-  c.precision = "bf16";
+  c.kind = NodeKind::kCpu;
+  c.precision = Precision::kBf16;
   plan::MemoryOptions o = bare();
   o.embeddings = true;
   const plan::PlanModel m = toy({false, false});
-  plan::TimeBreakdown t = plan::estimate_time(m, layout(2, 1, 1, 2), {4, 2, "bf16"}, c, o);
+  plan::TimeBreakdown t = plan::estimate_time(m, layout(2, 1, 1, 2), {4, 2, Precision::kBf16}, c, o);
   expect_ns(t.step - t.optimizer, 14020, "no sharing");
   c.cores_per_node = 1;
-  t = plan::estimate_time(m, layout(2, 1, 1, 2), {4, 2, "bf16"}, c, o);
+  t = plan::estimate_time(m, layout(2, 1, 1, 2), {4, 2, Precision::kBf16}, c, o);
   expect_ns(t.step - t.optimizer, 18050, "one core");
   expect_ns(t.optimizer, 376, "optimizer");
 }
@@ -620,24 +620,24 @@ TEST(PlanTerms, AllToAllByAlgorithmAndLinkClass) {
   c.inter_group = {2, 3};
   c.nics_per_node = 1;
   c.nic_bandwidth = 10;
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "flat", 4, 4, 1, 400, 2), 45);
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd", 4, 4, 1, 400, 2), 35);
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd", 4, 4, 1, 400, 1), 45);
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd", 4, 4, 1, 400, 8), 9.9609375 + 5);
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "flat", 4, 4, 1, 400, 2, 2), 40 + 0.4375 * 5);
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd", 4, 4, 1, 400, 2, 2), 30 + 0.4375 + (1 - std::pow(2.0, -0.75)) * 4);
-  EXPECT_NEAR(plan::a2a_seconds(c, "flat", 4, 4, 1, 400, 2, 1000), 45, 1e-9);
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "halo", 4, 4, 1, 400, 2), 44);
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd-halo", 4, 4, 1, 400, 2), 34);
-  for (const char* algo : {"flat", "rbd", "halo", "rbd-halo"}) EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, algo, 4, 2, 1, 400, 2), 3) << algo;
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "flat", 4, 2, 2, 400, 2), 42);
-  EXPECT_EQ(plan::a2a_seconds(c, "flat", 4, 1, 1, 400, 2), 0);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kFlat, 4, 4, 1, 400, 2), 45);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kRbd, 4, 4, 1, 400, 2), 35);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kRbd, 4, 4, 1, 400, 1), 45);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kRbd, 4, 4, 1, 400, 8), 9.9609375 + 5);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kFlat, 4, 4, 1, 400, 2, 2), 40 + 0.4375 * 5);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kRbd, 4, 4, 1, 400, 2, 2), 30 + 0.4375 + (1 - std::pow(2.0, -0.75)) * 4);
+  EXPECT_NEAR(plan::a2a_seconds(c, A2a::kFlat, 4, 4, 1, 400, 2, 1000), 45, 1e-9);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kHalo, 4, 4, 1, 400, 2), 44);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kRbdHalo, 4, 4, 1, 400, 2), 34);
+  for (A2a algo : {A2a::kFlat, A2a::kRbd, A2a::kHalo, A2a::kRbdHalo}) EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, algo, 4, 2, 1, 400, 2), 3) << algo;
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kFlat, 4, 2, 2, 400, 2), 42);
+  EXPECT_EQ(plan::a2a_seconds(c, A2a::kFlat, 4, 1, 1, 400, 2), 0);
   plan::ClusterProfile g = c;
   g.nodes_per_group = 1;
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(g, "flat", 4, 4, 1, 400, 2), 107);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(g, A2a::kFlat, 4, 4, 1, 400, 2), 107);
   c.comm.push_back(flat_a2a_curve_4_ranks());
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "flat", 4, 4, 1, 400, 2), 4);
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "halo", 4, 4, 1, 400, 2), 44);  // no curve for halo
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kFlat, 4, 4, 1, 400, 2), 4);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kHalo, 4, 4, 1, 400, 2), 44);  // no curve for halo
 }
 
 // A fan-out over peers with paths of their own: each peer's share at the link's bandwidth, the whole
@@ -654,11 +654,11 @@ TEST(PlanTerms, IntraNodeFanOutInjection) {
   plan::ClusterProfile c = unit_profile();
   c.ranks_per_node = 4;
   c.intra_node = {100, 1};
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "flat", 4, 4, 1, 400, 2), 6);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kFlat, 4, 4, 1, 400, 2), 6);
   c.intra_node.injection = 300;
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "flat", 4, 4, 1, 400, 2), 4);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kFlat, 4, 4, 1, 400, 2), 4);
   c.intra_node.injection = 150;
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "flat", 4, 4, 1, 400, 2), 5);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kFlat, 4, 4, 1, 400, 2), 5);
 }
 
 // Wire latency, paid once per dependent phase (the links above plus 0.5 s intra, 4 s inter on
@@ -673,11 +673,11 @@ TEST(PlanTerms, AllToAllWireLatencyPerPhase) {
   c.inter_group = {2, 3, 6};
   c.nics_per_node = 1;
   c.nic_bandwidth = 10;
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "flat", 4, 4, 1, 400, 2), 49);
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd", 4, 4, 1, 400, 2), 39.5);
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "halo", 4, 4, 1, 400, 2), 48.5);
-  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, "rbd-halo", 4, 4, 1, 400, 2), 38.5);
-  for (const char* algo : {"flat", "rbd", "halo", "rbd-halo"})
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kFlat, 4, 4, 1, 400, 2), 49);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kRbd, 4, 4, 1, 400, 2), 39.5);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kHalo, 4, 4, 1, 400, 2), 48.5);
+  EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, A2a::kRbdHalo, 4, 4, 1, 400, 2), 38.5);
+  for (A2a algo : {A2a::kFlat, A2a::kRbd, A2a::kHalo, A2a::kRbdHalo})
     EXPECT_DOUBLE_EQ(plan::a2a_seconds(c, algo, 4, 2, 1, 400, 2), 3.5) << algo;
 }
 
@@ -699,16 +699,16 @@ TEST(PlanTerms, ExchangePlanByAlgorithm) {
   c.inter_node = {10, 2, 4};
   c.nics_per_node = 1;
   c.nic_bandwidth = 10;
-  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, "flat", 4, 4, 1, 10), 26);
-  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, "rbd", 4, 4, 1, 10), 34);
-  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, "halo", 4, 4, 1, 10), 16.7);
-  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, "rbd-halo", 4, 4, 1, 10), 24.9);
-  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, "flat", 4, 2, 1, 10), 3.4);
-  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, "halo", 4, 2, 1, 10), 1.9);
-  EXPECT_EQ(plan::a2a_plan_seconds(c, "flat", 4, 1, 1, 10), 0);
-  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, "flat", 16, 16, 1, 10), 92);
+  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, A2a::kFlat, 4, 4, 1, 10), 26);
+  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, A2a::kRbd, 4, 4, 1, 10), 34);
+  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, A2a::kHalo, 4, 4, 1, 10), 16.7);
+  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, A2a::kRbdHalo, 4, 4, 1, 10), 24.9);
+  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, A2a::kFlat, 4, 2, 1, 10), 3.4);
+  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, A2a::kHalo, 4, 2, 1, 10), 1.9);
+  EXPECT_EQ(plan::a2a_plan_seconds(c, A2a::kFlat, 4, 1, 1, 10), 0);
+  EXPECT_DOUBLE_EQ(plan::a2a_plan_seconds(c, A2a::kFlat, 16, 16, 1, 10), 92);
   c.comm.push_back(flat_a2a_curve_4_ranks());
-  EXPECT_EQ(plan::a2a_plan_seconds(c, "flat", 4, 4, 1, 10), 0);
+  EXPECT_EQ(plan::a2a_plan_seconds(c, A2a::kFlat, 4, 4, 1, 10), 0);
 }
 
 // Ring all-reduce 2·(g-1)/g·bytes/bw + 2·(g-1)·latency on the slowest link the group spans, and
@@ -768,7 +768,7 @@ TEST(PlanTerms, GradientAllReduceGroups) {
   const plan::ClusterProfile c = unit_profile();
   plan::MemoryOptions o = bare();
   o.embeddings = true;
-  const plan::TimeBreakdown t = plan::estimate_time(toy({true}), layout(1, 2, 2, 1), {4, 4, "bf16"}, c, o);
+  const plan::TimeBreakdown t = plan::estimate_time(toy({true}), layout(1, 2, 2, 1), {4, 4, Precision::kBf16}, c, o);
   expect_ns(t.allreduce, 36 + 20.25 + 13, "allreduce");
 }
 
@@ -797,13 +797,13 @@ TEST(PlanTerms, TensorParallelReplicatesHeadAndEmbedding) {
   plan::Layout l = layout(1, 1, 1, 1);
   l.tp = 2;
   const plan::PlanModel m = toy({false});
-  EXPECT_EQ(plan::estimate_memory(m, l, {4, 1, "bf16"}, o).stages[0].param_count, 160);
-  const plan::TimeBreakdown t = plan::estimate_time(m, l, {4, 1, "bf16"}, c, o);
+  EXPECT_EQ(plan::estimate_memory(m, l, {4, 1, Precision::kBf16}, o).stages[0].param_count, 160);
+  const plan::TimeBreakdown t = plan::estimate_time(m, l, {4, 1, Precision::kBf16}, c, o);
   expect_ns(t.stages[0].fwd, 838, "tp fwd");
   expect_ns(t.stages[0].bwd, 1670, "tp bwd");
   expect_ns(t.allreduce, 11.75, "tp allreduce");
   expect_ns(t.optimizer, 160, "tp optimizer");
-  expect_ns(plan::estimate_time(toy({true}), l, {4, 1, "bf16"}, c, o).stages[0].fwd, 899, "tp moe fwd");
+  expect_ns(plan::estimate_time(toy({true}), l, {4, 1, Precision::kBf16}, c, o).stages[0].fwd, 899, "tp moe fwd");
 }
 
 // A pipeline transfer between nodes follows the profile's inter-node link even when the profile

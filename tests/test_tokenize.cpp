@@ -12,6 +12,7 @@
 #include "test_util.h"
 #include "core/error.h"
 #include "io/indexed_dataset.h"
+#include "io/json_file.h"
 #include "io/token_corpus.h"
 #include "text/tokenize.h"
 #include "text/tokenizer.h"
@@ -31,7 +32,7 @@ std::string chapter(int c) {
 }
 
 TEST(TextTokenizer, BytesRoundTrip) {
-  auto t = moe::text::make_byte_tokenizer();
+  auto t = std::make_unique<moe::io::ByteTokenizer>();
   std::vector<int32_t> ids;
   const std::string s = std::string("a\n\xff\x00z", 5);
   t->encode(s, ids);
@@ -55,6 +56,14 @@ TEST(TextTokenizer, TrainedBpeIsLossless) {
   t->encode(text, ids);
   EXPECT_LT(ids.size(), text.size() / 2) << "merges should compress repetitive text";
   EXPECT_FALSE(fs::exists(dir + "/m.model.tmp"));
+  // The one interface (io/tokenizer.h): identity from the file's bytes, unknown ids by number.
+  EXPECT_EQ(t->kind(), "spm");
+  const std::string bytes = moe::io::read_file_bounded(dir + "/m.model", "model", size_t{1} << 30);
+  EXPECT_EQ(t->fingerprint(), moe::io::tokenizer_fingerprint("spm", 320, bytes));
+  EXPECT_EQ(moe::text::load_tokenizer("spm:" + dir + "/m.model")->fingerprint(), t->fingerprint());
+  EXPECT_EQ(t->decode_token(320), "<|320|>");
+  EXPECT_EQ(t->decode_token(ids[0]), t->decode({ids[0]}));
+  EXPECT_EQ(moe::text::load_tokenizer("bytes")->fingerprint(), moe::io::byte_tokenizer_fingerprint());
 }
 
 TEST(TextTokenizer, Errors) {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "apps/cli_checks.h"
+#include "apps/mode_option.h"
 #include "comm/topology.h"
 #include "core/device.h"
 #include "core/error.h"
@@ -39,7 +40,15 @@ void add_pipeline_bench(CLI::App* bench, BenchCli::Pipe& p) {
   CLI::App* m = bench->add_subcommand("pipeline", "pipeline bubble of 1F1B / GPipe vs (PP-1)/(M+PP-1) (run under mpirun, one rank per stage)");
   m->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   m->add_option("--micro-batches", p.opts.micro_batches, "M values, e.g. 1,2,4,8,16")->delimiter(',');
-  m->add_option("--schedule", p.opts.schedule, "1f1b, gpipe or both")->capture_default_str();
+  m->add_option_function<std::string>(
+       "--schedule",
+       [&p](const std::string& s) {
+         p.opts.schedule = find_mode<Schedule>(s);
+         MOE_CHECK(p.opts.schedule || s == "both", "--schedule: unknown pipeline schedule '", s,
+                   "' (expected 1f1b, gpipe or both)");
+       },
+       "1f1b, gpipe or both")
+      ->default_str(name(*p.opts.schedule));
   m->add_option("--forward-ms", p.opts.forward_ms, "forward time per micro-batch and stage (backward = 2x)")->capture_default_str();
   m->add_option("--activation-floats", p.opts.activation_floats, "floats per micro-batch activation")->capture_default_str();
   m->add_option("--iters", p.opts.iters, "measured steps per row")->capture_default_str();
@@ -69,7 +78,7 @@ int run_a2a_bench(BenchCli::A2a& a, int* argc, char*** argv) {
     a.opts.min_bytes = tools::parse_size("-b", a.min_bytes);
     a.opts.max_bytes = tools::parse_size("-e", a.max_bytes);
     a.opts.algorithms.clear();
-    for (const std::string& s : a.algorithms) a.opts.algorithms.push_back(comm::parse_a2a_algorithm(s));
+    for (const std::string& s : a.algorithms) a.opts.algorithms.push_back(parse_a2a(s, "--algos"));
     comm::Topology topo = comm::Topology::detect(world.size(), a.ranks_per_node, a.nodes_per_group);
     comm::A2aBenchResult r = comm::run_a2a_bench(world, topo, a.opts);
     if (world.rank() == 0)
@@ -83,10 +92,6 @@ int run_moe_layer_bench(BenchCli& s) {
   MOE_CHECK(std::isfinite(b.capacity_factor) && b.capacity_factor >= 0,
             "--capacity-factor must be a finite number >= 0, got ", b.capacity_factor);
   kernels::set_blas_threads(s.moe_threads);
-  b.device = parse_device(s.moe_device, "--device");
-  MOE_CHECK(s.moe_precision == "fp32" || s.moe_precision == "bf16",
-            "--precision: expected fp32 or bf16, got '", s.moe_precision, "'");
-  b.bf16 = s.moe_precision == "bf16";
   require_device(b.device, "--device");
   auto result = mixture::run_moe_layer_bench(b);
   std::printf("%s\n", s.moe_json ? mixture::moe_bench_json(result).c_str()
@@ -117,9 +122,8 @@ void add_bench_command(CLI::App& app, BenchCli& s) {
   m->add_option("--warmup", b.warmup, "untimed iterations")->capture_default_str();
   m->add_option("--seed", b.seed, "seed")->capture_default_str()->check(kNonNegativeInteger);
   m->add_option("--threads", threads, "BLAS threads")->capture_default_str();
-  m->add_option("--device", s.moe_device, "cpu or cuda (on cuda only the padding-free path runs)")
-      ->capture_default_str();
-  m->add_option("--precision", s.moe_precision, "fp32, or bf16 GEMM inputs (cuBLAS, or oneDNN on a CPU with AVX-512 BF16)")->capture_default_str();
+  add_mode_option(m, "--device", b.device, "cpu or cuda (on cuda only the padding-free path runs)");
+  add_mode_option(m, "--precision", b.precision, "fp32, or bf16 GEMM inputs (cuBLAS, or oneDNN on a CPU with AVX-512 BF16)");
   m->add_flag("--json", json, "print JSON instead of a table");
   m->add_flag("!--no-padded", b.run_padded, "skip the capacity-padded baseline");
   m->add_flag("--breakdown", b.breakdown, "also print each step's forward and backward time");

@@ -25,7 +25,6 @@ struct BenchCli {
   mixture::MoeBenchOptions moe;
   bool moe_json = false;
   int moe_threads = 1;
-  std::string moe_device = "cpu", moe_precision = "fp32";
 };
 void add_bench_command(CLI::App& app, BenchCli& state);
 // Runs a benchmark when bench was chosen (returns the exit code); -1 otherwise.

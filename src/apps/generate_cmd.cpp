@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "apps/mode_option.h"
 #include "core/error.h"
 #include "io/json_file.h"
 #include "io/token_corpus.h"
@@ -20,33 +21,6 @@ const CLI::Validator kSeed(
       return digits && v.size() <= 20 ? std::string() : str_cat("must be a non-negative integer, got ", v);
     },
     "INT>=0");
-// A SentencePiece model (moetrain tokenize's BPE) behind generate's tokenizer interface. The BPE is
-// lossless with byte fallback, so the pieces' texts, written one after another, are the text.
-class SpmTokenizer final : public io::Tokenizer {
- public:
-  // The file is read once: the bytes loaded are the bytes fingerprinted.
-  explicit SpmTokenizer(const std::string& path)
-      : bytes_(io::read_file_bounded(path, "SentencePiece model", size_t{1} << 30)),
-        t_(text::load_spm_bytes(bytes_, path)),
-        fingerprint_(io::tokenizer_fingerprint("spm", t_->vocab_size(), bytes_)) {}
-  std::vector<int32_t> encode(const std::string& text) const override {
-    std::vector<int32_t> ids;
-    t_->encode(text, ids);
-    return ids;
-  }
-  std::string decode_token(int32_t id) const override {
-    if (id < 0 || id >= t_->vocab_size()) return str_cat("<|", id, "|>");
-    return t_->decode({id});
-  }
-  const char* name() const override { return "spm"; }
-  int vocab_size() const override { return t_->vocab_size(); }
-  std::string fingerprint() const override { return fingerprint_; }
-
- private:
-  std::string bytes_;
-  std::unique_ptr<text::Tokenizer> t_;
-  std::string fingerprint_;
-};
 }  // namespace
 
 void add_generate_command(CLI::App& app, GenerateCli& s) {
@@ -63,7 +37,7 @@ void add_generate_command(CLI::App& app, GenerateCli& s) {
   g->add_option("--temperature", o.temperature, "sampling temperature (0 = greedy)")->capture_default_str();
   g->add_option("--top-k", o.top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str();
   g->add_option("--seed", o.seed, "sampler seed")->capture_default_str()->check(kSeed);
-  g->add_option("--device", o.device, "cpu or cuda")->capture_default_str();
+  add_mode_option(g, "--device", o.device, "cpu or cuda");
   g->add_option("--tokenizer", o.tokenizer,
                 "bytes, or spm:PATH.model (the SentencePiece model `moetrain tokenize` wrote beside the dataset)")
       ->capture_default_str();
@@ -80,11 +54,8 @@ int run_generate_command(CLI::App& app, GenerateCli& s) {
   MOE_CHECK(ranks == 1, "generate runs in one process, but this is one of ", ranks,
             " ranks started by a launcher (mpirun/srun): run `moetrain generate` without it");
   kernels::set_blas_threads(s.threads);
-  if (s.opts.tokenizer.rfind("spm:", 0) == 0)
-    s.opts.tokenizer_impl = std::make_shared<SpmTokenizer>(s.opts.tokenizer.substr(4));
-  const std::shared_ptr<const io::Tokenizer> tok =
-      s.opts.tokenizer_impl ? s.opts.tokenizer_impl
-                            : std::shared_ptr<const io::Tokenizer>(io::make_tokenizer(s.opts.tokenizer));
+  s.opts.tokenizer_impl = text::load_tokenizer(s.opts.tokenizer);  // bytes, or SentencePiece (text/)
+  const std::shared_ptr<const io::Tokenizer> tok = s.opts.tokenizer_impl;
   // Text streams out as it is generated; nothing is printed before every check has passed.
   bool first = true;
   auto put = [&](int32_t id) {

@@ -17,6 +17,8 @@
 #include "apps/train_cmd.h"
 #include "apps/upcycle_cmd.h"
 #include "core/device.h"
+#include "core/error.h"
+#include "train/run_guard.h"
 #include "kernels/gemm.h"
 
 using namespace moe;
@@ -57,6 +59,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "moetrain: error: %s (see --help)\n", e.what());
     return e.get_exit_code() == 0 ? 2 : e.get_exit_code();
+  } catch (const Error& e) {
+    // A mode's word refused by its parser (apps/mode_option.h). Every rank of a launched job
+    // parses the same flags: the first one says why, once.
+    if (train::launcher_world_rank() == 0) std::fprintf(stderr, "moetrain: error: %s\n", e.what());
+    return 1;
   }
   try {
     if (app.get_subcommands().empty()) {

@@ -26,7 +26,9 @@ void add_plan_commands(CLI::App& app, PlanCli& s) {
   p->add_option("--gpus", s.gpus, "world size (GPUs or ranks)");
   p->add_option("--seq-len", s.seq_len, "tokens per sequence (default: the model's training length)");
   p->add_option("--global-batch", s.global_batch, "sequences per step (default: 2 per rank)");
-  p->add_option("--precision", s.precision, "bf16 (mixed precision) or fp32 (default: the cluster's)");
+  p->add_option_function<std::string>(
+      "--precision", [&s](const std::string& v) { s.precision = parse_precision(v, "--precision"); },
+      "bf16 (mixed precision) or fp32 (default: the cluster's)");
   p->add_option("--top", s.top, "plans to list")->capture_default_str();
   p->add_option("--max-tp", s.max_tp, "largest tensor-parallel degree to consider")->capture_default_str();
   p->add_option("--max-micro-batches", s.max_micro_batches, "largest micro-batch count to consider")->capture_default_str();
@@ -105,9 +107,7 @@ int run_plan(const PlanCli& s) {
   MOE_CHECK(s.top >= 1, "--top must be >= 1, got ", s.top);
   MOE_CHECK(s.max_tp >= 1, "--max-tp must be >= 1, got ", s.max_tp);
   MOE_CHECK(s.imbalance >= 1.0, "--imbalance must be >= 1 (rows on the busiest rank / the mean), got ", s.imbalance);
-  shape.precision = s.precision.empty() ? c.precision : s.precision;
-  MOE_CHECK(shape.precision == "bf16" || shape.precision == "fp32", "--precision ", shape.precision,
-            " (expected bf16 or fp32)");
+  shape.precision = s.precision.value_or(c.precision);
   if (m.max_position_embeddings > 0)
     MOE_CHECK(shape.seq_len <= m.max_position_embeddings, "--seq-len ", shape.seq_len,
               " exceeds the model's max_position_embeddings ", m.max_position_embeddings);
@@ -136,7 +136,7 @@ int run_plan(const PlanCli& s) {
       j["cluster"] = c.name;
       j["seq_len"] = ctx.shape.seq_len;
       j["global_batch"] = ctx.shape.global_batch;
-      j["precision"] = ctx.shape.precision;
+      j["precision"] = name(ctx.shape.precision);
       if (rp) j["loads"] = plan::loads_json(*rp);
       if (s.explain && m.num_moe_layers() > 0) j["dispatch"] = plan::padded_json(ctx, cand);
       std::printf("%s\n", j.dump(1).c_str());

@@ -1,9 +1,11 @@
 // `moetrain plan` and `moetrain calibrate`: flags and dispatch (the library does the work:
-// plan/ for the resource model, train/calibrate for the measurements).
+// plan/ for the resource model, tools/calibrate for the measurements).
 #pragma once
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 
+#include "core/modes.h"
 #include "tools/calibrate.h"
 
 namespace moe::apps {
@@ -14,7 +16,7 @@ struct PlanCli {
   int gpus = 0;
   int seq_len = 0;                   // 0 = the model's default training length
   long long global_batch = 0;        // 0 = 2 sequences per rank (search) / per micro-batch (evaluate)
-  std::string precision;             // empty = the cluster's native precision
+  std::optional<Precision> precision;  // none = the cluster's native precision
   int top = 5;
   int max_tp = 1;
   int max_micro_batches = 256;

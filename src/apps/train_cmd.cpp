@@ -6,6 +6,7 @@
 #include <string>
 
 #include "apps/cli_checks.h"
+#include "apps/mode_option.h"
 #include "comm/mpi_runtime.h"
 #include "core/error.h"
 #include "model/config.h"
@@ -70,8 +71,8 @@ void add_train_command(CLI::App& app, TrainCli& s) {
                 "sequences per micro-batch (Megatron's micro-batch size): sets --micro-batches to the "
                 "per-data-rank batch / this");
   t->add_option("--pp.layers", o.parallel.pp_layers, "layers per pipeline stage, e.g. 5,4,4,3 (default: even)")->delimiter(',');
-  t->add_option("--pp.schedule", o.parallel.schedule, "pipeline schedule: 1f1b or gpipe")->capture_default_str();
-  t->add_option("--recompute", o.model.recompute, "activation checkpointing: none, moe or full")->capture_default_str();
+  add_mode_option(t, "--pp.schedule", o.parallel.schedule, "pipeline schedule: 1f1b or gpipe");
+  add_mode_option(t, "--recompute", o.model.recompute, "activation checkpointing: none, moe or full");
   t->add_option("--mtp.weight", o.model.mtp_weight,
                 "multi-token prediction's loss weight lambda (configs with num_nextn_predict_layers 1)")
       ->capture_default_str()
@@ -84,8 +85,8 @@ void add_train_command(CLI::App& app, TrainCli& s) {
                 "expert migration (Piper): every N steps, rebalance the EP ranks' loads (0 = never)")->capture_default_str();
   t->add_option("--balance.threshold", o.balance.threshold,
                 "migrate a layer when its max/mean EP-rank load exceeds this (> 1)")->capture_default_str();
-  t->add_option("--a2a", o.parallel.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase), rbd-halo (both), "
-                "or auto: the one the planner prices lowest on --cluster's profile")->capture_default_str();
+  add_mode_option(t, "--a2a", o.parallel.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase), rbd-halo (both), "
+                  "or auto: the one the planner prices lowest on --cluster's profile");
   t->add_option("--cluster", o.parallel.a2a_cluster,
                 "cluster profile for --a2a auto: a `moetrain calibrate` file (measured on these nodes) or a preset");
   t->add_flag("--comm.overlap", o.parallel.comm_overlap,
@@ -103,14 +104,11 @@ void add_train_command(CLI::App& app, TrainCli& s) {
   t->add_option("--comm.timeout", o.faults.comm_timeout_s,
                 "seconds a rank may wait in one MPI operation before the job ends naming it (0 = forever)")
       ->capture_default_str();
-  t->add_option("--device", o.device.name, "cpu or cuda (one GPU per rank: local rank modulo the visible GPUs)")
-      ->capture_default_str();
-  t->add_option("--comm.backend", o.device.comm_backend,
-                "auto, mpi or nccl: how GPU buffers move between ranks (auto: NCCL when every rank "
-                "has its own GPU, else staged through the host over MPI)")
-      ->capture_default_str();
-  t->add_option("--precision", o.device.precision, "fp32; bf16 GEMM inputs with fp32 accumulation (cuBLAS, or oneDNN on a CPU with AVX-512 BF16); or auto: bf16 where this CPU measures its bf16 GEMM peak at least 1.3x its fp32 peak, else fp32 (and fp32 on CUDA)")
-      ->capture_default_str();
+  add_mode_option(t, "--device", o.device.type, "cpu or cuda (one GPU per rank: local rank modulo the visible GPUs)");
+  add_mode_option(t, "--comm.backend", o.device.comm_backend,
+                  "auto, mpi or nccl: how GPU buffers move between ranks (auto: NCCL when every rank "
+                  "has its own GPU, else staged through the host over MPI)");
+  add_mode_option(t, "--precision", o.device.precision, "fp32; bf16 GEMM inputs with fp32 accumulation (cuBLAS, or oneDNN on a CPU with AVX-512 BF16); or auto: bf16 where this CPU measures its bf16 GEMM peak at least 1.3x its fp32 peak, else fp32 (and fp32 on CUDA)");
   t->add_flag("--zero1", o.parallel.zero1,
               "ZeRO-1: split the AdamW state over the data ranks (reduce-scatter, sliced update, "
               "all-gather); with one data rank a no-op");

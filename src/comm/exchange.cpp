@@ -16,24 +16,6 @@
 
 namespace moe::comm {
 
-A2aAlgorithm parse_a2a_algorithm(const std::string& name) {
-  if (name == "flat") return A2aAlgorithm::kFlat;
-  if (name == "rbd") return A2aAlgorithm::kRbd;
-  if (name == "halo") return A2aAlgorithm::kHalo;
-  if (name == "rbd-halo") return A2aAlgorithm::kRbdHalo;
-  throw Error(str_cat("unknown all-to-all algorithm '", name, "' (expected flat, rbd, halo or rbd-halo)"));
-}
-
-const char* a2a_algorithm_name(A2aAlgorithm a) {
-  switch (a) {
-    case A2aAlgorithm::kFlat: return "flat";
-    case A2aAlgorithm::kRbd: return "rbd";
-    case A2aAlgorithm::kHalo: return "halo";
-    case A2aAlgorithm::kRbdHalo: return "rbd-halo";
-  }
-  return "?";
-}
-
 namespace exchange_detail {
 
 void StageRun::post(const Stage& st, const RowSpace& in, const RowSpace& out, int H) {
@@ -110,12 +92,12 @@ std::vector<int> scaled(const std::vector<int>& v, int64_t f) {
   return r;
 }
 
-const Algorithm& algorithm_of(A2aAlgorithm a) {
+const Algorithm& algorithm_of(A2a a) {
   switch (a) {
-    case A2aAlgorithm::kFlat: return flat_algorithm();
-    case A2aAlgorithm::kRbd: return rbd_algorithm();
-    case A2aAlgorithm::kHalo: return halo_algorithm();
-    case A2aAlgorithm::kRbdHalo: return rbd_halo_algorithm();
+    case A2a::kFlat: return flat_algorithm();
+    case A2a::kRbd: return rbd_algorithm();
+    case A2a::kHalo: return halo_algorithm();
+    case A2a::kRbdHalo: return rbd_halo_algorithm();
   }
   throw Error(str_cat("TokenExchange: algorithm ", static_cast<int>(a), " has no implementation"));
 }
@@ -153,12 +135,12 @@ void source_fold(const Impl& im, const float* ret, float* dst, int H) {
 
 // The plan's Impl, checked to belong to this exchange's algorithm and group, and H (rows of H
 // floats) to be >= 0.
-const Impl& checked_impl(const ExchangePlan& plan, A2aAlgorithm algo, const Group& g,
+const Impl& checked_impl(const ExchangePlan& plan, A2a algo, const Group& g,
                          const char* op, int H = 0) {
   MOE_CHECK(plan.impl, "TokenExchange::", op, ": the plan is empty (call TokenExchange::plan)");
   const Impl& im = *plan.impl;
   MOE_CHECK(im.algo == algo, "TokenExchange::", op, ": plan built for '",
-            a2a_algorithm_name(im.algo), "' used with '", a2a_algorithm_name(algo), "'");
+            name(im.algo), "' used with '", name(algo), "'");
   MOE_CHECK(im.n == g.size() && im.me == g.rank(), "TokenExchange::", op,
             ": plan built on another group (rank ", im.me, " of ", im.n, ", here ", g.rank(),
             " of ", g.size(), ")");
@@ -168,7 +150,7 @@ const Impl& checked_impl(const ExchangePlan& plan, A2aAlgorithm algo, const Grou
 
 }  // namespace
 
-TokenExchange::TokenExchange(const Group& group, const Topology& topo, A2aAlgorithm algo,
+TokenExchange::TokenExchange(const Group& group, const Topology& topo, A2a algo,
                              TrafficStats* stats)
     : group_(group), topo_(topo), algo_(algo), stats_(stats) {}
 

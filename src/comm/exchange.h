@@ -23,6 +23,7 @@
 #include "comm/topology.h"
 #include "comm/traffic.h"
 #include "core/buffer.h"
+#include "core/modes.h"
 
 namespace moe::comm {
 namespace exchange_detail {
@@ -30,10 +31,7 @@ class StagingPool;
 struct ExchangeRun;
 }  // namespace exchange_detail
 
-enum class A2aAlgorithm { kFlat, kRbd, kHalo, kRbdHalo };
-// "flat" | "rbd" | "halo" | "rbd-halo"; the error names it.
-A2aAlgorithm parse_a2a_algorithm(const std::string& name);
-const char* a2a_algorithm_name(A2aAlgorithm a);
+// The algorithm (flat, rbd, halo, rbd-halo) is core/modes.h's A2a.
 
 // Device buffers: src/recv/rows/dst/values may be GPU memory (device_of decides); they are staged
 // through host copies around the host algorithms (v1: MPI is not CUDA-aware here). The host copies
@@ -59,8 +57,8 @@ class TokenExchange {
  public:
   // group: the expert-parallel group; topo: ranks -> nodes, in WORLD ranks (group.world_rank()
   // maps). stats may be null. The object is cheap; one per MoE layer or shared by all.
-  TokenExchange(const Group& group, const Topology& topo, A2aAlgorithm algo, TrafficStats* stats);
-  A2aAlgorithm algorithm() const { return algo_; }
+  TokenExchange(const Group& group, const Topology& topo, A2a algo, TrafficStats* stats);
+  A2a algorithm() const { return algo_; }
   // Charges the staging rows every exchange allocates while it runs (send/receive buffers, RBD
   // pools, HALO rails) to `tracker`; null (the default) charges nothing.
   void set_staging_tracker(MemTracker* tracker) { staging_ = tracker; }
@@ -110,7 +108,7 @@ class TokenExchange {
 
   const Group& group_;
   const Topology& topo_;
-  A2aAlgorithm algo_;
+  A2a algo_;
   TrafficStats* stats_;
   MemTracker* staging_ = nullptr;
   std::shared_ptr<exchange_detail::StagingPool> pool_;  // keep_staging

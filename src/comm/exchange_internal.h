@@ -174,7 +174,7 @@ inline void fold_rows(float* out, const RowSpace& in, const int32_t* idx, int co
 
 struct ExchangePlan::Impl {
   using Stage = exchange_detail::Stage;
-  A2aAlgorithm algo = A2aAlgorithm::kFlat;
+  A2a algo = A2a::kFlat;
   int n = 0, me = 0;
   int num_src_rows = 0, num_send_pairs = 0, num_recv = 0;
   std::vector<LinkClass> link_to;     // [n] link class from this rank to each group rank
@@ -318,7 +318,7 @@ class Algorithm {
   virtual void return_rows(const ExchangeRun& run, const float* rows, float* ret, int H) const = 0;
 };
 
-const Algorithm& algorithm_of(A2aAlgorithm a);
+const Algorithm& algorithm_of(A2a a);
 const Algorithm& flat_algorithm();
 const Algorithm& rbd_algorithm();
 const Algorithm& halo_algorithm();

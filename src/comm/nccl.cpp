@@ -19,23 +19,14 @@
 
 namespace moe::comm {
 
-CommBackendRequest parse_comm_backend(const std::string& s, const char* what) {
-  if (s == "auto") return CommBackendRequest::kAuto;
-  if (s == "mpi") return CommBackendRequest::kMpi;
-  if (s == "nccl") return CommBackendRequest::kNccl;
-  throw Error(str_cat(what, ": unknown backend '", s, "' (expected auto, mpi or nccl)"));
-}
-
-const char* comm_backend_name(CommBackend b) { return b == CommBackend::kNccl ? "nccl" : "mpi"; }
-
-CommBackend choose_comm_backend(CommBackendRequest req,
+CommBackend choose_comm_backend(std::optional<CommBackend> req,
                                 const std::vector<std::pair<double, int>>& gpu_of_rank,
                                 bool loadable, std::string* why,
                                 const std::string& not_loadable) {
   auto say = [why](std::string s) {
     if (why) *why = std::move(s);
   };
-  if (req == CommBackendRequest::kMpi) {
+  if (req == CommBackend::kMpi) {
     say("requested");
     return CommBackend::kMpi;
   }
@@ -55,7 +46,7 @@ CommBackend choose_comm_backend(CommBackendRequest req,
     say("every rank has its own GPU");
     return CommBackend::kNccl;
   }
-  MOE_CHECK(req != CommBackendRequest::kNccl, "--comm.backend nccl: ", no,
+  MOE_CHECK(req != CommBackend::kNccl, "--comm.backend nccl: ", no,
             "; use --comm.backend mpi (device buffers staged through the host)");
   say(no);
   return CommBackend::kMpi;

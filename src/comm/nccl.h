@@ -10,28 +10,26 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "core/modes.h"
 
 namespace moe::comm {
 
 class Group;
 
-// Which transport carries device buffers.
-enum class CommBackend { kMpi, kNccl };
-// "auto" | "mpi" | "nccl"; anything else is an error naming `what` and the value.
-enum class CommBackendRequest { kAuto, kMpi, kNccl };
-CommBackendRequest parse_comm_backend(const std::string& s, const char* what);
-const char* comm_backend_name(CommBackend b);
+// Which transport carries device buffers: core/modes.h's CommBackend (mpi, nccl).
 
-// Pure: the backend for a job. gpu_of_rank[r] = (host id, GPU index) of world rank r, or
+// Pure: the backend for a job (`req`: --comm.backend, std::nullopt = auto). gpu_of_rank[r] = (host id, GPU index) of world rank r, or
 // (host, -1) on the CPU. NCCL needs: a CUDA device on every rank, each (host, GPU) used once, more
 // than one rank, and the library (nccl_loadable). auto picks NCCL exactly then; nccl refuses
 // otherwise (the error says which condition failed); mpi is always allowed. `why` says why the
 // choice was made, for the log; `not_loadable` is why the library could not be used (quoted in
 // the error and the log when that is the reason).
-CommBackend choose_comm_backend(CommBackendRequest req,
+CommBackend choose_comm_backend(std::optional<CommBackend> req,
                                 const std::vector<std::pair<double, int>>& gpu_of_rank,
                                 bool nccl_loadable, std::string* why,
                                 const std::string& not_loadable = "");

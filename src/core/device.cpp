@@ -40,14 +40,6 @@ std::unordered_map<void*, void*>& smpi_raw_pointers() {
 }  // namespace
 
 
-const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
-
-Device parse_device(const std::string& s, const char* what) {
-  if (s == "cpu") return Device::kCpu;
-  if (s == "cuda") return Device::kCuda;
-  throw Error(str_cat(what, ": unknown device '", s, "' (expected cpu or cuda)"));
-}
-
 bool cuda_built() {
 #ifdef MOETRAIN_HAVE_CUDA
   return true;
@@ -227,8 +219,8 @@ void device_copy(Device dst_dev, void* dst, Device src_dev, const void* src, siz
   }
 #ifdef MOE_REAL_CUDA
   cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);  // unified addressing
-  MOE_CHECK(e == cudaSuccess, "cudaMemcpy of ", bytes, " bytes (", device_name(src_dev), " -> ",
-            device_name(dst_dev), "): ", cudaGetErrorString(e));
+  MOE_CHECK(e == cudaSuccess, "cudaMemcpy of ", bytes, " bytes (", name(src_dev), " -> ",
+            name(dst_dev), "): ", cudaGetErrorString(e));
 #else
   require_device(Device::kCuda, "copy to/from");
 #endif

@@ -7,13 +7,9 @@
 #include <cstddef>
 #include <string>
 
+#include "core/modes.h"  // Device, name(Device), parse_device
+
 namespace moe {
-
-enum class Device { kCpu, kCuda };
-
-const char* device_name(Device d);
-// "cpu" | "cuda" -> Device; anything else is an error naming the value and `what` (e.g. "--device").
-Device parse_device(const std::string& s, const char* what);
 
 // True when this binary was built with the CUDA backend.
 bool cuda_built();

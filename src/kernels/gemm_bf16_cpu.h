@@ -28,7 +28,7 @@ void gemm_bf16_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                    int lda, const float* B, int ldb, float beta, float* C, int ldc);
 
 // One n×n×n product on inputs already in bf16 (no conversion: the bf16 roofline that
-// kernels::measure_peak_gflops("bf16") times); its buffers are kept for the next call.
+// kernels::measure_peak_gflops(Precision::kBf16) times); its buffers are kept for the next call.
 void bf16_roofline_product(int n);
 
 // oneDNN's OpenMP threads (one rank, one thread by default: never more than --threads).

@@ -41,11 +41,9 @@ double best_gemm_gflops(const std::function<void(int n)>& product, const std::ve
   return best;
 }
 
-double measure_peak_gflops(const std::string& precision, const std::vector<int>& sizes,
+double measure_peak_gflops(Precision precision, const std::vector<int>& sizes,
                            int runs_per_size, double min_seconds_per_size) {
-  MOE_CHECK(precision == "fp32" || precision == "bf16", "measure_peak_gflops: precision '", precision,
-            "' has no CPU peak measurement (fp32 or bf16)");
-  const bool bf16 = precision == "bf16";
+  const bool bf16 = precision == Precision::kBf16;
   MOE_CHECK(!bf16 || bf16_cpu_available(), "measure_peak_gflops: bf16 on the CPU: ",
             bf16_cpu_unavailable_reason());
   const int largest = bf16 ? 0 : *std::max_element(sizes.begin(), sizes.end());

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/modes.h"
+
 namespace moe::kernels {
 
 // Seconds of CPU time this thread has used: a run preempted by another process is not charged
@@ -34,12 +36,12 @@ inline const std::vector<int>& peak_sizes() {
 constexpr int kPeakRunsPerSize = 5;
 constexpr double kPeakMinSecondsPerSize = 0.1;
 
-// The CPU peak of `precision` ("fp32": sgemm through kernels::gemm, the trainer's kernel; "bf16":
+// The CPU peak of `precision` (fp32: sgemm through kernels::gemm, the trainer's kernel; bf16:
 // the same call with bf16 inputs through oneDNN, refused where that is unavailable), in
 // GFLOP/s, on this thread's BLAS thread count: timed in thread CPU time with one BLAS thread (the
 // rate of the core while it runs), in wall time with more (the other threads' work is not this
-// thread's). Another precision: one line naming it, non-zero exit.
-double measure_peak_gflops(const std::string& precision = "fp32",
+// thread's).
+double measure_peak_gflops(Precision precision = Precision::kFp32,
                            const std::vector<int>& sizes = peak_sizes(),
                            int runs_per_size = kPeakRunsPerSize,
                            double min_seconds_per_size = kPeakMinSecondsPerSize);

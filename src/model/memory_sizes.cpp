@@ -1,7 +1,6 @@
 #include "model/memory_sizes.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "core/error.h"
 
@@ -38,14 +37,11 @@ LayerActivationSizes layer_activation_elems(const ModelConfig& c, int B, int T, 
   return s;
 }
 
-size_t layer_kept_elems(const ModelConfig& c, int layer, int B, int T, size_t moe_rows,
-                        const char* recompute) {
+size_t layer_kept_elems(const ModelConfig& c, int layer, int B, int T, size_t moe_rows, Recompute recompute) {
   const LayerActivationSizes s = layer_activation_elems(c, B, T, moe_rows);
   const bool moe = c.is_moe_layer(layer);
-  if (std::strcmp(recompute, "full") == 0) return s.input;
-  if (std::strcmp(recompute, "moe") == 0 && moe) return s.attention;
-  MOE_CHECK(std::strcmp(recompute, "none") == 0 || std::strcmp(recompute, "moe") == 0,
-            "unknown recompute mode '", recompute, "'");
+  if (recompute == Recompute::kFull) return s.input;
+  if (recompute == Recompute::kMoe && moe) return s.attention;
   return s.attention + (moe ? s.moe_ffn : s.dense_ffn);
 }
 
@@ -59,7 +55,7 @@ size_t head_kept_elems(const ModelConfig& c, int B, int T) {
     // probabilities (2·N·V) and losses (N).
     const int L = c.num_hidden_layers;
     const size_t rows = c.is_moe_layer(L) ? N * c.num_experts_per_tok : 0;
-    e += 3 * N * H + 2 * N + layer_kept_elems(c, L, B, T, rows, "none") + 2 * N * H + N + 2 * N * V + N;
+    e += 3 * N * H + 2 * N + layer_kept_elems(c, L, B, T, rows, Recompute::kNone) + 2 * N * H + N + 2 * N * V + N;
   }
   return e;
 }

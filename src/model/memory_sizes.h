@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 
+#include "core/modes.h"
 #include "model/config.h"
 
 namespace moe::model {
@@ -26,9 +27,8 @@ struct LayerActivationSizes {
 };
 LayerActivationSizes layer_activation_elems(const ModelConfig& c, int B, int T, size_t moe_rows);
 
-// Elements a layer keeps under a recompute mode ("none" | "moe" | "full").
-size_t layer_kept_elems(const ModelConfig& c, int layer, int B, int T, size_t moe_rows,
-                        const char* recompute);
+// Elements a layer keeps under a recompute mode.
+size_t layer_kept_elems(const ModelConfig& c, int layer, int B, int T, size_t moe_rows, Recompute recompute);
 
 // The head stage keeps final input + norm (2·N·H), rstd and per-token losses (2·N), logits and
 // probabilities (2·N·V); and DeepSeek-V3's multi-token-prediction module when the config has one.

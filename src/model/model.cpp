@@ -23,22 +23,6 @@ namespace moe::model {
 namespace k = moe::kernels;
 namespace mx = moe::mixture;
 
-Recompute parse_recompute(const std::string& name) {
-  if (name == "none") return Recompute::kNone;
-  if (name == "moe") return Recompute::kMoe;
-  if (name == "full") return Recompute::kFull;
-  throw Error(str_cat("unknown recompute mode '", name, "' (expected none, moe or full)"));
-}
-
-const char* recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::kNone: return "none";
-    case Recompute::kMoe: return "moe";
-    case Recompute::kFull: return "full";
-  }
-  return "?";
-}
-
 mx::MoeConfig moe_config(const ModelConfig& c, const MoeOptions& o, const mx::ExpertParallel* ep,
                          const balance::LayerPlacement* placement, MemTracker* scratch,
                          const float* score_bias_E) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "core/modes.h"
 #include "kernels/rope.h"
 #include "model/attention_proj.h"
 #include "model/config.h"
@@ -62,16 +63,9 @@ struct MoeOptions {
   bool padded = false;
 };
 
-// Activation checkpointing: what forward keeps per layer; the rest is recomputed in backward
-// from the kept input (same inputs, same weights, no randomness: the same routing and layout,
-// which backward checks).
-enum class Recompute {
-  kNone,  // keep everything
-  kMoe,   // MoE layers keep their FFN input only; the MoE block is recomputed
-  kFull,  // every layer keeps its input only; the whole block is recomputed
-};
-Recompute parse_recompute(const std::string& name);  // "none" | "moe" | "full"
-const char* recompute_name(Recompute r);
+// Activation checkpointing (core/modes.h's Recompute): what forward keeps per layer; the rest is
+// recomputed in backward from the kept input (same inputs, same weights, no randomness: the same
+// routing and layout, which backward checks).
 
 // The MoE layer's configuration and weights for one layer of `c` (used by Model and the
 // Decoder): ep and placement null for every expert local, score_bias_E null without noaux_tc.

@@ -7,14 +7,6 @@
 
 namespace moe::parallel {
 
-Schedule parse_schedule(const std::string& name) {
-  if (name == "1f1b") return Schedule::k1F1B;
-  if (name == "gpipe") return Schedule::kGPipe;
-  throw Error(str_cat("unknown pipeline schedule '", name, "' (expected 1f1b or gpipe)"));
-}
-
-const char* schedule_name(Schedule s) { return s == Schedule::k1F1B ? "1f1b" : "gpipe"; }
-
 std::vector<PipeOp> make_schedule(Schedule s, int num_stages, int stage, int M) {
   MOE_CHECK(num_stages >= 1, "pipeline: num_stages = ", num_stages, " (must be >= 1)");
   MOE_CHECK(stage >= 0 && stage < num_stages, "pipeline: stage ", stage, " outside [0, ",

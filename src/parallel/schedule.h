@@ -4,11 +4,11 @@
 #include <string>
 #include <vector>
 
+#include "core/modes.h"
+
 namespace moe::parallel {
 
-enum class Schedule { k1F1B, kGPipe };
-Schedule parse_schedule(const std::string& name);  // "1f1b" | "gpipe"; the error names it
-const char* schedule_name(Schedule s);
+// The schedule (1f1b, gpipe) is core/modes.h's Schedule.
 
 struct PipeOp {
   bool forward = true;  // false: backward

@@ -63,8 +63,8 @@ double fan_out_seconds(const LinkClass& l, double bytes, int peers) {
 ClusterProfile cluster_preset(const std::string& name) {
   ClusterProfile p;
   p.name = name;
-  p.kind = "gpu";
-  p.precision = "bf16";
+  p.kind = NodeKind::kGpu;
+  p.precision = Precision::kBf16;
   p.fused_attention = true;
   if (name == "frontier") {
     // REFERENCE §4: 8 MI250X GCDs per node, 64 GB HBM2E and 191.5 TFLOPS bf16 each; Infinity
@@ -133,17 +133,17 @@ ClusterProfile cluster_preset(const std::string& name) {
 std::vector<std::string> cluster_preset_names() { return {"frontier", "dgx-h100"}; }
 
 double ClusterProfile::rank_memory(int ranks_on_node) const {
-  return kind == "cpu" ? hbm_bytes / std::max(1, ranks_on_node) : hbm_bytes;
+  return kind == NodeKind::kCpu ? hbm_bytes / std::max(1, ranks_on_node) : hbm_bytes;
 }
 
 double ClusterProfile::compute_share_at(int ranks_on_node) const {
-  if (kind != "cpu") return 1.0;
+  if (kind != NodeKind::kCpu) return 1.0;
   if (!compute_share.empty()) return compute_share.at(ranks_on_node);
   // Without a measurement: ranks beyond the cores time-share them.
   return cores_per_node > 0 ? std::min(1.0, static_cast<double>(cores_per_node) / ranks_on_node) : 1.0;
 }
 
-const CommCurve* ClusterProfile::find_comm(const std::string& op, const std::string& algo, int world,
+const CommCurve* ClusterProfile::find_comm(const std::string& op, std::optional<A2a> algo, int world,
                                            int group, int rpn) const {
   const CommCurve* best = nullptr;
   int best_d = 1 << 30;
@@ -166,9 +166,6 @@ void ClusterProfile::validate(const std::string& w) const {
   auto non_negative = [&](const char* f, double v) {
     MOE_CHECK(v >= 0 && std::isfinite(v), w, ": \"", f, "\" must be >= 0, got ", v);
   };
-  MOE_CHECK(kind == "gpu" || kind == "cpu", w, ": \"kind\" is \"", kind, "\" (expected gpu or cpu)");
-  MOE_CHECK(precision == "bf16" || precision == "fp32", w, ": \"precision\" is \"", precision,
-            "\" (expected bf16 or fp32)");
   positive("ranks_per_node", ranks_per_node);
   non_negative("nodes", nodes);
   positive("fast_domain_nodes", fast_domain_nodes);
@@ -208,12 +205,12 @@ json profile_to_json(const ClusterProfile& p) {
   };
   json comm = json::array();
   for (const CommCurve& c : p.comm)
-    comm.push_back({{"op", c.op}, {"algo", c.algo}, {"world", c.world}, {"group", c.group},
+    comm.push_back({{"op", c.op}, {"algo", c.algo ? name(*c.algo) : ""}, {"world", c.world}, {"group", c.group},
                     {"ranks_per_node", c.ranks_per_node}, {"bytes", c.seconds.x},
                     {"seconds", c.seconds.y}});
   json j = {{"name", p.name},
-            {"kind", p.kind},
-            {"precision", p.precision},
+            {"kind", name(p.kind)},
+            {"precision", name(p.precision)},
             {"ranks_per_node", p.ranks_per_node},
             {"nodes", p.nodes},
             {"fast_domain_nodes", p.fast_domain_nodes},
@@ -274,6 +271,14 @@ class Fields {
     MOE_CHECK(v.is_string(), w_, ": field \"", f, "\" must be a string, got ", io::excerpt(v));
     return v.get<std::string>();
   }
+  // A mode's word (core/modes.h): "frontier.json: \"kind\" is \"tpu\" (expected gpu or cpu)".
+  template <class E>
+  E mode(const char* f, E) const {
+    const std::string s = string(f);
+    const std::optional<E> m = find_mode<E>(s);
+    MOE_CHECK(m, w_, ": \"", f, "\" is \"", s, "\" (expected ", accepted_names<E>(), ")");
+    return *m;
+  }
   LinkClass link(const char* f) const {
     const json& links = need(j_, "links", "links");
     const std::string path = std::string("links.") + f;
@@ -299,8 +304,8 @@ ClusterProfile profile_from_json(const json& j, const std::string& w) {
   Fields f(j, w);
   ClusterProfile p;
   p.name = j.contains("name") && j["name"].is_string() ? j["name"].get<std::string>() : w;
-  p.kind = f.string("kind");
-  p.precision = f.string("precision");
+  p.kind = f.mode("kind", NodeKind());
+  p.precision = f.mode("precision", Precision());
   p.ranks_per_node = f.integer("ranks_per_node");
   p.nodes = f.integer("nodes");
   p.fast_domain_nodes = f.integer("fast_domain_nodes");
@@ -341,7 +346,7 @@ ClusterProfile profile_from_json(const json& j, const std::string& w) {
       cc.op = cf.string("op");
       MOE_CHECK(cc.op == "a2a" || cc.op == "p2p" || cc.op == "allreduce", where, ": op \"", cc.op,
                 "\" (expected a2a, p2p or allreduce)");
-      cc.algo = cf.string("algo");
+      if (cc.op == "a2a") cc.algo = cf.mode("algo", A2a());
       cc.world = cf.integer("world");
       cc.group = cf.integer("group");
       cc.ranks_per_node = cf.integer("ranks_per_node");

@@ -4,11 +4,13 @@
 // shape, attention, memory-bound ops, optimizer, all-to-all / p2p / all-reduce by size and group,
 // compute sharing when ranks outnumber cores). Errors name the field and the file.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/modes.h"
 #include "plan/tables.h"
 
 namespace moe::plan {
@@ -35,7 +37,7 @@ double fan_out_seconds(const LinkClass& l, double bytes, int peers);
 //   allreduce  sum of a buffer of `bytes` over `group` ranks
 struct CommCurve {
   std::string op;          // a2a | p2p | allreduce
-  std::string algo;        // a2a: flat | rbd | halo; else empty
+  std::optional<A2a> algo;  // a2a: the exchange; else none (written as "")
   int world = 0;           // ranks running at once during the measurement
   int group = 0;           // ranks of one communicating group
   int ranks_per_node = 0;  // topology the measurement ran under
@@ -44,8 +46,8 @@ struct CommCurve {
 
 struct ClusterProfile {
   std::string name;                   // preset name or file path
-  std::string kind = "gpu";           // gpu | cpu (cpu: a node's ranks share its cores and memory)
-  std::string precision = "bf16";     // native training precision (cpu: fp32, the trainer's)
+  NodeKind kind = NodeKind::kGpu;     // gpu | cpu (cpu: a node's ranks share its cores and memory)
+  Precision precision = Precision::kBf16;  // native training precision (cpu: fp32, the trainer's)
   int ranks_per_node = 8;             // GPUs (or ranks) per node
   int nodes = 0;                      // nodes available (0 = no limit)
   int fast_domain_nodes = 1;          // N_h: nodes one EP group may span on single-hop links
@@ -81,7 +83,7 @@ struct ClusterProfile {
   double compute_share_at(int ranks_on_node) const;
   // The measured curve for (op, algo, group) at this world size and topology, or the closest
   // world size measured with the same group and topology; null when none.
-  const CommCurve* find_comm(const std::string& op, const std::string& algo, int world, int group,
+  const CommCurve* find_comm(const std::string& op, std::optional<A2a> algo, int world, int group,
                              int ranks_per_node) const;
   // Errors name the field: "frontier.json: \"ranks_per_node\" must be positive, got 0".
   void validate(const std::string& where) const;

@@ -2,6 +2,7 @@
 #include "plan/layout.h"
 
 #include <algorithm>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -12,7 +13,7 @@ std::string Layout::describe() const {
   std::string s = str_cat("pp=", pp, ",dp=", dp, ",ep=", ep, ",tp=", tp, ",mb=", micro_batches,
                           ",recompute=", recompute, ",a2a=", a2a);
   if (zero1) s += ",zero1=1";
-  if (schedule != "1f1b") s += ",schedule=" + schedule;
+  if (schedule != Schedule::k1F1B) s += str_cat(",schedule=", schedule);
   return s;
 }
 
@@ -32,6 +33,13 @@ Layout parse_layout(const std::string& text) {
     MOE_CHECK(x >= 1, "--layout: ", key, "=", v, " must be >= 1");
     return x;
   };
+  // A mode's word: "--layout: a2a=ring (expected flat, rbd, halo or rbd-halo)".
+  auto mode = [](const std::string& key, const std::string& v, auto type) {
+    using E = decltype(type);
+    const std::optional<E> m = find_mode<E>(v);
+    MOE_CHECK(m, "--layout: ", key, "=", v, " (expected ", accepted_names<E>(), ")");
+    return *m;
+  };
   while (std::getline(ss, item, ',')) {
     if (item.empty()) continue;
     const size_t eq = item.find('=');
@@ -42,21 +50,14 @@ Layout parse_layout(const std::string& text) {
     else if (key == "ep") l.ep = to_int(key, v);
     else if (key == "tp") l.tp = to_int(key, v);
     else if (key == "mb" || key == "micro-batches" || key == "m") l.micro_batches = to_int(key, v);
-    else if (key == "recompute") {
-      MOE_CHECK(v == "none" || v == "moe" || v == "full", "--layout: recompute=", v,
-                " (expected none, moe or full)");
-      l.recompute = v;
-    } else if (key == "a2a") {
-      MOE_CHECK(v == "flat" || v == "rbd" || v == "halo" || v == "rbd-halo", "--layout: a2a=", v,
-                " (expected flat, rbd, halo or rbd-halo)");
-      l.a2a = v;
-    } else if (key == "zero1") {
+    else if (key == "recompute") l.recompute = mode(key, v, Recompute());
+    else if (key == "a2a") l.a2a = mode(key, v, A2a());
+    else if (key == "zero1") {
       MOE_CHECK(v == "0" || v == "1" || v == "true" || v == "false", "--layout: zero1=", v,
                 " (expected 0 or 1)");
       l.zero1 = v == "1" || v == "true";
     } else if (key == "schedule") {
-      MOE_CHECK(v == "1f1b" || v == "gpipe", "--layout: schedule=", v, " (expected 1f1b or gpipe)");
-      l.schedule = v;
+      l.schedule = mode(key, v, Schedule());
     } else {
       throw Error(str_cat("--layout: unknown key '", key,
                           "' (keys: pp, dp, ep, tp, mb, recompute, a2a, zero1, schedule)"));
@@ -85,11 +86,11 @@ std::vector<int> split_stages(int layers, int pp) {
   return out;
 }
 
-std::vector<PipeOpSpec> schedule_ops(const std::string& schedule, int num_stages, int stage, int M) {
-  return parallel::make_schedule(parallel::parse_schedule(schedule), num_stages, stage, M);
+std::vector<PipeOpSpec> schedule_ops(Schedule schedule, int num_stages, int stage, int M) {
+  return parallel::make_schedule(schedule, num_stages, stage, M);
 }
 
-int pipeline_buffer_slots(const std::string& schedule, int num_stages, int stage, int M) {
+int pipeline_buffer_slots(Schedule schedule, int num_stages, int stage, int M) {
   // The executor's dry pass: every acquire/release of an activation-sized slot, in op order.
   const bool first = stage == 0, last = stage == num_stages - 1;
   if (first && last) return 0;

@@ -13,11 +13,9 @@
 
 namespace moe::plan {
 
-MemoryOptions memory_options(const ClusterProfile& c, const std::string& precision, bool zero1) {
+MemoryOptions memory_options(const ClusterProfile& c, Precision precision, bool zero1) {
   MemoryOptions o;
-  MOE_CHECK(precision == "bf16" || precision == "fp32", "--precision ", precision,
-            " (expected bf16 or fp32)");
-  if (precision == "fp32") {
+  if (precision == Precision::kFp32) {
     // The CPU trainer: fp32 weights and gradients, Adam m and v (no separate master copy).
     o.weight_bytes = 4;
     o.grad_bytes = 4;
@@ -26,7 +24,7 @@ MemoryOptions memory_options(const ClusterProfile& c, const std::string& precisi
   }
   o.zero1 = zero1;
   o.attention_s2 = !c.fused_attention;
-  o.a2a_buffers = c.kind == "gpu";
+  o.a2a_buffers = c.kind == NodeKind::kGpu;
   o.reserved_bytes = c.reserved_bytes;
   return o;
 }
@@ -127,8 +125,8 @@ LayerActivation layer_activation(const PlanModel& m, int l, long long Bm, int T,
   }
   a.input = static_cast<double>(s.input) / tp;  // x, on the shard
   a.full = a.attention + a.ffn;
-  if (lay.recompute == "full") a.kept = a.input;
-  else if (lay.recompute == "moe" && moe) a.kept = a.attention;
+  if (lay.recompute == Recompute::kFull) a.kept = a.input;
+  else if (lay.recompute == Recompute::kMoe && moe) a.kept = a.attention;
   else a.kept = a.full;
   return a;
 }
@@ -237,7 +235,7 @@ double micro_batch_peak(const PlanModel& m, const Layout& lay, const MemoryOptio
       return p;
     };
     peak = std::max(peak, forward(prefix + n * H, true));  // + its output
-    if (a.kept < a.full) peak = std::max(peak, forward(prefix + 2 * n * H, lay.recompute == "full"));  // + dx, out
+    if (a.kept < a.full) peak = std::max(peak, forward(prefix + 2 * n * H, lay.recompute == Recompute::kFull));  // + dx, out
     double ffn_scratch;
     if (moe) {
       // On top of the workspace: the shared experts' scratch, then (EP) the exchange's received or

@@ -63,7 +63,7 @@ struct MemoryOptions {
 
 // The options that model a cluster at a precision: bf16 = mixed precision (2 + 2 + 12 bytes per
 // parameter, 2-byte activations), fp32 = the CPU trainer (4 + 4 + 8, 4-byte activations).
-MemoryOptions memory_options(const ClusterProfile& cluster, const std::string& precision, bool zero1);
+MemoryOptions memory_options(const ClusterProfile& cluster, Precision precision, bool zero1);
 // Every extra term off and the paper's activation formula: REFERENCE §3's M(i).
 MemoryOptions piper_paper_options();
 

@@ -23,7 +23,7 @@ struct Units {
   const char* name;
 };
 Units units_for(const ReportContext& ctx, double typical) {
-  if (ctx.cluster->kind == "cpu" && typical < 5e9) return {1e6, "MB"};
+  if (ctx.cluster->kind == NodeKind::kCpu && typical < 5e9) return {1e6, "MB"};
   return {1e9, "GB"};
 }
 
@@ -66,7 +66,7 @@ std::string train_command(const ReportContext& ctx, const Layout& l) {
   if (l.tp > 1) cmd += str_cat(" --tp ", l.tp);
   cmd += str_cat(" --micro-batches ", l.micro_batches, " --recompute ", l.recompute, " --a2a ", l.a2a,
                  " --batch ", rs.batch_per_rank, " --seq-len ", ctx.shape.seq_len);
-  if (l.schedule != "1f1b") cmd += " --pp.schedule " + l.schedule;
+  if (l.schedule != Schedule::k1F1B) cmd += str_cat(" --pp.schedule ", l.schedule);
   if (l.zero1) cmd += " --zero1";
   return cmd;
 }
@@ -82,12 +82,12 @@ std::string format_header(const ReportContext& ctx) {
   std::string s = str_cat("moetrain plan: ", m.name, " (", human_count(p.total), " params", published, ", ",
                           human_count(p.active), " active; L=", m.layers, " H=", m.hidden, " E=",
                           m.experts, " k=", m.top_k, ") on ", c.name, ": ", ctx.gpus, " ",
-                          c.kind == "cpu" ? "rank(s)" : "GPUs", " (", nodes, " node(s) x ",
+                          c.kind == NodeKind::kCpu ? "rank(s)" : "GPUs", " (", nodes, " node(s) x ",
                           std::min(ctx.gpus, c.ranks_per_node), "), seq ", ctx.shape.seq_len,
                           ", global batch ", ctx.shape.global_batch, " (",
                           human_count(static_cast<double>(ctx.shape.global_batch) * ctx.shape.seq_len),
                           " tokens), ", ctx.shape.precision, "\n");
-  if (c.kind == "gpu") {
+  if (c.kind == NodeKind::kGpu) {
     // GEMM tables hold aligned shapes; on an H200, n or k not a multiple of 8 ran 3-7x slower.
     std::string odd;
     int n_odd = 0;
@@ -132,7 +132,7 @@ std::string format_plans(const ReportContext& ctx, const SearchResult& r) {
     std::snprintf(line, sizeof line,
                   "%3d %3d %3d %3d %2d %4d %-9s %-8s %5.2f | %6.1f = %6.1f %5.1f %5.1f %5.1f %5.1f %4.1f %3.1f of %4.0f | %7s = %s %s %s %s %s %s | %7s %5.1f%%\n",
                   ++i, c.layout.pp, c.layout.dp, c.layout.ep, c.layout.tp, c.layout.micro_batches,
-                  c.layout.recompute.c_str(), c.layout.a2a.c_str(), c.imbalance_time, w.total / u.div, w.params / u.div,
+                  name(c.layout.recompute), name(c.layout.a2a), c.imbalance_time, w.total / u.div, w.params / u.div,
                   w.grads / u.div, w.optimizer / u.div, w.activations / u.div, w.workspace / u.div,
                   w.comm / u.div, w.reserved / u.div, c.capacity / u.div, secs(t.step).c_str(), secs(t.compute).c_str(),
                   secs(t.a2a).c_str(), secs(t.p2p).c_str(), secs(t.bubble).c_str(),
@@ -245,8 +245,8 @@ json candidate_json(const ReportContext& ctx, const Candidate& c) {
   const Layout& l = c.layout;
   const RankShape rs = rank_shape(l, ctx.shape);
   return json{{"layout", {{"pp", l.pp}, {"dp", l.dp}, {"ep", l.ep}, {"tp", l.tp},
-                          {"micro_batches", l.micro_batches}, {"recompute", l.recompute},
-                          {"a2a", l.a2a}, {"zero1", l.zero1}, {"schedule", l.schedule},
+                          {"micro_batches", l.micro_batches}, {"recompute", name(l.recompute)},
+                          {"a2a", name(l.a2a)}, {"zero1", l.zero1}, {"schedule", name(l.schedule)},
                           {"batch_per_rank", rs.batch_per_rank}, {"text", l.describe()}}},
               {"fits", c.fits},
               {"routing_imbalance", {{"time", c.imbalance_time}, {"memory", c.imbalance_memory}}},
@@ -286,7 +286,7 @@ json search_json(const ReportContext& ctx, const SearchResult& r, bool explain) 
             {"gpus", ctx.gpus},
             {"seq_len", ctx.shape.seq_len},
             {"global_batch", ctx.shape.global_batch},
-            {"precision", ctx.shape.precision},
+            {"precision", name(ctx.shape.precision)},
             {"evaluated", r.evaluated},
             {"feasible", r.feasible},
             {"search_seconds", r.seconds},

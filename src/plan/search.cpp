@@ -125,8 +125,9 @@ SearchResult search_plans(const PlanModel& m, const ClusterProfile& c, const Sea
   res.memory_options = memory_options(c, o.shape.precision, o.zero1);
   std::vector<Candidate> all;
   const bool moe = m.num_moe_layers() > 0;
-  const std::vector<std::string> recompute_modes =
-      moe ? std::vector<std::string>{"none", "moe", "full"} : std::vector<std::string>{"none", "full"};
+  const std::vector<Recompute> recompute_modes =
+      moe ? std::vector<Recompute>{Recompute::kNone, Recompute::kMoe, Recompute::kFull}
+          : std::vector<Recompute>{Recompute::kNone, Recompute::kFull};
   for (int tp : divisors(o.gpus, o.max_tp)) {
     for (int ep : divisors(o.gpus / tp, o.gpus)) {
       if (ep > 1 && (!moe || m.experts % ep != 0)) {  // one entry for every pp of this ep
@@ -165,7 +166,7 @@ SearchResult search_plans(const PlanModel& m, const ClusterProfile& c, const Sea
         int closest_stage = 0;
         double closest_need = 0, closest_cap = 0;
         for (int M : divisors(b, o.max_micro_batches)) {
-          for (const std::string& rc : recompute_modes) {
+          for (Recompute rc : recompute_modes) {
             Layout l = fam;
             l.micro_batches = M;
             l.recompute = rc;
@@ -187,9 +188,9 @@ SearchResult search_plans(const PlanModel& m, const ClusterProfile& c, const Sea
             any_fit = true;
             // Exchange algorithms: only different when the EP group spans nodes.
             const int group_nodes = (ep * tp + c.ranks_per_node - 1) / c.ranks_per_node;
-            std::vector<std::string> algos = {"flat"};
-            if (ep > 1 && group_nodes > 1) algos = {"flat", "rbd", "halo", "rbd-halo"};
-            for (const std::string& a : algos) {
+            std::vector<A2a> algos = {A2a::kFlat};
+            if (ep > 1 && group_nodes > 1) algos = {A2a::kFlat, A2a::kRbd, A2a::kHalo, A2a::kRbdHalo};
+            for (A2a a : algos) {
               Candidate cand;
               cand.layout = l;
               cand.layout.a2a = a;
@@ -210,7 +211,7 @@ SearchResult search_plans(const PlanModel& m, const ClusterProfile& c, const Sea
           rej.over_bytes = best_over;
           rej.reason = best_over < 1e300
                            ? str_cat("stage ", closest_stage, " needs ", gb(closest_need), " > ",
-                                     gb(closest_cap), (c.kind == "cpu" ? " memory" : " HBM"), " by ",
+                                     gb(closest_cap), (c.kind == NodeKind::kCpu ? " memory" : " HBM"), " by ",
                                      human(best_over), " even with mb=", closest.micro_batches,
                                      " recompute=", closest.recompute)
                            : str_cat("no micro-batch count divides the ", b, " sequences per data rank");

@@ -68,7 +68,7 @@ double nonempty_share(double dests, double items) {
 
 }  // namespace
 
-double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, int ep, int tp,
+double a2a_seconds(const ClusterProfile& c, A2a algo, int world, int ep, int tp,
                    double bytes, int k, double pairs) {
   if (ep <= 1 || bytes <= 0) return 0;
   const int rpn = std::min(world, c.ranks_per_node);
@@ -86,7 +86,7 @@ double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, 
   // flat and rbd send a message only to a rank that gets rows: with few pairs per rank over a
   // wide group many get none (256 ranks, 252 pairs: 37% of them).
   const double pair_share = nonempty_share(ep, pairs);
-  if (n_g == 1 || algo == "flat") {
+  if (n_g == 1 || algo == A2a::kFlat) {
     return std::max(fan_out_seconds(intra, intra_bytes, r_n - 1), inter_bytes / inter.bandwidth) +
            pair_share * ((r_n - 1) * c.intra_node.latency + (ep - r_n) * inter.latency) +
            (n_g == 1 ? c.intra_node.wire_latency : inter.wire_latency);
@@ -96,7 +96,7 @@ double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, 
   const double pilots = (n_g - 1) * (1 - std::pow(1 - 1.0 / n_g, k));
   const double rows = k * static_cast<double>(n_g - 1) / n_g;
   const double inter_rbd = inter_bytes * pilots / rows;
-  if (algo == "rbd") {
+  if (algo == A2a::kRbd) {
     // The replicas are copied inside the destination node. A token's pilot goes to one rank of
     // each remote node it has experts on: pairs / k · pilots over the ep − r_n remote ranks.
     const double copies = inter_bytes - inter_rbd;
@@ -111,13 +111,13 @@ double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, 
   // ranks there, about as many rows when a token's experts on a node sit on distinct ranks).
   const double intra_phase = (r_n - 1) * c.intra_node.latency + c.intra_node.wire_latency;
   const double phase1 = fan_out_seconds(intra, intra_bytes, r_n - 1) + intra_phase;
-  const double phase2 = (algo == "rbd-halo" ? inter_rbd : inter_bytes) / inter.bandwidth +
+  const double phase2 = (algo == A2a::kRbdHalo ? inter_rbd : inter_bytes) / inter.bandwidth +
                         (n_g - 1) * inter.latency + inter.wire_latency;
   const double phase3 = fan_out_seconds(intra, inter_bytes * (r_n - 1) / r_n, r_n - 1) + intra_phase;
   return std::max(phase1, phase2 + phase3);
 }
 
-double a2a_plan_seconds(const ClusterProfile& c, const std::string& algo, int world, int ep, int tp,
+double a2a_plan_seconds(const ClusterProfile& c, A2a algo, int world, int ep, int tp,
                         double pairs) {
   if (ep <= 1) return 0;
   const int rpn = std::min(world, c.ranks_per_node);
@@ -126,12 +126,12 @@ double a2a_plan_seconds(const ClusterProfile& c, const std::string& algo, int wo
   const int n_g = (ep + r_n - 1) / r_n;
   const LinkClass inter = link_between_nodes(c, n_g);
   const LinkClass& intra = c.intra_node;
-  const bool rbd = algo == "rbd" || algo == "rbd-halo";
+  const bool rbd = algo == A2a::kRbd || algo == A2a::kRbdHalo;
   const double meta = pairs * (rbd ? 16 : 8);
   const double intra_meta = meta * (r_n - 1) / ep, inter_meta = meta * (ep - r_n) / ep;
   // A class's per-message time is the whole of one message (both ends, as the exchange's).
   const double intra_msgs = (r_n - 1) * intra.latency;
-  if (algo == "halo" || algo == "rbd-halo") {
+  if (algo == A2a::kHalo || algo == A2a::kRbdHalo) {
     // Phase I (each rank of my node) and II (each remote node's rail peer) posted together, then
     // phase III: the rail peer forwards to its node's ranks what is theirs.
     const double phase12 = intra_msgs + (n_g - 1) * inter.latency +
@@ -167,7 +167,7 @@ double hop_between_nodes(const ClusterProfile& c, int nodes, int flows) {
 static const CommCurve* allreduce_curve(const ClusterProfile& c, int world, int group, int stride) {
   const int rpn = std::min(world, c.ranks_per_node);
   if (nodes_spanned(group, stride, rpn) != nodes_spanned(group, 1, rpn)) return nullptr;
-  return c.find_comm("allreduce", "", world, group, 0);
+  return c.find_comm("allreduce", std::nullopt, world, group, 0);
 }
 
 double allreduce_seconds(const ClusterProfile& c, int world, int group, int stride, double bytes) {
@@ -214,7 +214,7 @@ double p2p_seconds(const ClusterProfile& c, int world, int stride, double bytes)
   // neighbouring ranks (0-1, 2-3, ...), a pair inside one node, and records ranks_per_node 0 or
   // >= 2 for it; only a curve measured one rank per node (1) describes a transfer between nodes.
   // Otherwise the profile's links, so a slow inter-node link slows the pipeline's transfers.
-  if (const CommCurve* cc = c.find_comm("p2p", "", world, 2, 0);
+  if (const CommCurve* cc = c.find_comm("p2p", std::nullopt, world, 2, 0);
       cc && (cc->ranks_per_node == 1) == across_nodes)
     return cc->seconds.time_at(bytes);
   const LinkClass l = across_nodes ? link_between_nodes(c, 2) : c.intra_node;
@@ -236,7 +236,7 @@ struct StageWork {
 // the ranks computing at that moment (stages computing x `replicas` ranks each): a rank waiting
 // for a neighbour yields its core (OpenMPI yields when oversubscribed; measured: 1 of 8 ranks
 // computing runs at the speed of one rank alone). Returns the wall time of the last op.
-double shared_pipeline(const std::vector<StageWork>& w, const std::string& schedule, int M, int replicas,
+double shared_pipeline(const std::vector<StageWork>& w, Schedule schedule, int M, int replicas,
                        double p2p, const ClusterProfile& c) {
   const int P = static_cast<int>(w.size());
   std::vector<std::vector<PipeOpSpec>> ops(P);
@@ -354,7 +354,7 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& lay, const TrainSh
   const int world = lay.world(), T = shape.seq_len, tp = lay.tp;
   const int ranks_on_node = std::min(world, c.ranks_per_node);
   const double N = static_cast<double>(rs.tokens), H = m.hidden;
-  const double elem_scale = mo.act_bytes / (c.precision == "fp32" ? 4.0 : 2.0);
+  const double elem_scale = mo.act_bytes / (c.precision == Precision::kFp32 ? 4.0 : 2.0);
   // Memory-bound costs at this micro-batch's activation size.
   const double act_size = N * H * mo.act_bytes;
   const double ef = c.elem_fwd.at(act_size) * elem_scale, eb = c.elem_bwd.at(act_size) * elem_scale;
@@ -386,10 +386,10 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& lay, const TrainSh
       const double plan = o.moe ? a2a_plan_seconds(c, lay.a2a, world, lay.ep, tp, o.a2a_rows) : 0;
       w.fwd_comm += 2 * a2a + plan;
       w.bwd_comm += 2 * a2a;
-      if (lay.recompute == "full") {
+      if (lay.recompute == Recompute::kFull) {
         w.bwd_compute += attn_f + ffn_f;
         w.bwd_comm += 2 * a2a + plan;
-      } else if (lay.recompute == "moe" && o.moe) {
+      } else if (lay.recompute == Recompute::kMoe && o.moe) {
         w.bwd_compute += ffn_f;
         w.bwd_comm += 2 * a2a + plan;
       }
@@ -432,9 +432,9 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& lay, const TrainSh
     tb.stages.push_back(st);
   }
   double pipeline;
-  if (c.kind == "cpu" && lay.pp > 1) {
+  if (c.kind == NodeKind::kCpu && lay.pp > 1) {
     pipeline = shared_pipeline(work, lay.schedule, M, world / lay.pp, p2p_one, c);
-  } else if (c.kind == "cpu") {
+  } else if (c.kind == NodeKind::kCpu) {
     pipeline = M * max_stage;
   } else {
     // Each micro-batch passes every stage once; the slowest stage paces the rest.

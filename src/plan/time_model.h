@@ -69,7 +69,7 @@ TimeBreakdown estimate_time(const PlanModel& m, const Layout& layout, const Trai
 // pilot per (token, remote node); halo: one message per remote node, intra-node forward).
 // `pairs` (rows each rank sends, if known) counts flat's and rbd's messages to the ranks that get
 // rows: with pairs ~ ep many get none.
-double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, int ep, int tp,
+double a2a_seconds(const ClusterProfile& c, A2a algo, int world, int ep, int tp,
                    double bytes, int k, double pairs = -1);
 // Seconds of one exchange's plan (comm::TokenExchange::plan, once per MoE layer and micro-batch
 // forward, recomputed or not; dispatch, combine and their adjoints reuse it): every rank learns the counts and per-pair
@@ -80,7 +80,7 @@ double a2a_seconds(const ClusterProfile& c, const std::string& algo, int world, 
 //   halo, rbd-halo (by rails): one message to each rank of the node and one to each remote
 //     node's rail peer, then the rail peer's forward inside its node.
 // 0 where the profile has a measured a2a curve for the group: the curve's dispatch includes it.
-double a2a_plan_seconds(const ClusterProfile& c, const std::string& algo, int world, int ep, int tp,
+double a2a_plan_seconds(const ClusterProfile& c, A2a algo, int world, int ep, int tp,
                         double pairs);
 // All-reduce of `bytes` over `group` ranks `stride` apart, every such group at once, one ring
 // (MPI_Allreduce's model; the TP all-reduces): 2(g − 1)/g of the buffer over the slowest hop and

@@ -134,9 +134,9 @@ TokenizeResult run_tokenize(const TokenizeOptions& opts) {
   // and are renamed into place together at the end, so a tokenize that fails leaves an existing
   // dataset (its model included) as it was. The model is held in memory until then.
   std::string model_bytes;
-  std::unique_ptr<Tokenizer> tok;
+  std::unique_ptr<io::Tokenizer> tok;
   if (bytes) {
-    tok = make_byte_tokenizer();
+    tok = std::make_unique<io::ByteTokenizer>();
   } else if (bpe) {
     std::vector<std::string_view> train_docs;
     for (size_t d = 0; d < docs.size(); ++d)
@@ -156,7 +156,7 @@ TokenizeResult run_tokenize(const TokenizeOptions& opts) {
   info.kind = tok->kind();
   info.model = res.model_path.empty() ? "" : fs::path(res.model_path).filename().string();
   info.vocab_size = res.vocab_size;
-  info.fingerprint = io::tokenizer_fingerprint(info.kind, info.vocab_size, model_bytes);
+  info.fingerprint = tok->fingerprint();
   info.documents = docs.size();
   io::IndexedDatasetWriter writer(res.prefix, io::dtype_for_vocab(res.vocab_size), "--output");
   std::vector<int32_t> ids;

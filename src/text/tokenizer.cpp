@@ -12,27 +12,15 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "io/json_file.h"
 #include "io/output_file.h"
 
 namespace moe::text {
 namespace {
 
-class ByteTokenizer : public Tokenizer {
- public:
-  std::string kind() const override { return "bytes"; }
-  int vocab_size() const override { return 256; }
-  void encode(std::string_view text, std::vector<int32_t>& ids) const override {
-    ids.resize(text.size());
-    for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
-  }
-  std::string decode(const std::vector<int32_t>& ids) const override {
-    std::string s(ids.size(), '\0');
-    for (size_t i = 0; i < ids.size(); ++i) s[i] = static_cast<char>(ids[i]);
-    return s;
-  }
-};
-
-class SpmTokenizer : public Tokenizer {
+// A lossless BPE (train_bpe: byte fallback) decodes one piece at a time to the text's bytes, so
+// the pieces' texts written one after another are the text.
+class SpmTokenizer final : public io::Tokenizer {
  public:
   explicit SpmTokenizer(std::string source) : source_(std::move(source)) {}
   std::string kind() const override { return "spm"; }
@@ -49,7 +37,10 @@ class SpmTokenizer : public Tokenizer {
     MOE_CHECK(st.ok(), source_, ": SentencePiece decode failed: ", st.ToString());
     return s;
   }
+  std::string fingerprint() const override { return fingerprint_; }
+  using io::Tokenizer::encode;
   sentencepiece::SentencePieceProcessor sp_;
+  std::string fingerprint_;  // of the model's bytes, set by load_spm_bytes
 
  private:
   std::string source_;
@@ -113,21 +104,25 @@ class QuietStderr {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
-
-std::unique_ptr<Tokenizer> load_spm(const std::string& model_path) {
+std::unique_ptr<io::Tokenizer> load_spm(const std::string& model_path) {
   MOE_CHECK(std::ifstream(model_path).good(), "--tokenizer spm:", model_path, ": cannot open the SentencePiece model");
-  auto t = std::make_unique<SpmTokenizer>(model_path);
-  const auto st = t->sp_.Load(model_path);
-  MOE_CHECK(st.ok(), "--tokenizer spm:", model_path, ": not a SentencePiece model (", st.ToString(), ")");
-  return t;
+  return load_spm_bytes(io::read_file_bounded(model_path, "SentencePiece model", size_t{1} << 30), model_path);
 }
 
-std::unique_ptr<Tokenizer> load_spm_bytes(const std::string& model_bytes, const std::string& source) {
+std::unique_ptr<io::Tokenizer> load_spm_bytes(const std::string& model_bytes, const std::string& source) {
   auto t = std::make_unique<SpmTokenizer>(source);
   const auto st = t->sp_.LoadFromSerializedProto(model_bytes);
   MOE_CHECK(st.ok(), "--tokenizer spm:", source, ": not a SentencePiece model (", st.ToString(), ")");
+  t->fingerprint_ = io::tokenizer_fingerprint("spm", t->vocab_size(), model_bytes);
   return t;
+}
+
+std::unique_ptr<io::Tokenizer> load_tokenizer(const std::string& spec) {
+  if (spec.rfind("spm:", 0) == 0) {
+    const std::string path = spec.substr(4);
+    return load_spm_bytes(io::read_file_bounded(path, "SentencePiece model", size_t{1} << 30), path);
+  }
+  return io::make_tokenizer(spec);
 }
 
 void train_bpe(const std::vector<std::string_view>& texts, int vocab_size, const std::string& model_path,

@@ -1,6 +1,7 @@
-// Tokenizers of moetrain tokenize: bytes (ids 0..255, today's byte-level data) and SentencePiece
-// models (a BPE trained here by train_bpe, or any existing .model). SentencePiece is linked into
-// this module only (moetrain_text); the trainer reads datasets and their sidecar, never a model.
+// The SentencePiece implementation of io::Tokenizer (io/tokenizer.h, the one interface; bytes is
+// io::ByteTokenizer there): loading a model (a BPE trained here by train_bpe, or any existing
+// .model) and training one. SentencePiece is linked into this module only (moetrain_text); the
+// trainer reads datasets and their sidecar, never a model.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -8,23 +9,17 @@
 #include <string_view>
 #include <vector>
 
+#include "io/tokenizer.h"
+
 namespace moe::text {
 
-class Tokenizer {
- public:
-  virtual ~Tokenizer() = default;
-  virtual std::string kind() const = 0;  // "bytes" or "spm"
-  virtual int vocab_size() const = 0;
-  virtual void encode(std::string_view text, std::vector<int32_t>& ids) const = 0;  // replaces ids
-  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
-};
-
-std::unique_ptr<Tokenizer> make_byte_tokenizer();
-// Loads a SentencePiece model file; errors name the path.
-std::unique_ptr<Tokenizer> load_spm(const std::string& model_path);
-// The same from the model file's bytes (read once by the caller, who also fingerprints them);
-// errors name `source`.
-std::unique_ptr<Tokenizer> load_spm_bytes(const std::string& model_bytes, const std::string& source);
+// Loads a SentencePiece model file (read once: the bytes loaded are the bytes fingerprinted);
+// errors name the path.
+std::unique_ptr<io::Tokenizer> load_spm(const std::string& model_path);
+// The same from the model file's bytes (read by the caller); errors name `source`.
+std::unique_ptr<io::Tokenizer> load_spm_bytes(const std::string& model_bytes, const std::string& source);
+// generate's --tokenizer: "bytes" or "spm:PATH.model"; anything else is refused by name.
+std::unique_ptr<io::Tokenizer> load_tokenizer(const std::string& spec);
 
 // Trains a lossless SentencePiece BPE of vocab_size pieces on the lines of `texts` and writes the
 // model to model_path (through io::write_file_atomic: a new or regular file, errors name `flag`). Lossless: identity normalisation, no dummy

@@ -156,7 +156,7 @@ A2aBenchResult run_a2a_bench(const Group& group, const Topology& topo, const A2a
     for (int64_t t = 0; t < T; ++t)
       for (int c = 0; c < H; ++c) src[t * H + c] = stamp(group.world_rank(), t, c);
     const int np = static_cast<int>(rt.dst.size());
-    for (A2aAlgorithm algo : o.algorithms) {
+    for (A2a algo : o.algorithms) {
       TrafficStats stats;
       TokenExchange ex(group, topo, algo, &stats);
 #ifdef MOETRAIN_SMPI
@@ -250,7 +250,7 @@ std::string format_a2a_table(const A2aBenchResult& r) {
   for (const A2aBenchRow& x : r.rows) {
     std::snprintf(line, sizeof line, "%12lld %9lld %8s %11.1f %11.3f %11.3f %15llu %15llu %11.2f %7lld\n",
                   static_cast<long long>(x.size), static_cast<long long>(x.count),
-                  a2a_algorithm_name(x.algo), x.time_us, x.algbw_gbps, x.busbw_gbps,
+                  name(x.algo), x.time_us, x.algbw_gbps, x.busbw_gbps,
                   static_cast<unsigned long long>(x.inter_node_bytes),
                   static_cast<unsigned long long>(x.intra_node_bytes), x.inter_node_msgs_per_rank,
                   static_cast<long long>(x.wrong));
@@ -266,7 +266,7 @@ std::string a2a_bench_json(const A2aBenchResult& r) {
   j["ranks"] = r.ranks;
   j["topology"] = r.topology;
   std::vector<std::string> algos;
-  for (A2aAlgorithm a : o.algorithms) algos.push_back(a2a_algorithm_name(a));
+  for (A2a a : o.algorithms) algos.push_back(name(a));
   j["options"] = {{"min_bytes", o.min_bytes}, {"max_bytes", o.max_bytes}, {"factor", o.factor},
                   {"hidden", o.hidden},       {"experts", o.experts},     {"topk", o.topk},
                   {"algorithms", algos},      {"routing", o.routing},     {"topk_group", o.topk_group},
@@ -277,7 +277,7 @@ std::string a2a_bench_json(const A2aBenchResult& r) {
   for (const A2aBenchRow& x : r.rows)
     rows.push_back({{"size", x.size},
                     {"count", x.count},
-                    {"algo", a2a_algorithm_name(x.algo)},
+                    {"algo", name(x.algo)},
                     {"time_us", x.time_us},
                     {"plan_us", x.plan_us},
                     {"multicast_us", x.multicast_us},

@@ -33,8 +33,7 @@ struct A2aBenchOptions {
   int hidden = 1024;              // H
   int experts = 64;               // E (a multiple of the number of ranks)
   int topk = 8;                   // k
-  std::vector<A2aAlgorithm> algorithms = {A2aAlgorithm::kFlat, A2aAlgorithm::kRbd,
-                                          A2aAlgorithm::kHalo, A2aAlgorithm::kRbdHalo};
+  std::vector<A2a> algorithms = {A2a::kFlat, A2a::kRbd, A2a::kHalo, A2a::kRbdHalo};
   std::string routing = "uniform";  // "uniform" | "skewed" | "node-limited"
   int topk_group = 0;             // node-limited: nodes a token may reach (required there only)
   int iters = 20, warmup = 5;
@@ -49,7 +48,7 @@ struct A2aBenchOptions {
 struct A2aBenchRow {
   int64_t size = 0;               // bytes per rank (tokens · k · H · 4)
   int64_t count = 0;              // tokens per rank
-  A2aAlgorithm algo = A2aAlgorithm::kFlat;
+  A2a algo = A2a::kFlat;
   double time_us = 0;             // plan + multicast (median of per-iteration max over ranks)
   double plan_us = 0, multicast_us = 0;  // the same statistic of each part
   double algbw_gbps = 0, busbw_gbps = 0;

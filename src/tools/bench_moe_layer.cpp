@@ -95,9 +95,9 @@ MoeStepTimes mean_step_times(const std::vector<MoeStepTimes>& all) {
 // the best of several runs at 1024³ and 1536³; on a GPU, cuBLAS at blas_n³.
 double roofline_gflops(const MoeBenchOptions& opts, int blas_n) {
 #ifdef MOETRAIN_HAVE_CUDA
-  if (opts.device == Device::kCuda) return kernels::cuda::measure_gemm_gflops(blas_n, 5, opts.bf16);
+  if (opts.device == Device::kCuda) return kernels::cuda::measure_gemm_gflops(blas_n, 5, opts.precision == Precision::kBf16);
 #endif
-  return kernels::measure_peak_gflops(opts.bf16 ? "bf16" : "fp32");
+  return kernels::measure_peak_gflops(opts.precision);
 }
 
 // The layer of the run: padding-free (dropless unless --pft-capacity-factor) or the padded baseline.
@@ -160,13 +160,14 @@ double moe_layer_useful_flops(const MoeBenchOptions& o, size_t real_rows) {
 
 MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
   check_options(opts);
-  MOE_CHECK(!opts.bf16 || opts.device == Device::kCuda || kernels::bf16_cpu_available(),
+  MOE_CHECK(opts.precision != Precision::kBf16 || opts.device == Device::kCuda || kernels::bf16_cpu_available(),
             "bench moe-layer: --precision bf16 --device cpu: ", kernels::bf16_cpu_unavailable_reason());
   MoeBenchResult res;
   res.opts = opts;
   const bool on_gpu = opts.device == Device::kCuda;
   kernels::set_active_device(opts.device);
-  kernels::set_gemm_bf16(opts.bf16);
+  const bool bf16 = opts.precision == Precision::kBf16;
+  kernels::set_gemm_bf16(bf16);
   // The roofline: the best GEMM of the run, measured before and after the layer.
   res.blas_n = on_gpu ? 4096 : kernels::peak_sizes().back();
   res.blas_gflops_1024 = roofline_gflops(opts, res.blas_n);
@@ -259,7 +260,7 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
         scale = std::max(scale, std::fabs(ref[c]));
       }
       // bf16 GEMM inputs round each operand to 8 bits of mantissa: a looser bound.
-      if (!(diff <= (opts.bf16 ? 3e-2 : 1e-3) * scale)) ++row.wrong_tokens;
+      if (!(diff <= (bf16 ? 3e-2 : 1e-3) * scale)) ++row.wrong_tokens;
     }
     res.rows.push_back(row);
   }
@@ -326,9 +327,9 @@ std::string format_moe_bench_table(const MoeBenchResult& r) {
                 "# moe-layer  T=%d H=%d E=%d k=%d F=%d shared=%d  padded cf=%.2f  device %s %s  "
                 "%s %s^3: %.1f GFLOP/s\n",
                 o.tokens, o.hidden, o.experts, o.topk, o.ffn, o.shared, o.capacity_factor,
-                device_name(o.device), o.bf16 ? "bf16" : "fp32",
+                name(o.device), name(o.precision),
                 o.device == Device::kCuda ? "cuBLAS"
-                : o.bf16                  ? "oneDNN bf16 peak, best of"
+                : o.precision == Precision::kBf16 ? "oneDNN bf16 peak, best of"
                                           : "BLAS fp32 peak, best of",
                 sizes.c_str(),
                 r.blas_gflops_1024);
@@ -371,9 +372,9 @@ std::string moe_bench_json(const MoeBenchResult& r) {
                   {"pft_capacity_factor", o.pft_capacity_factor},
                   {"shared", o.shared},       {"warmup", o.warmup},
                   {"iters", o.iters},         {"seed", o.seed},
-                  {"device", device_name(o.device)}, {"precision", o.bf16 ? "bf16" : "fp32"}};
+                  {"device", name(o.device)}, {"precision", name(o.precision)}};
   j["blas_n"] = r.blas_n;  // CPU: the largest of the peak's sizes (kernels/peak_rate.h)
-  j["peak_precision"] = o.device == Device::kCuda && o.bf16 ? "bf16" : "fp32";
+  j["peak_precision"] = name(o.device == Device::kCuda ? o.precision : Precision::kFp32);
   j["blas_gflops_1024"] = r.blas_gflops_1024;
   j["rows"] = nlohmann::json::array();
   for (const MoeBenchRow& row : r.rows) {

@@ -29,7 +29,7 @@ struct MoeBenchOptions {
   // Where the layer runs. On CUDA only the padding-free path runs (the padded baseline is a CPU
   // comparison), and the roofline is the same run's cuBLAS n³ GEMM (bf16 inputs when bf16).
   Device device = Device::kCpu;
-  bool bf16 = false;              // GEMM inputs in bf16 (CUDA only), fp32 accumulation
+  Precision precision = Precision::kFp32;  // GEMM inputs (bf16: CUDA or oneDNN), fp32 accumulation
   bool run_padded = true;         // also the capacity-padded baseline (CPU only)
   bool breakdown = false;         // the table adds each step's forward/backward ms
 };

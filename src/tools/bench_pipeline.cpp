@@ -64,8 +64,6 @@ void validate(const PipelineBenchOptions& o) {
   MOE_CHECK(!o.micro_batches.empty(), "bench pipeline: no micro-batch counts given");
   for (int M : o.micro_batches)
     MOE_CHECK(M >= 1, "bench pipeline: micro-batch count ", M, " (must be >= 1)");
-  MOE_CHECK(o.schedule == "1f1b" || o.schedule == "gpipe" || o.schedule == "both",
-            "bench pipeline: schedule '", o.schedule, "' (expected 1f1b, gpipe or both)");
   MOE_CHECK(o.mode == "sleep" || o.mode == "gemm", "bench pipeline: mode '", o.mode,
             "' (expected sleep or gemm)");
   MOE_CHECK(o.forward_ms > 0, "bench pipeline: forward time ", o.forward_ms, " ms (must be > 0)");
@@ -123,14 +121,14 @@ PipelineBenchResult run_pipeline_bench(const comm::Group& world, const PipelineB
   Work work(opts.mode, res.gemm_n);
 
   std::vector<Schedule> scheds;
-  if (opts.schedule != "gpipe") scheds.push_back(Schedule::k1F1B);
-  if (opts.schedule != "1f1b") scheds.push_back(Schedule::kGPipe);
+  if (opts.schedule != Schedule::kGPipe) scheds.push_back(Schedule::k1F1B);
+  if (opts.schedule != Schedule::k1F1B) scheds.push_back(Schedule::kGPipe);
 
   int64_t k = 0;  // step counter (same on every rank): stamps differ from step to step
   for (Schedule sched : scheds) {
     for (int M : opts.micro_batches) {
       PipelineBenchRow row;
-      row.schedule = schedule_name(sched);
+      row.schedule = name(sched);
       row.pp = PP;
       row.M = M;
       const double tf = opts.forward_ms, tb = res.backward_ms;
@@ -253,7 +251,7 @@ std::string pipeline_bench_json(const PipelineBenchResult& r) {
   j["bench"] = "pipeline";
   j["options"] = {{"pp", r.pp},
                   {"micro_batches", o.micro_batches},
-                  {"schedule", o.schedule},
+                  {"schedule", o.schedule ? name(*o.schedule) : "both"},
                   {"forward_ms", o.forward_ms},
                   {"backward_ms", r.backward_ms},
                   {"activation_floats", o.activation_floats},

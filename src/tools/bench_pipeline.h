@@ -9,16 +9,18 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/group.h"
+#include "core/modes.h"
 
 namespace moe::parallel {
 
 struct PipelineBenchOptions {
   std::vector<int> micro_batches{1, 2, 4, 8, 16};  // M values, one row each
-  std::string schedule = "1f1b";                   // "1f1b" | "gpipe" | "both"
+  std::optional<Schedule> schedule = Schedule::k1F1B;  // one schedule, or std::nullopt: both
   double forward_ms = 20;                          // per micro-batch and stage; backward = 2×
   size_t activation_floats = 64 * 1024;            // one micro-batch's stage output
   int warmup = 1, iters = 3;                       // steps per row: warmup unmeasured, then iters

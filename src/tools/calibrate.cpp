@@ -136,7 +136,7 @@ struct ProbeTimes {
 // One probe model with its tokens: a timed forward + backward of B sequences.
 class Probe {
  public:
-  Probe(int B, model::Recompute rc) : c_(probe_config()), m_(c_, {}, nullptr, {}, rc), B_(B) {
+  Probe(int B, Recompute rc) : c_(probe_config()), m_(c_, {}, nullptr, {}, rc), B_(B) {
     m_.init_weights(7);
     tok_.resize(static_cast<size_t>(B) * (kProbeT + 1));
     Rng r(11);
@@ -160,7 +160,7 @@ class Probe {
 
 // Median wall seconds per forward and backward of B sequences.
 ProbeTimes time_probe(int B, int iters) {
-  Probe probe(B, model::Recompute::kNone);
+  Probe probe(B, Recompute::kNone);
   probe.step();  // warm-up
   std::vector<double> f, b;
   for (int i = 0; i < iters; ++i) {
@@ -222,14 +222,14 @@ void calibrate_elementwise(plan::ClusterProfile& p, bool quick) {
   const model::ModelConfig c = probe_config();
   const plan::PlanModel pm = plan::from_model_config(c, "probe", "");
   plan::ClusterProfile prof = p;
-  const plan::MemoryOptions mo = plan::memory_options(prof, "fp32", false);
+  const plan::MemoryOptions mo = plan::memory_options(prof, Precision::kFp32, false);
   p.elem_fwd = p.elem_bwd = p.recompute_fwd = p.recompute_bwd = plan::Table1D{};
   Replay replay;
   for (int B : quick ? std::vector<int>{4} : std::vector<int>{2, 8, 32}) {
     const plan::Layout none;
     plan::Layout full;
-    full.recompute = "full";
-    const plan::RankShape rs = plan::rank_shape(none, {kProbeT, B, "fp32"});
+    full.recompute = Recompute::kFull;
+    const plan::RankShape rs = plan::rank_shape(none, {kProbeT, B, Precision::kFp32});
     plan::PassOps layers_fwd, layers_bwd, fwd, bwd;
     double dropped = 0;
     for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -246,7 +246,7 @@ void calibrate_elementwise(plan::ClusterProfile& p, bool quick) {
     const int iters = quick ? 3 : std::max(6, 96 / B);
     std::vector<double> rf, rb, xf, xb;
     {  // The probe and the replay of its GEMMs and attention, alternating.
-      Probe plain(B, model::Recompute::kNone);
+      Probe plain(B, Recompute::kNone);
       plain.step();
       replay.run(fwd);
       replay.run(bwd);
@@ -258,7 +258,7 @@ void calibrate_elementwise(plan::ClusterProfile& p, bool quick) {
     }
     const double ef_raw = median(rf) / fwd.elems, eb_raw = median(rb) / bwd.elems;
     {  // The recomputing probe alone in its process's allocator (as the trainer runs it).
-      Probe recompute(B, model::Recompute::kFull);
+      Probe recompute(B, Recompute::kFull);
       recompute.step();
       for (int i = 0; i < iters; ++i) {
         const ProbeTimes t = recompute.step();
@@ -349,8 +349,8 @@ void set_point(plan::Table1D& t, double x, double y) {
 void calibrate_compute(plan::ClusterProfile& p, const CalibrateOptions& o, const std::function<void(const std::string&)>& say) {
   say("GEMM tables (nt, nn, tn) ...");
   p.name = o.out;
-  p.kind = "cpu";
-  p.precision = "fp32";
+  p.kind = NodeKind::kCpu;
+  p.precision = Precision::kFp32;
   p.fused_attention = true;  // kernels/attention.cpp keeps no T×T probabilities
   p.gemm_nt = measure_gemm(false, true, o.quick);
   p.gemm_nn = measure_gemm(false, false, o.quick);
@@ -358,8 +358,8 @@ void calibrate_compute(plan::ClusterProfile& p, const CalibrateOptions& o, const
   say("attention table ...");
   p.attention = measure_attention(o.quick);
   // The sgemm rate the trainer's MFU refers to: the same measurement (kernels/peak_rate.h).
-  p.peak_flops = 1e9 * (o.quick ? kernels::measure_peak_gflops("fp32", {256}, 3)
-                                : kernels::measure_peak_gflops("fp32"));
+  p.peak_flops = 1e9 * (o.quick ? kernels::measure_peak_gflops(Precision::kFp32, {256}, 3)
+                                : kernels::measure_peak_gflops(Precision::kFp32));
   p.mem_bandwidth = measure_mem_bandwidth();
   p.optimizer_s_per_param = measure_optimizer(o.quick);
   say("memory-bound probe ...");
@@ -423,7 +423,7 @@ void calibrate_comm(plan::ClusterProfile& p, const CalibrateOptions& o, const co
   for (int g = 2; g <= n; ++g) {
     if (n % g != 0) continue;
     ms.push_back(comm::measure_allreduce(world, g, 4096, o.quick ? 1 << 20 : 64 << 20, iters));
-    for (auto& m : comm::measure_a2a(world, topo, g, {"flat", "rbd", "halo", "rbd-halo"}, 16384, big,
+    for (auto& m : comm::measure_a2a(world, topo, g, {A2a::kFlat, A2a::kRbd, A2a::kHalo, A2a::kRbdHalo}, 16384, big,
                                      o.quick ? 64 : 128, 2, iters))
       ms.push_back(m);
   }
@@ -473,7 +473,7 @@ void run_calibrate(const CalibrateOptions& o) {
         MOE_CHECK(std::filesystem::exists(o.out), o.out,
                   ": --append needs an existing profile (run `moetrain calibrate -o ", o.out, "` first)");
         p = plan::load_profile(o.out);
-        MOE_CHECK(p.kind == "cpu", o.out, ": --append extends a profile written by moetrain calibrate (kind cpu), this one is kind ", p.kind);
+        MOE_CHECK(p.kind == NodeKind::kCpu, o.out, ": --append extends a profile written by moetrain calibrate (kind cpu), this one is kind ", p.kind);
       }
       MOE_CHECK(o.ranks_per_node >= 0 && o.nodes_per_group >= 0, "--ranks-per-node / --nodes-per-group must be >= 0");
     } catch (const Error& e) {

@@ -62,7 +62,7 @@ void quiet_barrier() {
 }
 
 std::vector<CommMeasurement> measure_a2a(const Group& world, const Topology& topo, int group,
-                                         const std::vector<std::string>& algos, double min_bytes,
+                                         const std::vector<A2a>& algos, double min_bytes,
                                          double max_bytes, int hidden, int topk, int iters) {
   MOE_CHECK(group >= 2 && world.size() % group == 0, "calibrate: a2a group ", group,
             " does not divide the ", world.size(), " ranks");
@@ -71,14 +71,14 @@ std::vector<CommMeasurement> measure_a2a(const Group& world, const Topology& top
   int E = std::max(8, group);
   while (E % group != 0) ++E;
   std::vector<CommMeasurement> out;
-  for (const std::string& a : algos) {
+  for (A2a a : algos) {
     CommMeasurement m;
     m.op = "a2a";
     m.algo = a;
     m.world = world.size();
     m.group = group;
     m.ranks_per_node = topo.ranks_per_node;
-    TokenExchange ex(g, topo, parse_a2a_algorithm(a), nullptr);
+    TokenExchange ex(g, topo, a, nullptr);
     for (double bytes : sizes(min_bytes, max_bytes)) {
       const int T = std::max(1, static_cast<int>(bytes / (static_cast<double>(k) * H * 4)));
       const A2aRouting r = make_a2a_routing(E, k, "uniform", T, group,

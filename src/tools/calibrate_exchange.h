@@ -5,17 +5,19 @@
 // many of them, slow ones included). Plain data out: the planner's profile format lives in plan/,
 // which does not link MPI.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/group.h"
 #include "comm/topology.h"
+#include "core/modes.h"
 
 namespace moe::comm {
 
 struct CommMeasurement {
   std::string op;               // a2a | p2p | allreduce
-  std::string algo;             // a2a: flat | rbd | halo
+  std::optional<A2a> algo;      // a2a: the exchange; else none
   int world = 0, group = 0, ranks_per_node = 0;
   std::vector<double> bytes;    // per rank (a2a: flat dispatch bytes tokens·k·H·4)
   std::vector<double> seconds;  // mean of the per-iteration maximum over ranks (a2a: one of
@@ -26,7 +28,7 @@ struct CommMeasurement {
 // Collective over `world`. Groups of `group` adjacent ranks (group divides world.size()); uniform
 // routing of k distinct experts of max(8, group) per token over a TokenExchange.
 std::vector<CommMeasurement> measure_a2a(const Group& world, const Topology& topo, int group,
-                                         const std::vector<std::string>& algos, double min_bytes,
+                                         const std::vector<A2a>& algos, double min_bytes,
                                          double max_bytes, int hidden, int topk, int iters);
 // Pairs (r, r + stride) for r whose r / stride is even exchange one message each way; the time of
 // one direction. stride 1: neighbours (2i, 2i+1); stride = ranks per node: rank j of node 2i with

@@ -137,7 +137,6 @@ void check_generate_options(const GenerateOptions& o) {
   check_value("--tokens", o.tokens);  // ranges: train/value_ranges.cpp
   check_value("--temperature", o.temperature);
   check_value("--top-k", o.top_k);
-  parse_device(o.device, "--device");
 }
 
 GenerateResult generate(const GenerateOptions& o,
@@ -146,7 +145,7 @@ GenerateResult generate(const GenerateOptions& o,
   check_generate_options(o);
   const std::shared_ptr<const io::Tokenizer> tok =
       o.tokenizer_impl ? o.tokenizer_impl : std::shared_ptr<const io::Tokenizer>(io::make_tokenizer(o.tokenizer));
-  const Device device = parse_device(o.device, "--device");
+  const Device device = o.device;
   require_device(device, "--device");
   select_device(device, 0);
   kernels::set_active_device(device);  // the model and the decoder live there
@@ -160,7 +159,7 @@ GenerateResult generate(const GenerateOptions& o,
   r.max_position_embeddings = c.max_position_embeddings;
   // A model trained on another tokenizer's ids (a BPE dataset's vocab) would print bytes that
   // mean nothing: refused, not guessed.
-  MOE_CHECK(std::string(tok->name()) != "bytes" || c.vocab_size == 256, m.source, ": vocab_size ",
+  MOE_CHECK(tok->kind() != "bytes" || c.vocab_size == 256, m.source, ": vocab_size ",
             c.vocab_size, " is not the byte-level vocabulary (256): give the tokenizer of its data "
             "with --tokenizer spm:PATH.model");
   // The tokenizer the model was trained with (issue 42, class 4): another one's ids mean other text.

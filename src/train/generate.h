@@ -23,7 +23,7 @@ struct GenerateOptions {
   float temperature = 0.8f;   // 0 = greedy (argmax, the lowest id on a tie)
   int top_k = 0;              // sample among the k most likely tokens; 0 = all
   uint64_t seed = 0;          // the sampler's Rng (core/rng.h)
-  std::string device = "cpu"; // cpu | cuda
+  Device device = Device::kCpu;
   std::string tokenizer = "bytes";  // bytes | spm:PATH (loaded by the CLI into tokenizer_impl)
   // The tokenizer itself when the caller made one (a SentencePiece model); else `tokenizer` names it.
   std::shared_ptr<const io::Tokenizer> tokenizer_impl;

@@ -7,20 +7,20 @@ namespace moe::train {
 
 MfuPeak MfuPeak::find(const DeviceOptions& device, const RunSetup& setup) {
   MfuPeak p;
-  p.precision = setup.precision;
+  p.precision = name(setup.precision);
   p.source = device.peak_gflops > 0 ? "--peak-gflops" : "measured";
   if (device.peak_gflops > 0)
     p.gflops = device.peak_gflops;
   else
 #ifdef MOETRAIN_HAVE_CUDA
   if (setup.device == Device::kCuda)
-    p.gflops = kernels::cuda::measure_gemm_gflops(4096, 3, setup.bf16);
+    p.gflops = kernels::cuda::measure_gemm_gflops(4096, 3, setup.precision == Precision::kBf16);
   else
 #endif
   if (setup.auto_fp32_peak > 0)  // --precision auto measured both already
-    p.gflops = setup.bf16 ? setup.auto_bf16_peak : setup.auto_fp32_peak;
+    p.gflops = setup.precision == Precision::kBf16 ? setup.auto_bf16_peak : setup.auto_fp32_peak;
   else
-    p.gflops = kernels::measure_peak_gflops(p.precision);
+    p.gflops = kernels::measure_peak_gflops(setup.precision);
   return p;
 }
 

@@ -71,10 +71,7 @@ void validate_options(const TrainOptions& o) {
             " >= 1 would zero or flip the weights every step");
   MOE_CHECK(o.data.batch % o.parallel.micro_batches == 0, "--batch ", o.data.batch, " is not divisible by --micro-batches ",
             o.parallel.micro_batches);
-  parse_device(o.device.name, "--device");
-  MOE_CHECK(o.device.precision == "fp32" || o.device.precision == "bf16" || o.device.precision == "auto",
-            "--precision: expected fp32, bf16 or auto, got '", o.device.precision, "'");
-  MOE_CHECK(o.device.precision != "bf16" || o.device.name == "cuda" || kernels::bf16_cpu_available(),
+  MOE_CHECK(o.device.precision != Precision::kBf16 || o.device.type == Device::kCuda || kernels::bf16_cpu_available(),
             "--precision bf16 --device cpu: ", kernels::bf16_cpu_unavailable_reason());
   MOE_CHECK(o.balance.migrate_every == 0 || !o.parallel.zero1, "--balance.migrate-every with --zero1: moving experts with a "
             "sharded AdamW state is not supported; use one of them");

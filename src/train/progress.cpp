@@ -11,11 +11,11 @@ namespace moe::train {
 
 void print_run_header(const TrainOptions& opts, const RunSetup& setup, const parallel::Grid& grid,
                       const std::vector<int>& layers_per_stage, const std::string& steps_text, const MfuPeak& peak,
-                      comm::CommBackend backend, const std::string& backend_why) {
+                      CommBackend backend, const std::string& backend_why) {
   const model::ModelConfig& cfg = setup.cfg;
   if (setup.device == Device::kCuda && grid.world.size() > 1)
     std::fprintf(stderr, "moetrain: device buffers between ranks over %s (%s)\n",
-                 backend == comm::CommBackend::kNccl ? "NCCL" : "MPI, staged through the host", backend_why.c_str());
+                 backend == CommBackend::kNccl ? "NCCL" : "MPI, staged through the host", backend_why.c_str());
   const model::ParamCounts pc = model::count_params(cfg);
   std::string split;
   for (int l : layers_per_stage) {
@@ -33,10 +33,10 @@ void print_run_header(const TrainOptions& opts, const RunSetup& setup, const par
                                                 : opts.model.config_path.c_str(),
                pc.total / 1e6, pc.active / 1e6, cfg.num_hidden_layers, cfg.n_routed_experts, cfg.num_experts_per_tok,
                opts.data.batch * grid.data_size(), opts.data.seq_len, opts.parallel.micro_batches, steps_text.c_str(),
-               grid.world.size(), grid.dims.describe().c_str(), split.c_str(), parallel::schedule_name(setup.schedule),
-               comm::a2a_algorithm_name(setup.a2a), model::recompute_name(setup.recompute),
+               grid.world.size(), grid.dims.describe().c_str(), split.c_str(), name(setup.schedule),
+               name(setup.a2a), name(setup.recompute),
                grid.topo.describe().c_str(), opts.device.threads, blas.c_str(), peak.gflops,
-               peak.describe(setup.bf16 && !cuda).c_str());
+               peak.describe(setup.precision == Precision::kBf16 && !cuda).c_str());
   if (!setup.a2a_auto_why.empty()) std::fprintf(stderr, "moetrain: --a2a auto: %s\n", setup.a2a_auto_why.c_str());
   if (opts.parallel.comm_overlap) {
     const char* why = grid.dims.ep < 2                 ? "no effect: no token exchange (--ep 1)"
@@ -45,8 +45,8 @@ void print_run_header(const TrainOptions& opts, const RunSetup& setup, const par
                                                         : "the shared experts run beside each MoE layer's exchange";
     std::fprintf(stderr, "moetrain: --comm.overlap: %s\n", why);
   }
-  if (opts.device.precision == "auto")
-    std::fprintf(stderr, "moetrain: --precision auto: %s (%s)\n", setup.precision.c_str(),
+  if (!opts.device.precision)
+    std::fprintf(stderr, "moetrain: --precision auto: %s (%s)\n", name(setup.precision),
                  setup.auto_fp32_peak > 0
                      ? str_cat("bf16 peak ", static_cast<int>(setup.auto_bf16_peak), " against fp32 ",
                                static_cast<int>(setup.auto_fp32_peak), " GFLOP/s on rank 0; bf16 needs ",

@@ -20,7 +20,7 @@ namespace moe::train {
 void print_init_from_loss(const std::string& dir, double loss);
 void print_run_header(const TrainOptions& opts, const RunSetup& setup, const parallel::Grid& grid,
                       const std::vector<int>& layers_per_stage, const std::string& steps_text, const MfuPeak& peak,
-                      comm::CommBackend backend, const std::string& backend_why);
+                      CommBackend backend, const std::string& backend_why);
 
 // One step's line. total_text: the step count ("?" before --time-budget chose it); val_loss NaN
 // off evaluation steps; bytes_per_token > 0 adds the held-out loss per byte (tokenized data).

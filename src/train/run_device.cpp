@@ -22,11 +22,11 @@ RunDevice::RunDevice(const TrainOptions& opts, const RunSetup& setup, parallel::
     std::string nccl_why;
     const bool nccl = setup.device == Device::kCuda && comm::nccl_loadable(&nccl_why);
     backend_ = comm::choose_comm_backend(setup.comm_backend, gpu_of_rank, nccl, &backend_why_, nccl_why);
-    if (backend_ == comm::CommBackend::kNccl)
+    if (backend_ == CommBackend::kNccl)
       for (comm::Group* g : {&grid.ep, &grid.dp, &grid.data, &grid.pp, &grid.tp, &grid.tokens})
         if (g->valid() && g->size() > 1) g->enable_nccl();
   }
-  kernels::set_gemm_bf16(setup.bf16);
+  kernels::set_gemm_bf16(setup.precision == Precision::kBf16);
 }
 
 RunDevice::~RunDevice() {

@@ -19,11 +19,11 @@ class RunDevice {
   ~RunDevice();
   RunDevice(const RunDevice&) = delete;
   RunDevice& operator=(const RunDevice&) = delete;
-  comm::CommBackend backend() const { return backend_; }
+  CommBackend backend() const { return backend_; }
   const std::string& backend_why() const { return backend_why_; }
 
  private:
-  comm::CommBackend backend_ = comm::CommBackend::kMpi;
+  CommBackend backend_ = CommBackend::kMpi;
   std::string backend_why_ = "one rank";
 };
 

@@ -30,12 +30,12 @@ std::vector<RankMemory> estimate_run_memory(const model::ModelConfig& cfg, const
   lay.tp = opts.parallel.dims.tp;
   lay.micro_batches = opts.parallel.micro_batches;
   lay.recompute = opts.model.recompute;
-  lay.a2a = opts.parallel.a2a;
+  lay.a2a = opts.parallel.a2a.value_or(A2a::kFlat);  // the memory model does not depend on it
   lay.schedule = opts.parallel.schedule;
   plan::TrainShape shape;
   shape.seq_len = opts.data.seq_len;
   shape.global_batch = static_cast<long long>(opts.data.batch) * lay.data_ranks();
-  shape.precision = "fp32";
+  shape.precision = Precision::kFp32;
   // The CPU trainer's accounting: fp32 weights, gradients, Adam m and v; fp32 activations; fused
   // attention (no probabilities kept); no communication library buffers.
   plan::MemoryOptions mo;

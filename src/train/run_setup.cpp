@@ -56,13 +56,12 @@ void resolve_auto_precision(RunSetup& r, const TrainOptions& opts) {
   int64_t fp32_somewhere = 1;
   if (r.device == Device::kCpu && kernels::bf16_cpu_available()) {
     kernels::set_blas_threads(opts.device.threads);  // the trainer's count: its peak is this one
-    r.auto_fp32_peak = kernels::measure_peak_gflops("fp32");
-    r.auto_bf16_peak = kernels::measure_peak_gflops("bf16");
+    r.auto_fp32_peak = kernels::measure_peak_gflops(Precision::kFp32);
+    r.auto_bf16_peak = kernels::measure_peak_gflops(Precision::kBf16);
     fp32_somewhere = r.auto_bf16_peak >= kAutoBf16MinGain * r.auto_fp32_peak ? 0 : 1;
   }
   if (r.world.size() > 1) r.world.allreduce_max(&fp32_somewhere, 1);
-  r.bf16 = fp32_somewhere == 0;
-  r.precision = r.bf16 ? "bf16" : "fp32";
+  r.precision = fp32_somewhere == 0 ? Precision::kBf16 : Precision::kFp32;
 }
 
 // --a2a auto: of the four exchanges, the one the planner's cost model (plan/time_model.h, the
@@ -70,33 +69,31 @@ void resolve_auto_precision(RunSetup& r, const TrainOptions& opts) {
 // dispatch and combine forward, their adjoints backward, and the plan; on --cluster's profile (its
 // measured curves where `moetrain calibrate` wrote them for this world and group, else its link
 // model), with the run's own topology. Returns the choice and the header's reason.
-std::pair<comm::A2aAlgorithm, std::string> choose_a2a(const TrainOptions& opts, const model::ModelConfig& cfg,
-                                                      const comm::Topology& topo, int world) {
+std::pair<A2a, std::string> choose_a2a(const TrainOptions& opts, const model::ModelConfig& cfg,
+                                       const comm::Topology& topo, int world) {
   const parallel::ParallelDims& d = opts.parallel.dims;
   plan::ClusterProfile c = plan::resolve_cluster(opts.parallel.a2a_cluster);  // a bad profile is an error anyway
   if (d.ep < 2 || cfg.num_moe_layers() == 0)
-    return {comm::A2aAlgorithm::kFlat, "flat: no token exchange in this layout"};
+    return {A2a::kFlat, "flat: no token exchange in this layout"};
   c.ranks_per_node = topo.ranks_per_node;  // the run's own nodes, whatever the profile was made on
   const double tokens = static_cast<double>(opts.data.batch) / opts.parallel.micro_batches * opts.data.seq_len / d.tp;
   const double pairs = tokens * cfg.num_experts_per_tok;
   const double bytes = pairs * cfg.hidden_size * sizeof(float);
-  const bool measured = c.find_comm("a2a", "flat", world, d.ep, std::min(world, c.ranks_per_node)) != nullptr;
+  const bool measured = c.find_comm("a2a", A2a::kFlat, world, d.ep, std::min(world, c.ranks_per_node)) != nullptr;
   std::string why;
-  comm::A2aAlgorithm best = comm::A2aAlgorithm::kFlat;
+  A2a best = A2a::kFlat;
   double best_s = INFINITY;
-  for (comm::A2aAlgorithm a : {comm::A2aAlgorithm::kFlat, comm::A2aAlgorithm::kRbd, comm::A2aAlgorithm::kHalo,
-                               comm::A2aAlgorithm::kRbdHalo}) {
-    const std::string name = comm::a2a_algorithm_name(a);
-    const double s = 4 * plan::a2a_seconds(c, name, world, d.ep, d.tp, bytes, cfg.num_experts_per_tok, pairs) +
-                     plan::a2a_plan_seconds(c, name, world, d.ep, d.tp, pairs);
-    MOE_CHECK(std::isfinite(s) && s >= 0, "--a2a auto: the profile ", c.name, " prices ", name, " at ", s,
+  for (A2a a : {A2a::kFlat, A2a::kRbd, A2a::kHalo, A2a::kRbdHalo}) {
+    const double s = 4 * plan::a2a_seconds(c, a, world, d.ep, d.tp, bytes, cfg.num_experts_per_tok, pairs) +
+                     plan::a2a_plan_seconds(c, a, world, d.ep, d.tp, pairs);
+    MOE_CHECK(std::isfinite(s) && s >= 0, "--a2a auto: the profile ", c.name, " prices ", a, " at ", s,
               " s; is it a calibrated profile?");
     char ms[32];
     std::snprintf(ms, sizeof ms, "%.3g ms", s * 1e3);
-    why += str_cat(why.empty() ? "" : ", ", name, " ", ms);
+    why += str_cat(why.empty() ? "" : ", ", a, " ", ms);
     if (s < best_s * (1 - 1e-9)) best_s = s, best = a;  // a tie keeps the simpler exchange
   }
-  return {best, str_cat(comm::a2a_algorithm_name(best), ": the planner prices one MoE layer's micro-batch (",
+  return {best, str_cat(name(best), ": the planner prices one MoE layer's micro-batch (",
                         static_cast<long long>(tokens), " tokens x k ", cfg.num_experts_per_tok, ", H ", cfg.hidden_size,
                         ") at ", why, " on ", topo.describe(), " with ", c.name,
                         measured ? " (its measured all-to-all curves)" : " (its link model)")};
@@ -111,22 +108,22 @@ void check_options_and_model(const TrainOptions& opts, RunSetup& r, bool indexed
   model::ModelConfig& cfg = r.cfg;
   const int world_size = r.world.size();
   validate_options(opts);
-  MOE_CHECK(opts.parallel.a2a_cluster.empty() || opts.parallel.a2a == "auto", "--cluster ",
-            opts.parallel.a2a_cluster, " is the profile --a2a auto prices the exchanges with; with --a2a ",
-            opts.parallel.a2a, " nothing reads it");
-  MOE_CHECK(opts.parallel.a2a != "auto" || !opts.parallel.a2a_cluster.empty(),
+  const bool a2a_auto = !opts.parallel.a2a.has_value();
+  MOE_CHECK(opts.parallel.a2a_cluster.empty() || a2a_auto, "--cluster ", opts.parallel.a2a_cluster,
+            " is the profile --a2a auto prices the exchanges with; with --a2a ", name_or_auto(opts.parallel.a2a),
+            " nothing reads it");
+  MOE_CHECK(!a2a_auto || !opts.parallel.a2a_cluster.empty(),
             "--a2a auto needs --cluster PROFILE (a `moetrain calibrate` file measured on these nodes, or a preset) "
             "to price the exchanges with");
-  if (opts.parallel.a2a != "auto") r.a2a = comm::parse_a2a_algorithm(opts.parallel.a2a);
-  r.comm_backend = comm::parse_comm_backend(opts.device.comm_backend, "--comm.backend");
-  r.schedule = parallel::parse_schedule(opts.parallel.schedule);
-  r.recompute = model::parse_recompute(opts.model.recompute);
-  r.bf16 = opts.device.precision == "bf16";
-  r.precision = r.bf16 ? "bf16" : "fp32";
+  if (!a2a_auto) r.a2a = *opts.parallel.a2a;
+  r.comm_backend = opts.device.comm_backend;
+  r.schedule = opts.parallel.schedule;
+  r.recompute = opts.model.recompute;
+  r.precision = opts.device.precision.value_or(Precision::kFp32);  // auto: resolved after the checks
   const comm::Topology topo =
       comm::Topology::detect(world_size, opts.parallel.topo_ranks_per_node, opts.parallel.topo_nodes_per_group);
   // The device: usable here (a CUDA build and a GPU), and a layout the GPU path has.
-  r.device = parse_device(opts.device.name, "--device");
+  r.device = opts.device.type;
   const Device device = r.device;
   require_device(device, "--device");
   MOE_CHECK(device == Device::kCpu || !opts.model.moe.padded,
@@ -156,7 +153,7 @@ void check_options_and_model(const TrainOptions& opts, RunSetup& r, bool indexed
   MOE_CHECK(opts.balance.migrate_every == 0 || opts.parallel.dims.ep > 1, "--balance.migrate-every ", opts.balance.migrate_every,
             " needs expert parallelism (--ep > 1): with --ep ", opts.parallel.dims.ep, " every expert is on every rank");
   parallel::split_layers(cfg, opts.parallel.dims.pp, opts.parallel.pp_layers);
-  if (opts.parallel.a2a == "auto") std::tie(r.a2a, r.a2a_auto_why) = choose_a2a(opts, cfg, topo, world_size);
+  if (a2a_auto) std::tie(r.a2a, r.a2a_auto_why) = choose_a2a(opts, cfg, topo, world_size);
 }
 
 // The training data: present, regular files, the whole run's memory fitting every rank of this
@@ -368,7 +365,7 @@ std::unique_ptr<RunSetup> setup_run(const TrainOptions& opts) {
     setup_error = e.what();
   }
   agree(world, setup_error);
-  if (opts.device.precision == "auto") resolve_auto_precision(r, opts);
+  if (!opts.device.precision) resolve_auto_precision(r, opts);
   if (r.root) {
     try {
       open_metrics(opts, r);

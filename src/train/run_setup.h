@@ -35,14 +35,13 @@ struct RunSetup {
   std::string ckpt_dir;                            // --checkpoint.dir or <out>/checkpoints
   std::string resume_path;                         // the checkpoint to resume ("" = a fresh run)
   // The options' enumerated values, parsed.
-  comm::A2aAlgorithm a2a = comm::A2aAlgorithm::kFlat;
+  A2a a2a = A2a::kFlat;
   std::string a2a_auto_why;                        // --a2a auto: what was chosen and why ("" otherwise)
-  comm::CommBackendRequest comm_backend = comm::CommBackendRequest::kAuto;  // decided with the grid
-  parallel::Schedule schedule = parallel::Schedule::k1F1B;
-  model::Recompute recompute = model::Recompute::kNone;
+  std::optional<CommBackend> comm_backend;         // --comm.backend (nullopt = auto): decided with the grid
+  Schedule schedule = Schedule::k1F1B;
+  Recompute recompute = Recompute::kNone;
   Device device = Device::kCpu;
-  bool bf16 = false;                               // --precision bf16 (or auto, resolved to it)
-  std::string precision = "fp32";                  // fp32 | bf16: --precision with auto resolved
+  Precision precision = Precision::kFp32;           // --precision with auto resolved
   // --precision auto on the CPU: the two peaks it compared (GFLOP/s, this rank), 0 otherwise;
   // the chosen one is the run's MFU peak (not measured again).
   double auto_fp32_peak = 0, auto_bf16_peak = 0;

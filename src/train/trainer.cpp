@@ -150,7 +150,7 @@ Trainer::Trainer(const TrainOptions& opts, RunSetup& setup)
   pipe_mem_ = std::make_unique<MemTracker>(&model.total_memory());
   nlohmann::json parallel_json = {{"pp", grid_.dims.pp}, {"dp", grid_.dims.dp}, {"ep", grid_.dims.ep},
                                   {"tp", grid_.dims.tp}, {"layers_per_stage", layers_per_stage_},
-                                  {"micro_batches", M_}, {"a2a", comm::a2a_algorithm_name(setup.a2a)},
+                                  {"micro_batches", M_}, {"a2a", name(setup.a2a)},
                                   {"batch_per_rank", B_}};
   checkpointer_ = std::make_unique<Checkpointer>(grid_, cfg_, setup.ckpt_dir, opts.checkpoint.keep,
                                                  std::move(parallel_json));

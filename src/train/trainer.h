@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/modes.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "parallel/parallel_dims.h"
@@ -22,9 +23,9 @@
 namespace moe::train {
 
 // The options of one run, one group per concern: adding a parallelism, a balancing policy or a
-// device changes one group (and its CLI flags, src/apps/moetrain.cpp). Enumerated values are the
-// CLI's words here; the run's setup parses each once (RunSetup, train/run_setup.h) and the
-// training code reads the parsed values only.
+// device changes one group (and its CLI flags, src/apps/moetrain.cpp). Modes are core/modes.h's
+// enums, parsed once by the CLI; a mode that may be "auto" is a std::optional (std::nullopt =
+// auto), which the run's setup resolves (RunSetup, train/run_setup.h).
 struct ModelOptions {
   std::string preset = "tiny";
   std::string config_path;      // a Hugging Face config.json; overrides preset when set
@@ -34,7 +35,7 @@ struct ModelOptions {
   std::string init_from;
   int vocab_size = 0;           // --vocab-size: overrides the preset's / config's (0 = keep it)
   model::MoeOptions moe;        // --capacity-factor, --padded
-  std::string recompute = "none";  // activation checkpointing: none | moe | full
+  Recompute recompute = Recompute::kNone;  // activation checkpointing: none | moe | full
   float mtp_weight = 0.3f;      // --mtp.weight: multi-token prediction's loss weight (DeepSeek-V3)
 };
 
@@ -53,13 +54,13 @@ struct DataOptions {
 
 struct ParallelOptions {
   parallel::ParallelDims dims;  // --pp --dp --ep --tp
-  std::string a2a = "flat";     // token exchange: flat | rbd | halo | rbd-halo | auto
+  std::optional<A2a> a2a = A2a::kFlat;  // token exchange: flat | rbd | halo | rbd-halo | auto (nullopt)
   std::string a2a_cluster;      // --cluster: the profile --a2a auto prices the exchanges with
   int topo_ranks_per_node = 0;  // force the topology (0 = from the launcher)
   int topo_nodes_per_group = 0;
   int micro_batches = 1;        // M: per-rank batch split into M micro-batches (gradient accumulation)
   std::vector<int> pp_layers;   // explicit layers per stage (--pp.layers); empty = even split
-  std::string schedule = "1f1b";  // pipeline schedule: 1f1b | gpipe
+  Schedule schedule = Schedule::k1F1B;  // pipeline schedule: 1f1b | gpipe
   bool zero1 = false;           // --zero1: AdamW state split over the ranks sharing each gradient
   bool comm_overlap = false;    // --comm.overlap: shared experts beside the exchange (moe_layer.h)
 };
@@ -94,12 +95,12 @@ struct FaultOptions {
 
 struct DeviceOptions {
   // Where the model runs (--device cpu|cuda; a rank uses the GPU of its local rank modulo the
-  // visible GPUs) and the GEMM input precision (--precision fp32|bf16).
-  std::string name = "cpu";
-  std::string precision = "fp32";
-  // How device buffers move between ranks (--comm.backend auto|mpi|nccl): auto = NCCL when every
-  // rank has its own GPU and libnccl.so.2 loads, else staged through the host over MPI.
-  std::string comm_backend = "auto";
+  // visible GPUs) and the GEMM input precision (--precision fp32|bf16|auto; auto = std::nullopt).
+  Device type = Device::kCpu;
+  std::optional<Precision> precision = Precision::kFp32;
+  // How device buffers move between ranks (--comm.backend auto|mpi|nccl): auto (std::nullopt) =
+  // NCCL when every rank has its own GPU and libnccl.so.2 loads, else staged through the host over MPI.
+  std::optional<CommBackend> comm_backend;
   int threads = 1;              // BLAS threads
   // MFU's denominator, GFLOP/s per rank at the run's precision (--peak-gflops: e.g. a calibrated
   // profile's peak_flops / 1e9). 0: measured at start (CPU: best of several short sgemm runs).

@@ -442,7 +442,7 @@ void run_scenario(const std::string& name, const Group& g, const Topology& topo,
   for (int a = 0; a < kNumAlgos; ++a) {
     const std::string al = str_cat(at, kAlgos[a], ": ");
     TrafficStats stats;
-    TokenExchange ex(g, topo, parse_a2a_algorithm(kAlgos[a]), &stats);
+    TokenExchange ex(g, topo, parse_a2a(kAlgos[a], "test"), &stats);
     ExchangePlan plan = ex.plan(mine.T, mine.size(), mine.src_row.data(), mine.dst.data(),
                                 mine.tag.data(), mine.value.data());
     CHECK(plan.num_recv == static_cast<int>(exp.size()) && plan.num_send_pairs == mine.size() &&
@@ -555,7 +555,7 @@ void run_scenario(const std::string& name, const Group& g, const Topology& topo,
 
     // Kept staging rows (keep_staging, the SMPI programs' mode): calls reuse buffers that hold the
     // previous call's rows, and give the same bits, call after call.
-    TokenExchange kept(g, topo, parse_a2a_algorithm(kAlgos[a]), nullptr);
+    TokenExchange kept(g, topo, parse_a2a(kAlgos[a], "test"), nullptr);
     kept.keep_staging(true);
     for (int round = 0; round < 2; ++round) {
       std::vector<float> r2(exp.size() * H, -3.0f), d2 = dst_init;
@@ -569,8 +569,8 @@ void run_scenario(const std::string& name, const Group& g, const Topology& topo,
     // Rows not copied (set_copy_rows(false), the simulated step's mode): the same messages and
     // bytes on every link class as the real exchange, and the caller's buffers left untouched.
     TrafficStats real_stats, sized_stats;
-    TokenExchange real(g, topo, parse_a2a_algorithm(kAlgos[a]), &real_stats);
-    TokenExchange sized(g, topo, parse_a2a_algorithm(kAlgos[a]), &sized_stats);
+    TokenExchange real(g, topo, parse_a2a(kAlgos[a], "test"), &real_stats);
+    TokenExchange sized(g, topo, parse_a2a(kAlgos[a], "test"), &sized_stats);
     sized.keep_staging(true);
     sized.set_copy_rows(false);
     std::vector<float> r3(exp.size() * H, -3.0f), d3 = dst_init, scratch_r(exp.size() * H), scratch_d = dst_init;
@@ -662,7 +662,7 @@ void test_keyed_fold(const Group& g, const Topology& topo) {
       val.push_back(1.0f);
     }
     for (int a = 0; a < kNumAlgos; ++a) {
-      TokenExchange ex(g, topo, parse_a2a_algorithm(kAlgos[a]), nullptr);
+      TokenExchange ex(g, topo, parse_a2a(kAlgos[a], "test"), nullptr);
       ExchangePlan plan = ex.plan(T, static_cast<int>(src_row.size()), src_row.data(), dst.data(), tag.data(),
                                   val.data(), key.data());
       // Which (source, token) each received pair is: stamped rows through the multicast.
@@ -752,7 +752,7 @@ void test_exchange(const Group& world, const Topology& topo) {
 
   // bad input: one rank errs with the field named; the others learn which rank erred (flat
   // metadata: rbd; metadata by rails: rbd-halo)
-  for (A2aAlgorithm algo : {A2aAlgorithm::kRbd, A2aAlgorithm::kRbdHalo}) {
+  for (A2a algo : {A2a::kRbd, A2a::kRbdHalo}) {
     TokenExchange ex(world, topo, algo, nullptr);
     const int bad = n - 1;
     std::vector<int32_t> rows = {0, 1}, dsts = {std::min(1, n - 1), 0}, tags = {0, 0};
@@ -774,13 +774,13 @@ void test_exchange(const Group& world, const Topology& topo) {
     expect_error("src_row out of range", [&] {
       ex.plan(2, 1, big_row.data(), zero.data(), tags.data(), vals.data());
     }, {"src_row[0] = 7", "[0, 2)"});
-    expect_error("unknown algorithm", [] { parse_a2a_algorithm("ring"); }, {"'ring'"});
+    expect_error("unknown algorithm", [] { parse_a2a("ring", "--a2a"); }, {"'ring'"});
     // a plan of one algorithm is refused by another
     ExchangePlan p = ex.plan(1, 1, zero.data(), zero.data(), tags.data(), vals.data());
-    TokenExchange flat(world, topo, A2aAlgorithm::kFlat, nullptr);
+    TokenExchange flat(world, topo, A2a::kFlat, nullptr);
     float x = 1, y = 0;
     expect_error("plan/algorithm mismatch", [&] { flat.multicast(p, &x, &y, 1); },
-                 {str_cat("'", a2a_algorithm_name(algo), "'"), "'flat'"});
+                 {str_cat("'", name(algo), "'"), "'flat'"});
     // after the errors, exchanges still work
     std::vector<float> recv(p.num_recv, 0.0f);
     x = static_cast<float>(r);

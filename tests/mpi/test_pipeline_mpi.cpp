@@ -96,7 +96,7 @@ RunResult run_once(const comm::Group& pp, Schedule sched, int M, int n) {
   std::map<int, std::vector<float>> stash;  // mb -> this stage's input (kept for backward)
   std::vector<float> c(n), y(n);
   for (int i = 0; i < n; ++i) c[i] = c_of(i);
-  const std::string where = str_cat(schedule_name(sched), " PP=", PP, " stage=", s, " M=", M,
+  const std::string where = str_cat(name(sched), " PP=", PP, " stage=", s, " M=", M,
                                     " n=", n);
   int next_fwd = 0, next_bwd = 0;
 
@@ -142,7 +142,7 @@ void test_case(const comm::Group& pp, int M, int n) {
   const std::vector<Grads> ref = serial_reference(PP, M, n);
   std::vector<float> da_by_sched[2], db_by_sched[2];
   for (Schedule sched : {Schedule::k1F1B, Schedule::kGPipe}) {
-    const std::string where = str_cat(schedule_name(sched), " PP=", PP, " stage=", s, " M=", M,
+    const std::string where = str_cat(name(sched), " PP=", PP, " stage=", s, " M=", M,
                                       " n=", n);
     RunResult r = run_once(pp, sched, M, n);
     const int k = sched == Schedule::k1F1B ? 0 : 1;
@@ -181,7 +181,7 @@ void test_case(const comm::Group& pp, int M, int n) {
           where, ": times total ", t.total_s, " compute ", t.compute_s, " wait ", t.wait_s);
     if (ck.rank == 0 && n > 1000 && M == 8)
       std::printf("  %-5s PP=%d M=%d n=%d: comm buffers %zu activations on stage 0\n",
-                  schedule_name(sched), PP, M, n, t.comm_bytes / act);
+                  name(sched), PP, M, n, t.comm_bytes / act);
   }
   CHECK(same_bits(da_by_sched[0], da_by_sched[1]) && same_bits(db_by_sched[0], db_by_sched[1]),
         "PP=", PP, " stage=", s, " M=", M, " n=", n, ": 1f1b and gpipe gradients bit-identical");

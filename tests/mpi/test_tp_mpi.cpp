@@ -62,7 +62,7 @@ void gradients(const char* preset) {
   xp.reduce_aux_stats = [&grid](std::vector<double>& v) {
     grid.tokens.allreduce_sum(v.data(), static_cast<int64_t>(v.size()));
   };
-  model::Model mine(cfg, {}, &xp, {}, model::Recompute::kNone, &tp);
+  model::Model mine(cfg, {}, &xp, {}, Recompute::kNone, &tp);
   parallel::tp_slice(one.layout(), one.params(), mine.layout(), mine.params());
   mine.zero_grads();
   double loss = mine.forward(tokens.data(), B, T).total;

@@ -74,12 +74,12 @@ int main(int argc, char** argv) {
       } else {
         MOE_CHECK(pairs >= 0, "moetrain_a2a_predict: stdin line ", n, ": PAIRS ", pairs, " is negative");
       }
-      MOE_CHECK(algo == "flat" || algo == "rbd" || algo == "halo" || algo == "rbd-halo",
-                "moetrain_a2a_predict: stdin line ", n, ": algorithm '", algo,
-                "' (expected flat, rbd, halo or rbd-halo)");
+      const std::optional<moe::A2a> a = moe::find_mode<moe::A2a>(algo);
+      MOE_CHECK(a, "moetrain_a2a_predict: stdin line ", n, ": algorithm '", algo, "' (expected ",
+                moe::accepted_names<moe::A2a>(), ")");
       std::printf("%s %d %d %.0f %d %.9g", algo.c_str(), world, ep, bytes, k,
-                  moe::plan::a2a_seconds(c, algo, world, ep, 1, bytes, k, pairs));
-      if (pairs >= 0) std::printf(" %.9g", moe::plan::a2a_plan_seconds(c, algo, world, ep, 1, pairs));
+                  moe::plan::a2a_seconds(c, *a, world, ep, 1, bytes, k, pairs));
+      if (pairs >= 0) std::printf(" %.9g", moe::plan::a2a_plan_seconds(c, *a, world, ep, 1, pairs));
       std::printf("\n");
     }
   } catch (const std::exception& e) {

@@ -64,7 +64,7 @@ int run(Cli& a, int* argc, char*** argv) {
     a.opts.max_bytes = tools::parse_size("-e", a.max_bytes);
     a.opts.check_rows = !a.no_check_rows;
     a.opts.algorithms.clear();
-    for (const std::string& s : a.algorithms) a.opts.algorithms.push_back(comm::parse_a2a_algorithm(s));
+    for (const std::string& s : a.algorithms) a.opts.algorithms.push_back(parse_a2a(s, "--algos"));
     comm::set_sim_message_overhead(a.overhead_us * 1e-6);
     comm::Topology topo = comm::Topology::detect(world.size(), a.ranks_per_node, a.nodes_per_group);
     comm::A2aBenchResult r = comm::run_a2a_bench(world, topo, a.opts);

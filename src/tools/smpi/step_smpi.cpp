@@ -103,7 +103,7 @@ int64_t floats_of(double bytes) { return static_cast<int64_t>(std::ceil(bytes / 
 
 class StepRunner {
  public:
-  StepRunner(const StepSpec& sp, const parallel::Grid& g, comm::A2aAlgorithm algo, uint64_t seed)
+  StepRunner(const StepSpec& sp, const parallel::Grid& g, A2a algo, uint64_t seed)
       : sp_(sp), g_(g), st_(sp.stages[g.me.pp]), ex_(g.ep, g.topo, algo, nullptr),
         N_(static_cast<int>(sp.rank.tokens)), H_(sp.row_floats), p2p_n_(floats_of(sp.p2p_floats * 4)),
         src_(static_cast<size_t>(N_) * H_), act_(static_cast<size_t>(p2p_n_) * 2),
@@ -230,7 +230,7 @@ class StepRunner {
       // Recomputation replays the layer's forward: its routing again, so a new plan (as the
       // trainer's recomputed forward and the planner's charge), then its exchanges (their
       // compute is in ffn_bwd).
-      if (sp_.layout.recompute != "none") {
+      if (sp_.layout.recompute != Recompute::kNone) {
         plan_layer(l, t);
         round_trip(l, 0, t);
       }
@@ -297,7 +297,7 @@ int run(Cli& a, comm::MpiRuntime& mpi) {
   try {
     parallel::ParallelDims dims{sp.layout.pp, sp.layout.dp, sp.layout.ep, sp.layout.tp};
     parallel::Grid g = parallel::make_grid(dims, plan::shadow_config(sp.model), a.ranks_per_node, a.nodes_per_group);
-    StepRunner runner(sp, g, comm::parse_a2a_algorithm(sp.layout.a2a), a.seed);
+    StepRunner runner(sp, g, sp.layout.a2a, a.seed);
     const StepTimes mine = runner.run();
     const StepResult res = gather_step(sp, g.world, mine, a.overhead_us);
     if (g.world.rank() == 0) std::printf("%s\n", a.json ? step_json(res).c_str() : step_table(res).c_str());

@@ -84,7 +84,7 @@ void gradient_calls(const StepSpec& sp, const plan::MemoryOptions& mo, int s, in
 void stage_layers(const StepSpec& sp, const plan::MemoryOptions& mo, int s, int first, int n, StageSpec& st) {
   const plan::ClusterProfile& c = sp.cluster;
   const double act = static_cast<double>(sp.rank.tokens) * sp.model.hidden * mo.act_bytes;
-  const double scale = mo.act_bytes / (c.precision == "fp32" ? 4.0 : 2.0);
+  const double scale = mo.act_bytes / (c.precision == Precision::kFp32 ? 4.0 : 2.0);
   const double ef = c.elem_fwd.at(act) * scale, eb = c.elem_bwd.at(act) * scale;
   double sum_f = 0, sum_b = 0;
   for (int l = first; l < first + n; ++l) {
