@@ -4,7 +4,9 @@
 enable_testing()
 file(GLOB MOETRAIN_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/*.cpp)
 list(FILTER MOETRAIN_TEST_SOURCES EXCLUDE REGEX ".*/tests/tool_.*")
-add_executable(moetrain_tests ${MOETRAIN_TEST_SOURCES})
+# The op table (tests/ops/): one description per kernel op, run by test_kernels.cpp and bench/.
+add_executable(moetrain_tests ${MOETRAIN_TEST_SOURCES} ${CMAKE_SOURCE_DIR}/tests/ops/op_table.cpp)
+target_include_directories(moetrain_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests)
 target_link_libraries(moetrain_tests PRIVATE moetrain_lib moetrain_text GTest::gtest GTest::gtest_main)
 include(GoogleTest)
 gtest_discover_tests(moetrain_tests DISCOVERY_TIMEOUT 60)
