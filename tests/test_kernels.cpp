@@ -2,7 +2,7 @@
 // table (tests/ops/op_table.h: shapes, inputs, kernel forward and backward, naive reference, NMSE
 // bounds, FLOPs) and that one description runs three ways here: forward against the naive loop,
 // every backward against central finite differences of L = Σ out·R (fixed random R), and the +=
-// convention (backward twice = 2×); bench/bench_kernels.cpp runs it as a benchmark. Errors are
+// convention (backward twice = 2×); bench/bench_ops.cpp runs it as a benchmark. Errors are
 // normalised mean squared errors, Σ (a - b)² / Σ b². Below the table: the checks that do not fit.
 #include <gtest/gtest.h>
 

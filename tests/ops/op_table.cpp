@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <set>
+#include <tuple>
 #include <utility>
 
 #include "core/error.h"
@@ -15,6 +17,10 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu_mlp.h"
+#ifdef MOETRAIN_OP_DEVICE
+#include "kernels/device_select.h"
+#include "ops/op_device.h"
+#endif
 
 namespace moe::ops {
 
@@ -154,6 +160,32 @@ Op linear_op(int T, int in, int out) {
   op.backward = [=](Tensors& d, const Tensors& in_, const Vec& dy) {
     linear_backward(d[0].data(), d[1].data(), dy.data(), in_[0].data(), in_[1].data(), T, in, out);
   };
+#ifdef MOETRAIN_OP_DEVICE
+  // Through the seam itself: the leaf kernels forward to CUDA when the active device is CUDA.
+  op.device = {{"dispatch linear_forward/backward", 1e-7, [=](Checker& c) {
+                  Rng rng(130);
+                  Vec x = randn(rng, size_t(T) * in), w = randn(rng, size_t(out) * in),
+                      y(size_t(T) * out), dy = randn(rng, y.size()), dx = randn(rng, x.size()),
+                      dw = randn(rng, w.size());
+                  auto d_x = dev(x), d_w = dev(w), d_y = dev(y), d_dy = dev(dy), d_dx = dev(dx),
+                       d_dw = dev(dw);
+                  linear_forward(y.data(), x.data(), w.data(), T, in, out);
+                  linear_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), T, in, out);
+                  set_active_device(Device::kCuda);
+                  try {
+                    linear_forward(d_y.data(), d_x.data(), d_w.data(), T, in, out);
+                    linear_backward(d_dx.data(), d_dw.data(), d_dy.data(), d_x.data(), d_w.data(),
+                                    T, in, out);
+                  } catch (...) {
+                    set_active_device(Device::kCpu);
+                    throw;
+                  }
+                  set_active_device(Device::kCpu);
+                  c.close("y", host(d_y), y);
+                  c.close("dx", host(d_dx), dx);
+                  c.close("dw", host(d_dw), dw);
+                }}};
+#endif
   return op;
 }
 
@@ -182,6 +214,41 @@ Op rmsnorm_op(int rows, int dim) {
     rmsnorm_backward(d[0].data(), d[1].data(), dout.data(), in[0].data(), in[1].data(),
                      rstd.data(), rows, dim);
   };
+#ifdef MOETRAIN_OP_DEVICE
+  // Forward: row sums in double on both sides (only the summation tree differs). Backward's dw:
+  // chunked partial sums (GPU) vs one running sum (CPU), fp32 round-off.
+  op.device.push_back({"rmsnorm_forward", 1e-10, [=](Checker& c) {
+                         Rng rng(10 + rows);
+                         const size_t n = size_t(rows) * dim;
+                         Vec x = randn(rng, n, 3.0), w = uniform(rng, dim, 0.5, 1.5), out(n),
+                             rstd(rows);
+                         auto dx = dev(x), dw = dev(w), dout = dev(out), drstd = dev(rstd);
+                         rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), rows, dim,
+                                         1e-6f);
+                         cuda::rmsnorm_forward(dout.data(), drstd.data(), dx.data(), dw.data(),
+                                               rows, dim, 1e-6f);
+                         c.close("out", host(dout), out);
+                         c.close("rstd", host(drstd), rstd);
+                       }});
+  for (bool with_dw : {true, false})
+    op.device.push_back(
+        {with_dw ? "rmsnorm_backward" : "rmsnorm_backward dw=null", 1e-8, [=](Checker& c) {
+           Rng rng(20 + rows);
+           const size_t n = size_t(rows) * dim;
+           Vec x = randn(rng, n, 3.0), w = uniform(rng, dim, 0.5, 1.5), dout = randn(rng, n),
+               rstd(rows), out(n);
+           rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), rows, dim, 1e-6f);
+           Vec dx = randn(rng, n), dw = randn(rng, dim);
+           auto d_x = dev(x), d_w = dev(w), d_dout = dev(dout), d_rstd = dev(rstd), d_dx = dev(dx),
+                d_dw = dev(dw);
+           rmsnorm_backward(dx.data(), with_dw ? dw.data() : nullptr, dout.data(), x.data(),
+                            w.data(), rstd.data(), rows, dim);
+           cuda::rmsnorm_backward(d_dx.data(), with_dw ? d_dw.data() : nullptr, d_dout.data(),
+                                  d_x.data(), d_w.data(), d_rstd.data(), rows, dim);
+           c.close("dx", host(d_dx), dx);
+           c.close("dw", host(d_dw), dw);
+         }});
+#endif
   return op;
 }
 
@@ -207,6 +274,20 @@ Op rope_op(int B, int T, int nh, int hd) {
     add_inplace(d[0].data(), dx.data(), dx.size());
   };
   op.fwd_nmse = 4e-12;
+#ifdef MOETRAIN_OP_DEVICE
+  op.device = {{"rope_forward + backward", 1e-10, [=](Checker& c) {
+                  Rng rng(30);
+                  RopeTable table = make_rope_table(T + 7, hd, kTheta);  // longer than T
+                  Vec x = randn(rng, n), dx = randn(rng, n);
+                  auto d_x = dev(x), d_dx = dev(dx);
+                  rope_forward(x.data(), table, B, T, nh, hd);
+                  rope_backward(dx.data(), table, B, T, nh, hd);
+                  cuda::rope_forward(d_x.data(), table, B, T, nh, hd);    // uploads the table
+                  cuda::rope_backward(d_dx.data(), table, B, T, nh, hd);  // reuses it
+                  c.close("x", host(d_x), x);
+                  c.close("dx", host(d_dx), dx);
+                }}};
+#endif
   return op;
 }
 
@@ -241,6 +322,48 @@ Op attention_op(int B, int T, int nh, int hd) {
                        in[1].data(), in[2].data(), att.data(), B, T, nh, hd, scratch.data());
   };
   op.fd_h = 1e-3;
+#ifdef MOETRAIN_OP_DEVICE
+  // Both devices run flash attention with element_math.h's softmax pieces, over different key
+  // blocks (CPU 64 rows, CUDA 32): fp32 round-off. The saved state [lse | out] has one layout.
+  // Past the CUDA kernel's head_dim (32 lanes × 4 columns = 128) the check is the refusal.
+  if (hd > 128) {
+    op.device = {{"attention head_dim " + std::to_string(hd) + " refused", 0.0, [=](Checker& c) {
+                    try {
+                      cuda::attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, B, T,
+                                              nh, hd);
+                      c.mismatch("throw", str_cat("no moe::Error for head_dim ", hd));
+                    } catch (const Error&) {
+                    }
+                  }}};
+    return op;
+  }
+  op.device = {{"attention_forward + backward", 1e-6, [=](Checker& c) {
+                  Rng rng(40 + T + hd);
+                  Vec q = randn(rng, n, 1.5), k = randn(rng, n, 1.5), v = randn(rng, n),
+                      dout = randn(rng, n);
+                  Vec dq = randn(rng, n), dk = randn(rng, n), dv = randn(rng, n), out(n);
+                  Vec att(attention_saved_floats(B, T, nh, hd));
+                  Vec scratch(attention_scratch_floats(T));
+                  auto d_q = dev(q), d_k = dev(k), d_v = dev(v), d_dout = dev(dout),
+                       d_dq = dev(dq), d_dk = dev(dk), d_dv = dev(dv), d_out = dev(out);
+                  Buffer<float> d_att(cuda_saved_floats(B, T, nh, hd), nullptr, Device::kCuda);
+                  attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T,
+                                    nh, hd);
+                  attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
+                                     k.data(), v.data(), att.data(), B, T, nh, hd,
+                                     scratch.data());
+                  cuda::attention_forward(d_out.data(), d_att.data(), d_q.data(), d_k.data(),
+                                          d_v.data(), B, T, nh, hd);
+                  cuda::attention_backward(d_dq.data(), d_dk.data(), d_dv.data(), d_dout.data(),
+                                           d_q.data(), d_k.data(), d_v.data(), d_att.data(), B,
+                                           T, nh, hd, nullptr);
+                  c.close("out", host(d_out), out);
+                  c.close("lse + out copy", host(d_att), att);
+                  c.close("dq", host(d_dq), dq);
+                  c.close("dk", host(d_dk), dk);
+                  c.close("dv", host(d_dv), dv);
+                }}};
+#endif
   return op;
 }
 
@@ -262,6 +385,39 @@ Op swiglu_op(size_t n) {
     swiglu_backward(d[0].data(), d[1].data(), dh.data(), in[0].data(), in[1].data(), dh.size());
   };
   op.fd_h = 1e-3;
+#ifdef MOETRAIN_OP_DEVICE
+  // The same math::swiglu per element; only expf ulps and FMA contraction differ.
+  op.device.push_back({"swiglu_forward", 1e-10, [=](Checker& c) {
+                         Rng rng(1);
+                         Vec g = randn(rng, n, 2.0), u = randn(rng, n), h(n, 0.0f);
+                         auto dg = dev(g), du = dev(u), dh = dev(h);
+                         swiglu_forward(h.data(), g.data(), u.data(), n);
+                         cuda::swiglu_forward(dh.data(), dg.data(), du.data(), n);
+                         c.close("h", host(dh), h);
+                       }});
+  op.device.push_back(
+      {"swiglu_backward", 1e-10, [=](Checker& c) {
+         Rng rng(2);
+         Vec g = randn(rng, n, 2.0), u = randn(rng, n), dh = randn(rng, n);
+         Vec dg = randn(rng, n), du = randn(rng, n);  // += contract
+         auto d_g = dev(g), d_u = dev(u), d_dh = dev(dh), d_dg = dev(dg), d_du = dev(du);
+         swiglu_backward(dg.data(), du.data(), dh.data(), g.data(), u.data(), n);
+         cuda::swiglu_backward(d_dg.data(), d_du.data(), d_dh.data(), d_g.data(), d_u.data(), n);
+         c.close("dg", host(d_dg), dg);
+         c.close("du", host(d_du), du);
+       }});
+  op.device.push_back({"swiglu_backward_inplace", 1e-10, [=](Checker& c) {
+                         Rng rng(3);
+                         Vec g = randn(rng, n, 2.0), u = randn(rng, n), dg = randn(rng, n),
+                             du = randn(rng, n);  // du is overwritten
+                         auto d_g = dev(g), d_u = dev(u), d_dg = dev(dg), d_du = dev(du);
+                         swiglu_backward_inplace(dg.data(), du.data(), g.data(), u.data(), n);
+                         cuda::swiglu_backward_inplace(d_dg.data(), d_du.data(), d_g.data(),
+                                                       d_u.data(), n);
+                         c.close("dg", host(d_dg), dg);
+                         c.close("du", host(d_du), du);
+                       }});
+#endif
   return op;
 }
 
@@ -270,7 +426,8 @@ Op embedding_op(int vocab, int dim, std::vector<int32_t> tokens) {
   Op op;
   op.name = "embedding";
   const int n = static_cast<int>(tokens.size());
-  op.shape = dims("V", vocab, "dim", dim) + " tokens=" + std::to_string(n);
+  const size_t distinct = std::set<int32_t>(tokens.begin(), tokens.end()).size();
+  op.shape = dims("V", vocab, "dim", dim) + " " + dims("tokens", n, "distinct", long(distinct));
   op.bwd_flops = double(n) * dim;
   op.fwd_bytes = 2.0 * n * dim * sizeof(float) + n * sizeof(int32_t);
   auto tok = std::make_shared<const std::vector<int32_t>>(std::move(tokens));
@@ -290,6 +447,29 @@ Op embedding_op(int vocab, int dim, std::vector<int32_t> tokens) {
     embedding_backward(d[0].data(), dout.data(), tok->data(), n, dim);
   };
   op.fwd_nmse = 0.0;
+#ifdef MOETRAIN_OP_DEVICE
+  // A copy forward; backward the same adds in the same (token) order: bit-identical.
+  op.device.push_back({"embedding_forward", 0.0, [=](Checker& c) {
+                         Rng rng(4);
+                         Vec wte = randn(rng, size_t(vocab) * dim), out(size_t(n) * dim);
+                         auto d_wte = dev(wte), d_out = dev(out);
+                         auto d_tok = dev(*tok);
+                         embedding_forward(out.data(), tok->data(), wte.data(), n, dim);
+                         cuda::embedding_forward(d_out.data(), d_tok.data(), d_wte.data(), n, dim);
+                         c.close("out", host(d_out), out);
+                       }});
+  op.device.push_back({"embedding_backward", 0.0, [=](Checker& c) {
+                         Rng rng(5);
+                         Vec dwte = randn(rng, size_t(vocab) * dim),
+                             dout = randn(rng, size_t(n) * dim);
+                         auto d_dwte = dev(dwte), d_dout = dev(dout);
+                         auto d_tok = dev(*tok);
+                         embedding_backward(dwte.data(), dout.data(), tok->data(), n, dim);
+                         cuda::embedding_backward(d_dwte.data(), d_dout.data(), d_tok.data(), n,
+                                                  dim);
+                         c.close("dwte", host(d_dwte), dwte);
+                       }});
+#endif
   return op;
 }
 
@@ -328,6 +508,49 @@ Op cross_entropy_op(int V, std::vector<int32_t> targets) {
                              tgt->data() + n, 1, V, dloss[n]);
   };
   op.fd_h = 1e-3;
+#ifdef MOETRAIN_OP_DEVICE
+  // With a target outside [0, V) the check is the CUDA kernel's refusal.
+  if (std::any_of(tgt->begin(), tgt->end(), [=](int32_t t) { return t < 0 || t >= V; })) {
+    op.device = {{"cross_entropy bad target refused", 0.0, [=](Checker& c) {
+                    Vec logits(size_t(N) * V, 0.5f);
+                    auto d_logits = dev(logits), d_probs = dev(logits), d_losses = dev(Vec(N));
+                    auto d_tgt = dev(*tgt);
+                    try {
+                      cuda::cross_entropy_forward(d_losses.data(), d_probs.data(),
+                                                  d_logits.data(), d_tgt.data(), N, V);
+                      c.mismatch("throw", "no moe::Error for a target outside [0, V)");
+                    } catch (const Error&) {
+                    }
+                  }}};
+    return op;
+  }
+  op.device.push_back({"cross_entropy_forward", 1e-10, [=](Checker& c) {
+                         Rng rng(50 + N);
+                         const size_t n = size_t(N) * V;
+                         Vec logits = randn(rng, n, 3.0), probs(n), losses(N);
+                         auto d_logits = dev(logits), d_probs = dev(probs), d_losses = dev(losses);
+                         auto d_tgt = dev(*tgt);
+                         const double mean = cross_entropy_forward(
+                             losses.data(), probs.data(), logits.data(), tgt->data(), N, V);
+                         const double d_mean = cuda::cross_entropy_forward(
+                             d_losses.data(), d_probs.data(), d_logits.data(), d_tgt.data(), N, V);
+                         c.close("losses", host(d_losses), losses);
+                         c.close("probs", host(d_probs), probs);
+                         c.scalar("mean", d_mean, mean);
+                       }});
+  op.device.push_back({"cross_entropy_backward", 1e-10, [=](Checker& c) {
+                         Rng rng(60 + N);
+                         const size_t n = size_t(N) * V;
+                         Vec probs = uniform(rng, n, 0.0, 1.0), d = randn(rng, n);
+                         auto d_probs = dev(probs), d_d = dev(d);
+                         auto d_tgt = dev(*tgt);
+                         const float scale = N ? 1.0f / N : 1.0f;
+                         cross_entropy_backward(d.data(), probs.data(), tgt->data(), N, V, scale);
+                         cuda::cross_entropy_backward(d_d.data(), d_probs.data(), d_tgt.data(), N,
+                                                      V, scale);
+                         c.close("dlogits", host(d_d), d);
+                       }});
+#endif
   return op;
 }
 
@@ -369,7 +592,9 @@ Op grouped_swiglu_op(int H, int F, std::vector<int32_t> offsets_E1) {
   Op op;
   op.name = "grouped_swiglu";
   const int E = static_cast<int>(offsets_E1.size()) - 1, R = offsets_E1.back();
-  op.shape = "R=" + std::to_string(R) + " E=" + std::to_string(E) + " " + dims("H", H, "F", F);
+  long empty = 0;
+  for (int e = 0; e < E; ++e) empty += offsets_E1[e + 1] == offsets_E1[e];
+  op.shape = dims("R", R, "E", E) + " " + dims("H", H, "F", F) + " empty=" + std::to_string(empty);
   op.fwd_flops = 6.0 * R * H * F + 5.0 * R * F;
   op.bwd_flops = op.fwd_flops + 12.0 * R * H * F + 10.0 * R * F;
   const size_t fh = size_t(F) * H;
@@ -409,6 +634,53 @@ Op grouped_swiglu_op(int H, int F, std::vector<int32_t> offsets_E1) {
     for (size_t i = 0; i < dx.size(); ++i) d[0][i] += dx[i];
   };
   op.fd_h = 1e-3;
+#ifdef MOETRAIN_OP_DEVICE
+  // On CUDA one grouped GEMM per product (cublasGemmGroupedBatchedEx in fp32, per-expert calls in
+  // bf16), against the CPU's expert-by-expert loop; forward outputs and every gradient (dw
+  // accumulated into, dx written). bf16: input rounding 2^-9.
+  for (bool bf16 : {false, true})
+    op.device.push_back(
+        {bf16 ? "grouped_swiglu_forward + backward bf16" : "grouped_swiglu_forward + backward",
+         bf16 ? 1e-4 : 1e-10, [=](Checker& c) {
+           Rng rng(140);
+           const size_t nh = size_t(R) * H, nf = size_t(R) * F;
+           const int32_t* offsets = off->data();
+           Vec x = randn(rng, nh), dy = randn(rng, nh), wg = randn(rng, E * fh, 0.2),
+               wu = randn(rng, E * fh, 0.2), wd = randn(rng, E * fh, 0.2);
+           Vec y(nh), g(nf), u(nf), h(nf), dx(nh), scratch(2 * nf);
+           Vec dwg = randn(rng, E * fh), dwu = randn(rng, E * fh), dwd = randn(rng, E * fh);
+           auto d_x = dev(x), d_dy = dev(dy), d_wg = dev(wg), d_wu = dev(wu), d_wd = dev(wd),
+                d_y = dev(y), d_g = dev(g), d_u = dev(u), d_h = dev(h), d_dx = dev(dx),
+                d_scratch = dev(scratch), d_dwg = dev(dwg), d_dwu = dev(dwu), d_dwd = dev(dwd);
+           set_gemm_bf16(bf16);
+           grouped_swiglu_forward(y.data(), g.data(), u.data(), h.data(), x.data(), offsets, E,
+                                  {wg.data(), wu.data(), wd.data()}, H, F);
+           grouped_swiglu_backward(dx.data(), {dwg.data(), dwu.data(), dwd.data()}, dy.data(),
+                                   x.data(), g.data(), u.data(), h.data(), offsets, E,
+                                   {wg.data(), wu.data(), wd.data()}, H, F, scratch.data());
+           set_active_device(Device::kCuda);
+           try {
+             const MlpWeights w{d_wg.data(), d_wu.data(), d_wd.data()};
+             grouped_swiglu_forward(d_y.data(), d_g.data(), d_u.data(), d_h.data(), d_x.data(),
+                                    offsets, E, w, H, F);
+             grouped_swiglu_backward(d_dx.data(), {d_dwg.data(), d_dwu.data(), d_dwd.data()},
+                                     d_dy.data(), d_x.data(), d_g.data(), d_u.data(), d_h.data(),
+                                     offsets, E, w, H, F, d_scratch.data());
+           } catch (...) {
+             set_active_device(Device::kCpu);
+             set_gemm_bf16(false);
+             throw;
+           }
+           set_active_device(Device::kCpu);
+           set_gemm_bf16(false);
+           c.close("y", host(d_y), y);
+           c.close("h", host(d_h), h);
+           c.close("dx", host(d_dx), dx);
+           c.close("dW_gate", host(d_dwg), dwg);
+           c.close("dW_up", host(d_dwu), dwu);
+           c.close("dW_down", host(d_dwd), dwd);
+         }});
+#endif
   return op;
 }
 
@@ -465,5 +737,43 @@ std::vector<Op> bench_ops() {
   ops.push_back(grouped_swiglu_op(1024, 704, offsets));
   return ops;
 }
+
+#ifdef MOETRAIN_OP_DEVICE
+// The CUDA kernels' edges: rows and widths off the block size, a width below the block that is
+// not a power of two (rmsnorm dim 96: a launch sized to the row instead of kThreads breaks
+// block_sum's tree, scripts/planted_bugs.sh), head_dim at the 128 limit and past it, T = 0,
+// 1 and past a key block, GPT-2's vocabulary, empty inputs, an empty expert, and refusals.
+std::vector<Op> device_ops() {
+  std::vector<Op> ops;
+  ops.push_back(linear_op(33, 70, 41));
+  using Rows = std::vector<std::pair<int, int>>;
+  for (auto [rows, dim] : Rows{{37, 1000}, {5, 4097}, {300, 64}, {9, 96}, {0, 16}})
+    ops.push_back(rmsnorm_op(rows, dim));
+  ops.push_back(rope_op(2, 13, 3, 16));
+  using Att = std::tuple<int, int, int, int>;  // B, T, nh, hd
+  for (auto [B, T, nh, hd] : std::vector<Att>{{2, 37, 3, 16}, {1, 70, 2, 128}, {1, 5, 1, 24},
+                                              {3, 1, 2, 8}, {1, 200, 1, 64}, {2, 0, 2, 16},
+                                              {1, 1, 1, 130}})
+    ops.push_back(attention_op(B, T, nh, hd));
+  for (size_t n : {size_t{10007}, size_t{0}}) ops.push_back(swiglu_op(n));
+  // 301 tokens over the whole vocabulary, over half of it (repeats, unused rows), and a single
+  // token (one long run of adds into one row).
+  for (int distinct : {50, 25, 1}) {
+    Rng rng(4 + distinct);
+    std::vector<int32_t> tokens(301);
+    for (auto& t : tokens) t = static_cast<int32_t>(rng.below(distinct));
+    ops.push_back(embedding_op(50, 67, tokens));
+  }
+  for (auto [N, V] : Rows{{19, 1001}, {3, 50257}, {0, 10}}) {
+    Rng rng(50 + N);
+    std::vector<int32_t> targets(N);
+    for (auto& t : targets) t = static_cast<int32_t>(rng.below(V));
+    ops.push_back(cross_entropy_op(V, targets));
+  }
+  ops.push_back(cross_entropy_op(10, {1, 2, 10, 3}));  // target 10 is outside [0, 10)
+  ops.push_back(grouped_swiglu_op(24, 40, {0, 7, 20, 20, 33, 37}));  // expert 2 has no rows
+  return ops;
+}
+#endif
 
 }  // namespace moe::ops
