@@ -1,6 +1,7 @@
-// Throughput of the CPU kernels (Google Benchmark). Every case reports GFLOP/s; the grouped SwiGLU
-// case also reports its fraction of the 1024³ sgemm rate (the roofline `bench moe-layer` and MFU
-// use). Inputs come from a fixed-seed moe::Rng, so runs are repeatable. Run with
+// Throughput of the CPU kernels (Google Benchmark) beyond the op table's entries (bench_ops.cpp):
+// the sgemm roofline and the grouped experts at DeepSeek-MoE scale. Every case reports GFLOP/s;
+// the grouped SwiGLU case also reports its fraction of the 1024³ sgemm rate (the roofline
+// `bench moe-layer` and MFU use). Inputs come from a fixed-seed moe::Rng, so runs are repeatable. Run with
 // OPENBLAS_NUM_THREADS=1 (one BLAS thread per rank, the project default).
 // Rates are per process CPU second, not wall second: on a shared machine wall time also counts the
 // other tenants, CPU time counts only our work (with one BLAS thread and an idle machine the two
@@ -58,42 +59,8 @@ void BM_Sgemm(benchmark::State& state) {
 }
 BENCHMARK(BM_Sgemm)->Arg(1024)->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime();
 
-// --- linear layer: {T, in, out} ---------------------------------------------------------------
-// attention projections, o-proj, expert down-proj, a slice of the LM head
-void linear_shapes(benchmark::internal::Benchmark* b) {
-  b->Args({4096, 1024, 1024})
-      ->Args({4096, 1024, 3072})
-      ->Args({4096, 704, 1024})
-      ->Args({512, 1024, 32000});
-  b->ArgNames({"T", "in", "out"})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime();
-}
-
-void BM_LinearForward(benchmark::State& state) {
-  const int T = int(state.range(0)), in = int(state.range(1)), out = int(state.range(2));
-  Rng rng(2);
-  auto x = rand_uniform(rng, size_t(T) * in, 1.0), w = rand_uniform(rng, size_t(out) * in, 0.03);
-  std::vector<float> y(size_t(T) * out);
-  for (auto _ : state) {
-    linear_forward(y.data(), x.data(), w.data(), T, in, out);
-    benchmark::DoNotOptimize(y.data());
-  }
-  set_gflops(state, 2.0 * T * in * double(out));
-}
-BENCHMARK(BM_LinearForward)->Apply(linear_shapes);
-
-void BM_LinearBackward(benchmark::State& state) {  // dx and dw: two GEMMs
-  const int T = int(state.range(0)), in = int(state.range(1)), out = int(state.range(2));
-  Rng rng(3);
-  auto x = rand_uniform(rng, size_t(T) * in, 1.0), w = rand_uniform(rng, size_t(out) * in, 0.03),
-       dy = rand_uniform(rng, size_t(T) * out, 1.0);
-  std::vector<float> dx(x.size()), dw(w.size());
-  for (auto _ : state) {
-    linear_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), T, in, out);
-    benchmark::DoNotOptimize(dw.data());
-  }
-  set_gflops(state, 4.0 * T * in * double(out));
-}
-BENCHMARK(BM_LinearBackward)->Apply(linear_shapes);
+// --- the table's ops (linear, rmsnorm, rope, attention, swiglu, embedding, cross_entropy, the
+// SwiGLU MLP, grouped experts) at the model's sizes: bench/bench_ops.cpp.
 
 // --- grouped SwiGLU experts, forward + backward ------------------------------------------------
 // T tokens, top-k routing over E experts: T·k rows in uneven segments (expert popularity drawn

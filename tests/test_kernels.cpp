@@ -1,9 +1,9 @@
-// Correctness of the CPU kernels, test-backend-ops style: every op is described once in kOps
-// (inputs, kernel forward, naive reference, kernel backward, error bounds) and that one description
-// runs three ways: forward against the naive loop, every backward against central finite
-// differences of L = Σ out·R (fixed random R), and the += convention (backward twice = 2×).
-// Errors are normalised: ||a - b|| / ||b||. Integer inputs (tokens, targets, offsets) are fixed in
-// the op's closure; every float input is differentiated.
+// Correctness of the CPU kernels, test-backend-ops style: every op is described once in the op
+// table (tests/ops/op_table.h: shapes, inputs, kernel forward and backward, naive reference, NMSE
+// bounds, FLOPs) and that one description runs three ways here: forward against the naive loop,
+// every backward against central finite differences of L = Σ out·R (fixed random R), and the +=
+// convention (backward twice = 2×); bench/bench_ops.cpp runs it as a benchmark. Errors are
+// normalised mean squared errors, Σ (a - b)² / Σ b². Below the table: the checks that do not fit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,6 +26,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu_mlp.h"
+#include "ops/op_table.h"
 #include "test_util.h"
 
 namespace {
@@ -38,355 +39,18 @@ using Tensors = std::vector<Vec>;
 using moe::test_util::randn;
 using moe::test_util::norm_err;
 
-// ---------------------------------------------------------------------------------------------
-// Naive references: plain loops in double, no BLAS, written independently of src/kernels.
-
-// y[T,out] = x[T,in] · w[out,in]^T
-Vec ref_linear(const Vec& x, const Vec& w, int T, int in, int out) {
-  Vec y(static_cast<size_t>(T) * out);
-  for (int t = 0; t < T; ++t)
-    for (int o = 0; o < out; ++o) {
-      double s = 0.0;
-      for (int i = 0; i < in; ++i) s += static_cast<double>(x[t * in + i]) * w[o * in + i];
-      y[t * out + o] = static_cast<float>(s);
-    }
-  return y;
-}
-
-double silu(double z) { return z / (1.0 + std::exp(-z)); }
-
-Vec ref_swiglu(const Vec& g, const Vec& u) {
-  Vec h(g.size());
-  for (size_t i = 0; i < g.size(); ++i) h[i] = static_cast<float>(silu(g[i]) * u[i]);
-  return h;
-}
-
-Vec ref_rmsnorm(const Vec& x, const Vec& w, int rows, int dim, double eps) {
-  Vec out(x.size());
-  for (int r = 0; r < rows; ++r) {
-    double ss = 0.0;
-    for (int j = 0; j < dim; ++j) ss += static_cast<double>(x[r * dim + j]) * x[r * dim + j];
-    double rs = 1.0 / std::sqrt(ss / dim + eps);
-    for (int j = 0; j < dim; ++j) out[r * dim + j] = static_cast<float>(x[r * dim + j] * rs * w[j]);
-  }
-  return out;
-}
-
-// HF rotate_half with the angle computed directly: p · theta^(-2i/d)
-Vec ref_rope(const Vec& x, int B, int T, int nh, int hd, double theta) {
-  Vec out(x.size());
-  int half = hd / 2;
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T; ++t)
-      for (int h = 0; h < nh; ++h) {
-        size_t base = ((static_cast<size_t>(b) * T + t) * nh + h) * hd;
-        for (int i = 0; i < half; ++i) {
-          double a = t * std::pow(theta, -2.0 * i / hd);
-          double x1 = x[base + i], x2 = x[base + i + half];
-          out[base + i] = static_cast<float>(x1 * std::cos(a) - x2 * std::sin(a));
-          out[base + i + half] = static_cast<float>(x2 * std::cos(a) + x1 * std::sin(a));
-        }
-      }
-  return out;
-}
-
-Vec ref_attention(const Vec& q, const Vec& k, const Vec& v, int B, int T, int nh, int hd) {
-  int C = nh * hd;
-  Vec out(q.size());
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < nh; ++h)
-      for (int t = 0; t < T; ++t) {
-        std::vector<double> p(t + 1);
-        double mx = -1e300, sum = 0.0;
-        for (int s = 0; s <= t; ++s) {
-          double d = 0.0;
-          for (int j = 0; j < hd; ++j)
-            d += static_cast<double>(q[(b * T + t) * C + h * hd + j]) *
-                 k[(b * T + s) * C + h * hd + j];
-          p[s] = d / std::sqrt(static_cast<double>(hd));
-          mx = std::max(mx, p[s]);
-        }
-        for (int s = 0; s <= t; ++s) sum += p[s] = std::exp(p[s] - mx);
-        for (int j = 0; j < hd; ++j) {
-          double o = 0.0;
-          for (int s = 0; s <= t; ++s) o += p[s] / sum * v[(b * T + s) * C + h * hd + j];
-          out[(b * T + t) * C + h * hd + j] = static_cast<float>(o);
-        }
-      }
-  return out;
-}
-
-Vec ref_mlp(const Vec& x, const float* gate, const float* up, const float* down, int N, int H,
-            int F) {
-  Vec gw(gate, gate + F * H), uw(up, up + F * H), dw(down, down + H * F);
-  Vec g = ref_linear(x, gw, N, H, F), u = ref_linear(x, uw, N, H, F);
-  return ref_linear(ref_swiglu(g, u), dw, N, F, H);
-}
-
-// ---------------------------------------------------------------------------------------------
-// The op table.
-
-struct OpCase {
-  std::string name;
-  std::function<Tensors(Rng&)> make_inputs;
-  std::function<Vec(const Tensors&)> forward;    // the kernel
-  std::function<Vec(const Tensors&)> reference;  // naive loops
-  // Adds dL/d(input i) into grads[i] (sized like the inputs) given dL/dout.
-  std::function<void(Tensors& grads, const Tensors& in, const Vec& dout)> backward;
-  double fwd_tol = 1e-6;   // ||kernel - reference|| / ||reference||
-  double grad_tol = 2e-3;  // ||analytic - numeric|| / ||numeric|| (measured: 1e-6 .. 3e-4)
-  double fd_h = 1e-2;      // central-difference step
-};
-
-// Shapes of the table entries (small: every input element is finite-differenced).
-constexpr int kLinT = 5, kLinIn = 7, kLinOut = 6;
-constexpr int kNormRows = 4, kNormDim = 16;
-constexpr int kRopeB = 2, kRopeT = 5, kRopeHeads = 2, kRopeHd = 8;
+using moe::ops::Op;
+namespace ref = moe::ops::ref;
 constexpr double kTheta = 10000.0;
-constexpr int kAttB = 2, kAttT = 5, kAttHeads = 2, kAttHd = 4;
-constexpr int kEmbVocab = 7, kEmbDim = 5;
-const std::vector<int32_t> kEmbTokens = {3, 0, 3, 6, 1, 3};
-constexpr int kCeV = 9;
-const std::vector<int32_t> kCeTargets = {2, 8, 0, 5};
-constexpr int kMlpN = 5, kMlpH = 8, kMlpF = 6;
-// Uneven segments 3,0,5,1,4,0: an empty expert in the middle and at the end.
-const std::vector<int32_t> kGroupOffsets = {0, 3, 3, 8, 9, 13, 13};
-constexpr int kGroupE = 6;
 
-std::vector<OpCase> make_ops() {
-  std::vector<OpCase> ops;
+// ---------------------------------------------------------------------------------------------
+// The op table (tests/ops/op_table.h) at its test shapes.
 
-  ops.push_back(
-      OpCase{"linear",
-             [](Rng& r) {
-               return Tensors{randn(r, kLinT * kLinIn, 1.0), randn(r, kLinOut * kLinIn, 0.4)};
-             },
-             [](const Tensors& in) {
-               Vec y(kLinT * kLinOut);
-               linear_forward(y.data(), in[0].data(), in[1].data(), kLinT, kLinIn, kLinOut);
-               return y;
-             },
-             [](const Tensors& in) { return ref_linear(in[0], in[1], kLinT, kLinIn, kLinOut); },
-             [](Tensors& d, const Tensors& in, const Vec& dy) {
-               linear_backward(d[0].data(), d[1].data(), dy.data(), in[0].data(), in[1].data(),
-                               kLinT, kLinIn, kLinOut);
-             }});
-
-  ops.push_back(
-      OpCase{"rmsnorm",
-             [](Rng& r) {
-               Vec w = randn(r, kNormDim, 0.3);
-               for (auto& x : w) x += 1.0f;
-               return Tensors{randn(r, kNormRows * kNormDim, 1.0), w};
-             },
-             [](const Tensors& in) {
-               Vec out(in[0].size()), rstd(kNormRows);
-               rmsnorm_forward(out.data(), rstd.data(), in[0].data(), in[1].data(), kNormRows,
-                               kNormDim, 1e-5f);
-               return out;
-             },
-             [](const Tensors& in) { return ref_rmsnorm(in[0], in[1], kNormRows, kNormDim, 1e-5); },
-             [](Tensors& d, const Tensors& in, const Vec& dout) {
-               Vec out(in[0].size()), rstd(kNormRows);
-               rmsnorm_forward(out.data(), rstd.data(), in[0].data(), in[1].data(), kNormRows,
-                               kNormDim, 1e-5f);
-               rmsnorm_backward(d[0].data(), d[1].data(), dout.data(), in[0].data(), in[1].data(),
-                                rstd.data(), kNormRows, kNormDim);
-             }});
-
-  ops.push_back(OpCase{
-      "rope", [](Rng& r) { return Tensors{randn(r, kRopeB * kRopeT * kRopeHeads * kRopeHd, 1.0)}; },
-      [](const Tensors& in) {
-        RopeTable table = make_rope_table(kRopeT + 3, kRopeHd, kTheta);  // longer than T on purpose
-        Vec x = in[0];
-        rope_forward(x.data(), table, kRopeB, kRopeT, kRopeHeads, kRopeHd);
-        return x;
-      },
-      [](const Tensors& in) {
-        return ref_rope(in[0], kRopeB, kRopeT, kRopeHeads, kRopeHd, kTheta);
-      },
-      [](Tensors& d, const Tensors& in, const Vec& dout) {
-        RopeTable table = make_rope_table(kRopeT, kRopeHd, kTheta);
-        Vec dx = dout;  // rope_backward rotates in place; the += is ours
-        rope_backward(dx.data(), table, kRopeB, kRopeT, kRopeHeads, kRopeHd);
-        add_inplace(d[0].data(), dx.data(), dx.size());
-      },
-      2e-6});
-
-  ops.push_back(OpCase{"attention",
-                       [](Rng& r) {
-                         size_t n = kAttB * kAttT * kAttHeads * kAttHd;
-                         return Tensors{randn(r, n, 1.0), randn(r, n, 1.0), randn(r, n, 1.0)};
-                       },
-                       [](const Tensors& in) {
-                         Vec out(in[0].size()),
-                             att(attention_saved_floats(kAttB, kAttT, kAttHeads, kAttHd));
-                         attention_forward(out.data(), att.data(), in[0].data(), in[1].data(),
-                                           in[2].data(), kAttB, kAttT, kAttHeads, kAttHd);
-                         return out;
-                       },
-                       [](const Tensors& in) {
-                         return ref_attention(in[0], in[1], in[2], kAttB, kAttT, kAttHeads, kAttHd);
-                       },
-                       [](Tensors& d, const Tensors& in, const Vec& dout) {
-                         Vec out(in[0].size()),
-                             att(attention_saved_floats(kAttB, kAttT, kAttHeads, kAttHd)),
-                             scratch(attention_scratch_floats(kAttT));
-                         attention_forward(out.data(), att.data(), in[0].data(), in[1].data(),
-                                           in[2].data(), kAttB, kAttT, kAttHeads, kAttHd);
-                         attention_backward(d[0].data(), d[1].data(), d[2].data(), dout.data(),
-                                            in[0].data(), in[1].data(), in[2].data(), att.data(),
-                                            kAttB, kAttT, kAttHeads, kAttHd, scratch.data());
-                       },
-                       1e-6, 2e-3, 1e-3});
-
-  ops.push_back(OpCase{"swiglu",
-                       [](Rng& r) {
-                         return Tensors{randn(r, 50, 2.0), randn(r, 50, 1.0)};
-                       },
-                       [](const Tensors& in) {
-                         Vec h(in[0].size());
-                         swiglu_forward(h.data(), in[0].data(), in[1].data(), h.size());
-                         return h;
-                       },
-                       [](const Tensors& in) { return ref_swiglu(in[0], in[1]); },
-                       [](Tensors& d, const Tensors& in, const Vec& dh) {
-                         swiglu_backward(d[0].data(), d[1].data(), dh.data(), in[0].data(),
-                                         in[1].data(), dh.size());
-                       },
-                       1e-6, 2e-3, 1e-3});
-
-  ops.push_back(OpCase{
-      "embedding", [](Rng& r) { return Tensors{randn(r, kEmbVocab * kEmbDim, 1.0)}; },
-      [](const Tensors& in) {
-        Vec out(kEmbTokens.size() * kEmbDim);
-        embedding_forward(out.data(), kEmbTokens.data(), in[0].data(),
-                          static_cast<int>(kEmbTokens.size()), kEmbDim);
-        return out;
-      },
-      [](const Tensors& in) {
-        Vec out;
-        for (int32_t t : kEmbTokens)
-          out.insert(out.end(), in[0].begin() + t * kEmbDim, in[0].begin() + (t + 1) * kEmbDim);
-        return out;
-      },
-      [](Tensors& d, const Tensors&, const Vec& dout) {
-        embedding_backward(d[0].data(), dout.data(), kEmbTokens.data(),
-                           static_cast<int>(kEmbTokens.size()), kEmbDim);
-      },
-      0.0});
-
-  ops.push_back(OpCase{
-      "cross_entropy", [](Rng& r) { return Tensors{randn(r, kCeTargets.size() * kCeV, 2.0)}; },
-      [](const Tensors& in) {
-        int N = static_cast<int>(kCeTargets.size());
-        Vec losses(N), probs(in[0].size());
-        cross_entropy_forward(losses.data(), probs.data(), in[0].data(), kCeTargets.data(), N,
-                              kCeV);
-        return losses;
-      },
-      [](const Tensors& in) {
-        Vec losses;
-        for (size_t n = 0; n < kCeTargets.size(); ++n) {
-          const float* x = in[0].data() + n * kCeV;
-          double mx = *std::max_element(x, x + kCeV), s = 0.0;
-          for (int j = 0; j < kCeV; ++j) s += std::exp(x[j] - mx);
-          losses.push_back(static_cast<float>(mx + std::log(s) - x[kCeTargets[n]]));
-        }
-        return losses;
-      },
-      [](Tensors& d, const Tensors& in, const Vec& dloss) {
-        int N = static_cast<int>(kCeTargets.size());
-        Vec losses(N), probs(in[0].size());
-        cross_entropy_forward(losses.data(), probs.data(), in[0].data(), kCeTargets.data(), N,
-                              kCeV);
-        // dL/dlogits_n = dloss_n · (p_n - onehot): one call per row, scale = dloss_n
-        for (int n = 0; n < N; ++n)
-          cross_entropy_backward(d[0].data() + n * kCeV, probs.data() + n * kCeV,
-                                 kCeTargets.data() + n, 1, kCeV, dloss[n]);
-      },
-      1e-6, 2e-3, 1e-3});
-
-  ops.push_back(OpCase{
-      "swiglu_mlp",
-      [](Rng& r) {
-        return Tensors{randn(r, kMlpN * kMlpH, 1.0), randn(r, kMlpF * kMlpH, 0.5),
-                       randn(r, kMlpF * kMlpH, 0.5), randn(r, kMlpH * kMlpF, 0.5)};
-      },
-      [](const Tensors& in) {
-        Vec y(kMlpN * kMlpH), g(kMlpN * kMlpF), u(g.size()), h(g.size());
-        swiglu_mlp_forward(y.data(), g.data(), u.data(), h.data(), in[0].data(),
-                           {in[1].data(), in[2].data(), in[3].data()}, kMlpN, kMlpH, kMlpF);
-        return y;
-      },
-      [](const Tensors& in) {
-        return ref_mlp(in[0], in[1].data(), in[2].data(), in[3].data(), kMlpN, kMlpH, kMlpF);
-      },
-      [](Tensors& d, const Tensors& in, const Vec& dy) {
-        Vec y(kMlpN * kMlpH), g(kMlpN * kMlpF), u(g.size()), h(g.size()), scratch(2 * g.size());
-        MlpWeights w{in[1].data(), in[2].data(), in[3].data()};
-        swiglu_mlp_forward(y.data(), g.data(), u.data(), h.data(), in[0].data(), w, kMlpN, kMlpH,
-                           kMlpF);
-        swiglu_mlp_backward(d[0].data(), {d[1].data(), d[2].data(), d[3].data()}, dy.data(),
-                            in[0].data(), g.data(), u.data(), h.data(), w, kMlpN, kMlpH, kMlpF,
-                            scratch.data());
-      },
-      1e-6, 2e-3, 1e-3});
-
-  ops.push_back(OpCase{
-      "grouped_swiglu",
-      [](Rng& r) {
-        int R = kGroupOffsets.back(), fh = kMlpF * kMlpH;
-        return Tensors{randn(r, R * kMlpH, 1.0), randn(r, kGroupE * fh, 0.5),
-                       randn(r, kGroupE * fh, 0.5), randn(r, kGroupE * fh, 0.5)};
-      },
-      [](const Tensors& in) {
-        int R = kGroupOffsets.back();
-        Vec y(R * kMlpH), g(R * kMlpF), u(g.size()), h(g.size());
-        grouped_swiglu_forward(y.data(), g.data(), u.data(), h.data(), in[0].data(),
-                               kGroupOffsets.data(), kGroupE,
-                               {in[1].data(), in[2].data(), in[3].data()}, kMlpH, kMlpF);
-        return y;
-      },
-      [](const Tensors& in) {
-        Vec y;
-        int fh = kMlpF * kMlpH;
-        for (int e = 0; e < kGroupE; ++e) {
-          int r0 = kGroupOffsets[e], n = kGroupOffsets[e + 1] - r0;
-          Vec x(in[0].begin() + r0 * kMlpH, in[0].begin() + (r0 + n) * kMlpH);
-          Vec ye = ref_mlp(x, in[1].data() + e * fh, in[2].data() + e * fh, in[3].data() + e * fh,
-                           n, kMlpH, kMlpF);
-          y.insert(y.end(), ye.begin(), ye.end());
-        }
-        return y;
-      },
-      [](Tensors& d, const Tensors& in, const Vec& dy) {
-        int R = kGroupOffsets.back();
-        Vec y(R * kMlpH), g(R * kMlpF), u(g.size()), h(g.size()), scratch(2 * g.size());
-        MlpWeights w{in[1].data(), in[2].data(), in[3].data()};
-        grouped_swiglu_forward(y.data(), g.data(), u.data(), h.data(), in[0].data(),
-                               kGroupOffsets.data(), kGroupE, w, kMlpH, kMlpF);
-        // The grouped backward writes dx (weight gradients add): add it into d[0] here, as the
-        // table's contract says.
-        Vec dx(R * kMlpH);
-        grouped_swiglu_backward(dx.data(), {d[1].data(), d[2].data(), d[3].data()}, dy.data(),
-                                in[0].data(), g.data(), u.data(), h.data(), kGroupOffsets.data(),
-                                kGroupE, w, kMlpH, kMlpF, scratch.data());
-        for (size_t i = 0; i < dx.size(); ++i) d[0][i] += dx[i];
-      },
-      1e-6, 2e-3, 1e-3});
-
-  return ops;
-}
-
-const std::vector<OpCase>& ops() {
-  static const std::vector<OpCase> table = make_ops();
-  return table;
-}
+const std::vector<Op>& ops() { return moe::ops::test_ops(); }
 
 class KernelOp : public ::testing::TestWithParam<size_t> {
  protected:
-  const OpCase& op() const { return ops()[GetParam()]; }
+  const Op& op() const { return ops()[GetParam()]; }
   Tensors inputs() const {
     Rng rng(1234 + GetParam());
     return op().make_inputs(rng);
@@ -406,7 +70,7 @@ TEST_P(KernelOp, ForwardMatchesNaiveReference) {
   Tensors in = inputs();
   Vec out = op().forward(in), ref = op().reference(in);
   ASSERT_EQ(out.size(), ref.size());
-  EXPECT_LE(norm_err(out, ref), op().fwd_tol);
+  EXPECT_LE(moe::ops::nmse(out, ref), op().fwd_nmse) << op().shape;
 }
 
 TEST_P(KernelOp, BackwardMatchesFiniteDifferences) {
@@ -431,7 +95,7 @@ TEST_P(KernelOp, BackwardMatchesFiniteDifferences) {
       double lm = loss(x);
       numeric[i] = static_cast<float>((lp - lm) / (2 * h));
     }
-    EXPECT_LE(norm_err(grads[t], numeric), op().grad_tol) << "input " << t;
+    EXPECT_LE(moe::ops::nmse(grads[t], numeric), op().grad_nmse) << op().shape << " input " << t;
   }
 }
 
@@ -445,7 +109,7 @@ TEST_P(KernelOp, BackwardAddsIntoGradients) {
   for (size_t t = 0; t < in.size(); ++t) {
     Vec doubled = once[t];
     for (auto& x : doubled) x *= 2.0f;
-    EXPECT_LE(norm_err(twice[t], doubled), 1e-6) << "input " << t;
+    EXPECT_LE(moe::ops::nmse(twice[t], doubled), 1e-12) << "input " << t;
   }
 }
 
@@ -493,7 +157,7 @@ TEST(Gemm, LinearAccumulateAddsAndZeroKClears) {
   Vec x = randn(rng, 3 * 4, 1.0), w = randn(rng, 2 * 4, 1.0), y0 = randn(rng, 3 * 2, 1.0);
   Vec y = y0;
   linear_forward(y.data(), x.data(), w.data(), 3, 4, 2, /*accumulate=*/true);
-  Vec ref = ref_linear(x, w, 3, 4, 2);
+  Vec ref = ref::linear(x, w, 3, 4, 2);
   for (size_t i = 0; i < ref.size(); ++i) ref[i] += y0[i];
   EXPECT_LE(norm_err(y, ref), 1e-6);
   // K = 0 with beta = 0 must leave an exact zero, not stale memory.
@@ -751,7 +415,7 @@ TEST(RmsNorm, LaneSumsAtEveryWidthMatchDoubleLoops) {
     for (float& e : w) e = static_cast<float>(1.0 + 0.3 * rng.normal());
     for (float& e : dout) e = static_cast<float>(rng.normal());
     rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), rows, dim, 1e-5f);
-    const Vec want = ref_rmsnorm(x, w, rows, dim, 1e-5);
+    const Vec want = ref::rmsnorm(x, w, rows, dim, 1e-5);
     for (size_t i = 0; i < out.size(); ++i)
       ASSERT_NEAR(out[i], want[i], 3e-7 * (std::fabs(want[i]) + 1e-3)) << "dim " << dim << " at " << i;
     Vec dx(rows * dim, 0.5f), dw(dim, 0.25f);

@@ -1,0 +1,93 @@
+// One description per CPU kernel op (ggml's test-backend-ops is the model): an op's entry says
+// its shape, how to fill its inputs, its FLOP count, the kernel's forward and backward, a naive
+// reference and its error bounds. The same entry runs as the correctness test against the naive
+// reference, as the gradient test against finite differences and the += contract
+// (tests/test_kernels.cpp), and as a Google Benchmark with its FLOP count as a counter
+// (bench/bench_ops.cpp), and, for the ops with a CUDA twin, as the device check of the CUDA kernel
+// against the CPU one (tests/cuda/test_cuda_ops.cpp). Adding an op means adding one factory and
+// one line in each of test_ops(), bench_ops() and device_ops().
+//
+// Errors are normalised mean squared errors, nmse = Σ (a - ref)² / Σ ref², bound per op.
+// Integer inputs (tokens, targets, offsets) are fixed in the entry; every float input is
+// differentiated. Backward ADDS into the gradients (sized like the inputs) given dL/dout.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+
+namespace moe::ops {
+
+using Vec = std::vector<float>;
+using Tensors = std::vector<Vec>;
+
+struct Checker;  // op_device.h
+// One check of the device mode: runs the CPU kernel and its kernels::cuda twin on device copies
+// of the same inputs and hands every output pair to the Checker (NMSE <= bound; index outputs
+// and refusals exact). Gradient outputs start nonzero on both sides: the += contract is checked.
+struct DeviceCheck {
+  std::string name;  // "rmsnorm_backward dw=null"
+  double bound;      // NMSE bound of the float outputs
+  std::function<void(Checker&)> run;
+};
+
+struct Op {
+  std::string name;   // "linear"
+  std::string shape;  // "T=5 in=7 out=6"
+  // FLOPs of one forward call and of one backward call as written below (where the kernel's
+  // backward needs forward's saved state, the backward call reruns the forward: counted in).
+  // Exp, log and sqrt count as one FLOP. bytes: the tensors read and written by one forward
+  // (for ops that move data rather than compute: embedding).
+  double fwd_flops = 0.0, bwd_flops = 0.0, fwd_bytes = 0.0;
+  std::function<Tensors(Rng&)> make_inputs;
+  std::function<Vec(const Tensors&)> forward;    // the kernel
+  std::function<Vec(const Tensors&)> reference;  // naive loops in double
+  std::function<void(Tensors& grads, const Tensors& in, const Vec& dout)> backward;
+  double fwd_nmse = 1e-12;  // nmse(kernel, reference)
+  double grad_nmse = 4e-6;  // nmse(analytic, central differences); measured 1e-12 .. 1e-7
+  double fd_h = 1e-2;       // central-difference step
+  // The device mode at this entry's shape. Filled only where op_table.cpp is compiled with
+  // MOETRAIN_OP_DEVICE (moetrain_cuda_tests, tests/cuda/test_cuda_ops.cpp runs device_ops());
+  // empty for an op without a CUDA twin (swiglu_mlp: on the device it is the grouped kernel's).
+  std::vector<DeviceCheck> device;
+};
+
+// Σ (a - ref)² / Σ ref² (Σ (a - ref)² where ref is all zero).
+double nmse(const Vec& a, const Vec& ref);
+// n normal samples times scale.
+Vec randn(Rng& rng, size_t n, double scale = 1.0);
+
+// ---- the ops ----
+Op linear_op(int T, int in, int out);
+Op rmsnorm_op(int rows, int dim);
+// The forward's table is longer than T on purpose (rows past T unused).
+Op rope_op(int B, int T, int n_head, int head_dim);
+Op attention_op(int B, int T, int n_head, int head_dim);
+Op swiglu_op(size_t n);
+Op embedding_op(int vocab, int dim, std::vector<int32_t> tokens);
+Op cross_entropy_op(int V, std::vector<int32_t> targets);
+Op swiglu_mlp_op(int N, int H, int F);
+// offsets_E1: exclusive prefix sums of the rows per expert (E + 1 entries).
+Op grouped_swiglu_op(int H, int F, std::vector<int32_t> offsets_E1);
+
+// The table at the test shapes (small: every input element is finite-differenced), at the
+// benchmark shapes (the model's sizes) and at the device shapes (the CUDA kernels' block and
+// warp edges, empty inputs, refusals).
+const std::vector<Op>& test_ops();
+std::vector<Op> bench_ops();
+#ifdef MOETRAIN_OP_DEVICE
+std::vector<Op> device_ops();
+#endif
+
+// ---- naive references (plain loops in double, no BLAS, independent of src/kernels) ----
+namespace ref {
+// y[T,out] = x[T,in] · w[out,in]^T
+Vec linear(const Vec& x, const Vec& w, int T, int in, int out);
+Vec rmsnorm(const Vec& x, const Vec& w, int rows, int dim, double eps);
+}  // namespace ref
+
+}  // namespace moe::ops
