@@ -7,19 +7,12 @@
 
 #include "core/error.h"
 #include "core/modes.h"
+#include "test_util.h"
 
 namespace moe {
 namespace {
 
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_util::error_of;
 
 template <class E>
 void expect_round_trip(std::initializer_list<E> values) {

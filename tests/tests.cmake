@@ -9,6 +9,27 @@ add_executable(moetrain_tests ${MOETRAIN_TEST_SOURCES} ${CMAKE_SOURCE_DIR}/tests
 target_include_directories(moetrain_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests)
 target_link_libraries(moetrain_tests PRIVATE moetrain_lib moetrain_text GTest::gtest GTest::gtest_main)
 include(GoogleTest)
+
+# moetrain_script_test(NAME SCRIPT [NO_DIR] [SERIAL] TIMEOUT S [LABELS L...] [PROPERTIES P V...]):
+# tests/SCRIPT run on the moetrain binary and the built-in corpus, with the scratch folder
+# build/NAME as its third argument unless NO_DIR; SERIAL runs it alone.
+function(moetrain_script_test name script)
+  cmake_parse_arguments(T "NO_DIR;SERIAL" "TIMEOUT" "LABELS;PROPERTIES" ${ARGN})
+  set(dir ${CMAKE_BINARY_DIR}/${name})
+  if(T_NO_DIR)
+    set(dir "")
+  endif()
+  add_test(NAME ${name} COMMAND ${CMAKE_SOURCE_DIR}/tests/${script} $<TARGET_FILE:moetrain>
+                               ${CMAKE_SOURCE_DIR}/data/kjv.txt ${dir})
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} ${T_PROPERTIES})
+  if(T_LABELS)
+    set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}")
+  endif()
+  if(T_SERIAL)
+    set_tests_properties(${name} PROPERTIES RUN_SERIAL TRUE)
+  endif()
+endfunction()
+
 gtest_discover_tests(moetrain_tests DISCOVERY_TIMEOUT 60)
 
 # CUDA ops against the CPU kernels (forward, backward, the += contract): exits 77 (ctest: SKIPPED,
@@ -84,10 +105,7 @@ if(MOETRAIN_EMULATE_CUDA)
              COMMAND tool_device_parity --preset ${preset} --steps 20 --precision fp32)
     set_tests_properties(emulated_model_parity_${preset} PROPERTIES LABELS "emulated-cuda")
   endforeach()
-  add_test(NAME emulated_device_train
-           COMMAND ${CMAKE_SOURCE_DIR}/tests/emulated_device.sh $<TARGET_FILE:moetrain>
-                   ${CMAKE_SOURCE_DIR}/data/kjv.txt ${CMAKE_BINARY_DIR}/emulated_device_train)
-  set_tests_properties(emulated_device_train PROPERTIES LABELS "emulated-cuda" TIMEOUT 600)
+  moetrain_script_test(emulated_device_train emulated_device.sh TIMEOUT 600 LABELS emulated-cuda)
   # Ranks on (emulated) GPUs: EP, DP, PP x EP, HALO and RBD with --device cuda == --device cpu bit
   # for bit, and a multi-rank device checkpoint resumed (mpirun).
   find_program(MPIRUN_FOR_EMULATED NAMES mpirun mpiexec)
@@ -146,26 +164,17 @@ if(TARGET tool_ref_dump AND SYSTEM_PYTHON3)
                          SKIP_RETURN_CODE 77)
   endforeach()
 endif()
-
 # moetrain train --profile: the MoE step times in metrics.jsonl and the summary.
-add_test(NAME train_profile COMMAND ${CMAKE_SOURCE_DIR}/tests/profile.sh $<TARGET_FILE:moetrain>
-         ${CMAKE_SOURCE_DIR}/data/kjv.txt ${CMAKE_BINARY_DIR}/train_profile)
-set_tests_properties(train_profile PROPERTIES TIMEOUT 300)
+moetrain_script_test(train_profile profile.sh TIMEOUT 300)
 # --time-budget: the chosen step count, its schedule, --steps N repeating it, resume keeping it.
-add_test(NAME train_time_budget COMMAND ${CMAKE_SOURCE_DIR}/tests/time_budget.sh $<TARGET_FILE:moetrain>
-         ${CMAKE_SOURCE_DIR}/data/kjv.txt ${CMAKE_BINARY_DIR}/train_time_budget)
-set_tests_properties(train_time_budget PROPERTIES TIMEOUT 300 LABELS mpi)
+moetrain_script_test(train_time_budget time_budget.sh TIMEOUT 300 LABELS mpi)
 
 # moetrain tokenize end to end: bytes and a small BPE, a Megatron-layout file from Python, train
 # 3 steps on each; bad tokenize input.
-add_test(NAME tokenize_cli COMMAND ${CMAKE_SOURCE_DIR}/tests/tokenize.sh $<TARGET_FILE:moetrain>
-         ${CMAKE_SOURCE_DIR}/data/kjv.txt)
-set_tests_properties(tokenize_cli PROPERTIES TIMEOUT 300)
+moetrain_script_test(tokenize_cli tokenize.sh NO_DIR TIMEOUT 300)
 # --precision bf16 on the CPU: 20 training steps against fp32 within a stated bound (SKIPPED
 # without oneDNN or AVX-512 BF16).
-add_test(NAME bf16_train COMMAND ${CMAKE_SOURCE_DIR}/tests/bf16_train.sh $<TARGET_FILE:moetrain>
-         ${CMAKE_SOURCE_DIR}/data/kjv.txt ${CMAKE_BINARY_DIR}/bf16_train)
-set_tests_properties(bf16_train PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+moetrain_script_test(bf16_train bf16_train.sh TIMEOUT 300 PROPERTIES SKIP_RETURN_CODE 77)
 # Bad input through the CLI: one-line errors, non-zero exit, nothing written.
 # The module arrows are enforced by the build (CMakeLists.txt, moetrain_headers): tests/arrows/
 # holds one allowed and three forbidden includes, each an object target built only by the test.
@@ -211,40 +220,22 @@ foreach(suite ep pp noaux migrate v3 v3cfg)
   endif()
   set_tests_properties(parity_${suite} PROPERTIES LABELS "${labels}" TIMEOUT 900 RUN_SERIAL TRUE)
 endforeach()
-add_test(NAME cli_errors_mpi
-         COMMAND ${CMAKE_SOURCE_DIR}/tests/cli_errors_mpi.sh $<TARGET_FILE:moetrain>
-                 ${CMAKE_SOURCE_DIR}/data/kjv.txt)
-set_tests_properties(cli_errors_mpi PROPERTIES LABELS "mpi" TIMEOUT 600)
+moetrain_script_test(cli_errors_mpi cli_errors_mpi.sh NO_DIR TIMEOUT 600 LABELS mpi)
 # Pipeline memory from measured high-water marks: 1F1B in-flight micro-batches, recompute factors.
-add_test(NAME pp_memory
-         COMMAND ${CMAKE_SOURCE_DIR}/tests/pp_memory.sh $<TARGET_FILE:moetrain>
-                 ${CMAKE_SOURCE_DIR}/data/kjv.txt ${CMAKE_BINARY_DIR}/pp_memory)
-set_tests_properties(pp_memory PROPERTIES LABELS "mpi" TIMEOUT 600 RUN_SERIAL TRUE)
+moetrain_script_test(pp_memory pp_memory.sh SERIAL TIMEOUT 600 LABELS mpi)
 # ZeRO-1 (--zero1): parity with one process and with the plain layout (bit for bit where the
 # sums agree), optimizer bytes and high-water marks, the planner's prediction, resume both ways.
-add_test(NAME zero1
-         COMMAND ${CMAKE_SOURCE_DIR}/tests/zero1.sh $<TARGET_FILE:moetrain>
-                 ${CMAKE_SOURCE_DIR}/data/kjv.txt ${CMAKE_BINARY_DIR}/zero1)
-set_tests_properties(zero1 PROPERTIES LABELS "mpi;long" TIMEOUT 600 RUN_SERIAL TRUE)
+moetrain_script_test(zero1 zero1.sh SERIAL TIMEOUT 600 LABELS mpi long)
 # Tensor parallelism (--tp, SSMB): parity with one process (TP2, TP4, TP2xEP2, TP2xPP2,
 # TP2xEP2xDP2 --zero1), the MoE token-row bytes divided by TP, ZeRO-1 shares, resume across TP degrees.
-add_test(NAME tensor_parallel
-         COMMAND ${CMAKE_SOURCE_DIR}/tests/tp.sh $<TARGET_FILE:moetrain>
-                 ${CMAKE_SOURCE_DIR}/data/kjv.txt ${CMAKE_BINARY_DIR}/tensor_parallel)
-set_tests_properties(tensor_parallel PROPERTIES LABELS "mpi;long" TIMEOUT 600 RUN_SERIAL TRUE)
+moetrain_script_test(tensor_parallel tp.sh SERIAL TIMEOUT 600 LABELS mpi long)
 # Tensor-parallel plans: the train command `moetrain plan` prints for TP 2 layouts runs; the
 # planner's per-rank memory for tp 1, 2, 4 (and tp x ep, tp x dp --zero1) within 5% of measured.
-add_test(NAME tp_plan
-         COMMAND ${CMAKE_SOURCE_DIR}/tests/tp_plan.sh $<TARGET_FILE:moetrain>
-                 ${CMAKE_SOURCE_DIR}/data/kjv.txt ${CMAKE_BINARY_DIR}/tp_plan)
-set_tests_properties(tp_plan PROPERTIES LABELS "mpi;long" TIMEOUT 600 RUN_SERIAL TRUE)
+moetrain_script_test(tp_plan tp_plan.sh SERIAL TIMEOUT 600 LABELS mpi long)
 
 # Checkpoints and faults end to end: resume bit for bit, kill -9 at random moments, resharding,
 # SIGTERM, non-finite steps, a full disk.
-add_test(NAME checkpoint_faults
-         COMMAND ${CMAKE_SOURCE_DIR}/tests/checkpoint.sh $<TARGET_FILE:moetrain>
-                 ${CMAKE_SOURCE_DIR}/data/kjv.txt ${CMAKE_BINARY_DIR}/checkpoint_faults)
-set_tests_properties(checkpoint_faults PROPERTIES LABELS "mpi;long" TIMEOUT 900 RUN_SERIAL TRUE)
+moetrain_script_test(checkpoint_faults checkpoint.sh SERIAL TIMEOUT 900 LABELS mpi long)
 
 # libFuzzer targets for the file parsers (-DMOETRAIN_FUZZ=ON, clang only): tests/fuzz, scripts/fuzz.sh.
 option(MOETRAIN_FUZZ "build the libFuzzer targets in tests/fuzz (needs clang)" OFF)

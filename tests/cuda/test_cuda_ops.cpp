@@ -55,6 +55,7 @@ using namespace moe;
 using namespace moe::kernels;
 using moe::ops::Checker;
 using moe::ops::dev;
+using moe::ops::DeviceScope;
 using moe::ops::host;
 using moe::ops::randn;
 using moe::ops::uniform;
@@ -105,15 +106,11 @@ void add_gemm(std::vector<OpCase>& ops, bool ta, bool tb, int M, int N, int K, f
                    auto dA = dev(A), dB = dev(B);
                    auto dC = dev(C);
                    gemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
-                   set_gemm_bf16(bf16);
-                   try {
+                   {
+                     const DeviceScope bf16_gemm(Device::kCpu, bf16);  // cuda::gemm is called directly
                      cuda::gemm(ta, tb, M, N, K, alpha, dA.data(), lda, dB.data(), ldb, beta,
                                 dC.data(), ldc);
-                   } catch (...) {
-                     set_gemm_bf16(false);
-                     throw;
                    }
-                   set_gemm_bf16(false);
                    c.close("C", host(dC), C);
                  }});
 }

@@ -16,6 +16,7 @@
 #include "core/rng.h"
 #include "kernels/attention.h"
 #include "kernels/cuda/context.h"
+#include "kernels/gemm.h"
 #include "kernels/device_select.h"
 
 namespace moe::ops {
@@ -41,12 +42,26 @@ inline std::vector<float> uniform(Rng& rng, size_t n, double lo, double hi) {
   return v;
 }
 
+// The active device and the GEMM precision for one scope; back to the CPU in fp32 when it ends, an
+// exception included (a failed check must not leave the next case on the device).
+class DeviceScope {
+ public:
+  DeviceScope(Device device, bool bf16) {
+    kernels::set_active_device(device);
+    kernels::set_gemm_bf16(bf16);
+  }
+  ~DeviceScope() {
+    kernels::set_active_device(Device::kCpu);
+    kernels::set_gemm_bf16(false);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+};
+
 // The CUDA attention's saved state is sized by the CUDA path of attention_saved_floats.
 inline size_t cuda_saved_floats(int B, int T, int nh, int hd) {
-  kernels::set_active_device(Device::kCuda);
-  const size_t n = kernels::attention_saved_floats(B, T, nh, hd);
-  kernels::set_active_device(Device::kCpu);
-  return n;
+  const DeviceScope on_device(Device::kCuda, false);
+  return kernels::attention_saved_floats(B, T, nh, hd);
 }
 
 struct Checker {

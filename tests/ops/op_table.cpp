@@ -171,16 +171,12 @@ Op linear_op(int T, int in, int out) {
                        d_dw = dev(dw);
                   linear_forward(y.data(), x.data(), w.data(), T, in, out);
                   linear_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), T, in, out);
-                  set_active_device(Device::kCuda);
-                  try {
+                  {
+                    const DeviceScope on_device(Device::kCuda, false);
                     linear_forward(d_y.data(), d_x.data(), d_w.data(), T, in, out);
                     linear_backward(d_dx.data(), d_dw.data(), d_dy.data(), d_x.data(), d_w.data(),
                                     T, in, out);
-                  } catch (...) {
-                    set_active_device(Device::kCpu);
-                    throw;
                   }
-                  set_active_device(Device::kCpu);
                   c.close("y", host(d_y), y);
                   c.close("dx", host(d_dx), dx);
                   c.close("dw", host(d_dw), dw);
@@ -658,21 +654,15 @@ Op grouped_swiglu_op(int H, int F, std::vector<int32_t> offsets_E1) {
            grouped_swiglu_backward(dx.data(), {dwg.data(), dwu.data(), dwd.data()}, dy.data(),
                                    x.data(), g.data(), u.data(), h.data(), offsets, E,
                                    {wg.data(), wu.data(), wd.data()}, H, F, scratch.data());
-           set_active_device(Device::kCuda);
-           try {
+           {
+             const DeviceScope on_device(Device::kCuda, bf16);
              const MlpWeights w{d_wg.data(), d_wu.data(), d_wd.data()};
              grouped_swiglu_forward(d_y.data(), d_g.data(), d_u.data(), d_h.data(), d_x.data(),
                                     offsets, E, w, H, F);
              grouped_swiglu_backward(d_dx.data(), {d_dwg.data(), d_dwu.data(), d_dwd.data()},
                                      d_dy.data(), d_x.data(), d_g.data(), d_u.data(), d_h.data(),
                                      offsets, E, w, H, F, d_scratch.data());
-           } catch (...) {
-             set_active_device(Device::kCpu);
-             set_gemm_bf16(false);
-             throw;
            }
-           set_active_device(Device::kCpu);
-           set_gemm_bf16(false);
            c.close("y", host(d_y), y);
            c.close("h", host(d_h), h);
            c.close("dx", host(d_dx), dx);
