@@ -15,6 +15,7 @@
 #include "core/buffer.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "test_inputs.h"
 
 namespace moe::test_util {
 
@@ -29,41 +30,7 @@ std::string error_of(F&& f) {
   return "";
 }
 
-// ---- inputs ----
-// n normal samples times scale, drawn from rng.
-inline std::vector<float> randn(Rng& rng, size_t n, double scale = 1.0) {
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<float>(rng.normal() * scale);
-  return v;
-}
-// The same from a fresh stream `stream` of seed (core/rng.h's derive_rng): suites that build
-// each tensor from its own seed.
-inline std::vector<float> randn(size_t n, uint64_t seed, uint64_t stream, double scale) {
-  Rng rng = derive_rng(seed, stream);
-  return randn(rng, n, scale);
-}
-// n samples uniform in [lo, hi).
-inline std::vector<float> uniform(Rng& rng, size_t n, double lo, double hi) {
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<float>(lo + (hi - lo) * rng.uniform());
-  return v;
-}
-// A host Buffer's elements as a vector.
-template <class T>
-std::vector<T> to_vec(const Buffer<T>& b) {
-  return std::vector<T>(b.data(), b.data() + b.size());
-}
-
 // ---- errors ----
-// ||a - ref||_2 / ||ref||_2 (relative L2; the square root of the normalised MSE).
-inline double norm_err(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / (den > 0 ? den : 1e-30));
-}
 // max |a - ref| / max |ref|: a scale-aware error for whole tensors.
 inline double max_rel_err(const std::vector<float>& a, const std::vector<float>& ref) {
   EXPECT_EQ(a.size(), ref.size());

@@ -14,6 +14,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "test_inputs.h"
 #include "kernels/attention.h"
 #include "kernels/cuda/context.h"
 #include "kernels/gemm.h"
@@ -35,12 +36,7 @@ std::vector<T> host(const Buffer<T>& b) {
   return h;
 }
 
-// n samples uniform in [lo, hi).
-inline std::vector<float> uniform(Rng& rng, size_t n, double lo, double hi) {
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(lo + (hi - lo) * rng.uniform());
-  return v;
-}
+using test_util::uniform;  // tests/test_inputs.h
 
 // The active device and the GEMM precision for one scope; back to the CPU in fp32 when it ends, an
 // exception included (a failed check must not leave the next case on the device).

@@ -37,12 +37,6 @@ double nmse(const Vec& a, const Vec& ref) {
   return den > 0.0 ? num / den : num;
 }
 
-Vec randn(Rng& rng, size_t n, double scale) {
-  Vec v(n);
-  for (float& x : v) x = static_cast<float>(rng.normal() * scale);
-  return v;
-}
-
 namespace {
 
 std::string dims(const char* a, long x, const char* b, long y) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "test_inputs.h"
 
 namespace moe::ops {
 
@@ -58,8 +59,7 @@ struct Op {
 
 // Σ (a - ref)² / Σ ref² (Σ (a - ref)² where ref is all zero).
 double nmse(const Vec& a, const Vec& ref);
-// n normal samples times scale.
-Vec randn(Rng& rng, size_t n, double scale = 1.0);
+using test_util::randn;  // tests/test_inputs.h
 
 // ---- the ops ----
 Op linear_op(int T, int in, int out);
