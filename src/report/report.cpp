@@ -588,15 +588,16 @@ ReportWritten write_report(const std::string& run, const std::string& output) {
   std::error_code ec;
   MOE_CHECK(fs::exists(run, ec), run, ": no such folder or file");
   const bool dir = fs::is_directory(run, ec);
-  const std::string run_dir = dir ? run : fs::path(run).parent_path().string();
+  const std::string parent = fs::path(run).parent_path().string();
+  const std::string rd = dir ? run : parent.empty() ? "."
+                                                    : parent;  // the run folder
   const std::string metrics = dir ? run + "/metrics.jsonl" : run;
   if (dir)
     MOE_CHECK(fs::exists(metrics, ec), run, ": no metrics.jsonl in this folder (not the --out folder of moetrain train?)");
-  const std::string out = output.empty() ? (run_dir.empty() ? "." : run_dir) + "/report.html" : output;
+  const std::string out = output.empty() ? rd + "/report.html" : output;
   const std::string flag = output.empty() ? "report" : "-o";
   // The page: a new or regular file, none of the files it is made from (io/output_file.h),
   // written beside its place under a fresh temporary name and renamed (no half-written page).
-  const std::string rd = run_dir.empty() ? "." : run_dir;
   io::check_output_path(out, flag, {metrics, rd + "/config.json", rd + "/metrics.jsonl", rd + "/metrics.jsonl.prev"});
   const std::string html = render_report(rd, metrics, dir);
   io::write_file_atomic(out, html, flag);
