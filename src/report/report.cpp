@@ -589,8 +589,8 @@ ReportWritten write_report(const std::string& run, const std::string& output) {
   MOE_CHECK(fs::exists(run, ec), run, ": no such folder or file");
   const bool dir = fs::is_directory(run, ec);
   const std::string parent = fs::path(run).parent_path().string();
-  const std::string rd = dir ? run : parent.empty() ? "."
-                                                    : parent;  // the run folder
+  // The run folder: RUN itself, or the folder of the metrics file RUN names.
+  const std::string rd = dir ? run : (parent.empty() ? "." : parent);
   const std::string metrics = dir ? run + "/metrics.jsonl" : run;
   if (dir)
     MOE_CHECK(fs::exists(metrics, ec), run, ": no metrics.jsonl in this folder (not the --out folder of moetrain train?)");
