@@ -79,7 +79,8 @@ struct Inputs {
   int B, T, nh, hd;
   std::vector<float> q, k, v, dout, out, dq, dk, dv;
   explicit Inputs(const benchmark::State& state)
-      : B(int(state.range(0))), T(int(state.range(1))), nh(int(state.range(2))), hd(int(state.range(3))) {
+      : B(int(state.range(0))), T(int(state.range(1))), nh(int(state.range(2))),
+        hd(int(state.range(3))) {
     const size_t n = size_t(B) * T * nh * hd;
     Rng rng(5);
     q = rand_uniform(rng, n);
@@ -131,7 +132,8 @@ void BM_AttentionUnfused(benchmark::State& state) {
 // B, T, nh, hd: the tiny model's micro-batch of 8 sequences, long sequences at its head shape,
 // and wider heads.
 void shapes(benchmark::internal::Benchmark* b) {
-  b->Args({8, 128, 4, 32})->Args({1, 1024, 4, 32})->Args({1, 2048, 4, 32})->Args({2, 256, 8, 64})->Args({1, 2048, 2, 128});
+  b->Args({8, 128, 4, 32})->Args({1, 1024, 4, 32})->Args({1, 2048, 4, 32})->Args({2, 256, 8, 64})
+      ->Args({1, 2048, 2, 128});
   b->ArgNames({"B", "T", "nh", "hd"})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime();
 }
 BENCHMARK(BM_AttentionFused)->Apply(shapes);

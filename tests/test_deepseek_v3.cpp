@@ -10,8 +10,8 @@
 #include "test_util.h"
 
 using namespace moe;
-using moe::test_util::error_of;
 using nlohmann::json;
+using moe::test_util::error_of;
 
 namespace {
 

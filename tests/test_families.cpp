@@ -109,7 +109,7 @@ TEST(Families, PublishedConfigsReadAndWriteBackWithTheirNames) {
   EXPECT_EQ(q2.shared_ffn(), 20480);
   EXPECT_TRUE(q2.qkv_bias() && q2.gated_shared_expert() && !q2.qk_norm());
   EXPECT_EQ(q2.kv_heads(), 4);
-  EXPECT_EQ(model::attention_window(q2), 0);                    // sliding_window set, use_sliding_window false
+  EXPECT_EQ(model::attention_window(q2), 0);  // sliding_window set, use_sliding_window false
   EXPECT_NEAR(model::count_params(q2).total / 1e9, 57.4, 0.1);  // Qwen2-57B-A14B
   EXPECT_NEAR(model::count_params(q2).active / 1e9, 14.2, 0.1);
   std::vector<std::string> q2_fields = kCommon;
@@ -190,9 +190,13 @@ TEST(Families, WhatTheTrainerCannotHonourIsAnErrorNamingIt) {
 // the Hugging Face names.
 TEST(Families, ExportedFolderLoadsBackByName) {
   const std::map<std::string, std::vector<std::string>> names = {
-      {"test-mixtral", {"model.layers.2.block_sparse_moe.gate.weight", "model.layers.0.block_sparse_moe.experts.7.w1.weight", "model.layers.1.block_sparse_moe.experts.0.w3.weight", "model.layers.1.block_sparse_moe.experts.5.w2.weight"}},
-      {"test-qwen2moe", {"model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.gate.weight", "model.layers.2.mlp.experts.3.up_proj.weight", "model.layers.1.mlp.shared_expert.down_proj.weight", "model.layers.2.mlp.shared_expert_gate.weight", "model.layers.0.self_attn.k_proj.bias"}},
-      {"test-qwen3moe", {"model.layers.0.self_attn.q_norm.weight", "model.layers.2.self_attn.k_norm.weight", "model.layers.0.mlp.experts.6.gate_proj.weight"}}};
+      {"test-mixtral", {"model.layers.2.block_sparse_moe.gate.weight", "model.layers.0.block_sparse_moe.experts.7.w1.weight",
+                        "model.layers.1.block_sparse_moe.experts.0.w3.weight", "model.layers.1.block_sparse_moe.experts.5.w2.weight"}},
+      {"test-qwen2moe", {"model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.gate.weight",
+                         "model.layers.2.mlp.experts.3.up_proj.weight", "model.layers.1.mlp.shared_expert.down_proj.weight",
+                         "model.layers.2.mlp.shared_expert_gate.weight", "model.layers.0.self_attn.k_proj.bias"}},
+      {"test-qwen3moe", {"model.layers.0.self_attn.q_norm.weight", "model.layers.2.self_attn.k_norm.weight",
+                         "model.layers.0.mlp.experts.6.gate_proj.weight"}}};
   for (const auto& [preset, want] : names) {
     const model::ModelConfig c = model::preset(preset);
     model::Model m(c);

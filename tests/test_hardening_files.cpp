@@ -38,10 +38,10 @@ std::string fresh_dir(const std::string& name) { return moe::test_util::fresh_sc
 
 using moe::test_util::error_of;
 
-#define EXPECT_ERROR_HAS(expr, text)                                            \
-  do {                                                                          \
-    const std::string err_ = error_of([&] { (void)(expr); });                   \
-    EXPECT_NE(err_.find(text), std::string::npos) << "error: '" << err_ << "'"; \
+#define EXPECT_ERROR_HAS(expr, text)                                                     \
+  do {                                                                                   \
+    const std::string err_ = error_of([&] { (void)(expr); });                            \
+    EXPECT_NE(err_.find(text), std::string::npos) << "error: '" << err_ << "'";          \
   } while (0)
 
 TEST(CheckedMath, DetectsOverflow) {
@@ -410,7 +410,7 @@ TEST(OutputFile, NeverALinkFifoFolderOrInput) {
   EXPECT_ERROR_HAS(moe::io::check_output_path(d + "/fifo", "--dump"), "fifo: is a FIFO (named pipe); an output must be");
   EXPECT_ERROR_HAS(moe::io::check_output_path(d + "/dir", "--dump"), "dir: is a directory");
   EXPECT_ERROR_HAS(moe::io::check_output_path(d + "/input", "--dump", {d + "/input"}), "is the input");
-  EXPECT_ERROR_HAS(moe::io::check_output_path(d + "/hard", "--dump", {d + "/input"}), "is the input");        // same inode
+  EXPECT_ERROR_HAS(moe::io::check_output_path(d + "/hard", "--dump", {d + "/input"}), "is the input");  // same inode
   EXPECT_ERROR_HAS(moe::io::check_output_path(d + "/input", "--dump", {d}), "is the input " + d + "/input");  // a folder
   EXPECT_NO_THROW(moe::io::check_output_path(d + "/new", "--dump", {d + "/input", d + "/missing"}));
   EXPECT_NO_THROW(moe::io::check_output_path(d + "/target", "--dump", {d + "/input"}));

@@ -36,8 +36,8 @@ using namespace moe::kernels;
 using Vec = std::vector<float>;
 using Tensors = std::vector<Vec>;
 
-using moe::test_util::norm_err;
 using moe::test_util::randn;
+using moe::test_util::norm_err;
 
 using moe::ops::Op;
 namespace ref = moe::ops::ref;
@@ -247,8 +247,8 @@ TEST(Rope, YarnTableMatchesFormula) {
       EXPECT_NEAR(t.cos[p * t.half + i], std::cos(p * f) * amp, 1e-6) << "p=" << p << " i=" << i;
       EXPECT_NEAR(t.sin[p * t.half + i], std::sin(p * f) * amp, 1e-6) << "p=" << p << " i=" << i;
     }
-  EXPECT_GT(low, 0.0);           // the ramp starts inside the dimensions...
-  EXPECT_LT(high, d / 2 - 1.0);  // ...and ends inside them: both regimes are tested
+  EXPECT_GT(low, 0.0);                  // the ramp starts inside the dimensions...
+  EXPECT_LT(high, d / 2 - 1.0);         // ...and ends inside them: both regimes are tested
 }
 
 // MLA's head assembly is linear in (q, kv, kpe): backward must be its exact transpose,

@@ -105,8 +105,8 @@ TEST(MoeLayout, CapacityDropKeepsFirstPairsInTokenOrder) {
 TEST(MoeLayout, CapacityFormula) {
   EXPECT_EQ(expert_capacity(4096, 6, 64, 1.0f), 384);
   EXPECT_EQ(expert_capacity(4096, 6, 64, 1.25f), 480);
-  EXPECT_EQ(expert_capacity(10, 1, 8, 1.0f), 4);     // min_capacity
-  EXPECT_EQ(expert_capacity(10, 2, 2, 100.0f), 10);  // never more than T
+  EXPECT_EQ(expert_capacity(10, 1, 8, 1.0f), 4);      // min_capacity
+  EXPECT_EQ(expert_capacity(10, 2, 2, 100.0f), 10);   // never more than T
   EXPECT_THROW(expert_capacity(10, 2, 2, 0.0f), moe::Error);
   IVec bad = {0, 3};
   EXPECT_THROW(build_dispatch_layout(bad.data(), 2, 1, 3), moe::Error);
@@ -394,7 +394,8 @@ Model make_model(const MoeConfig& cfg, int T, int num_seqs, uint64_t seed, float
 struct Grads {
   Vec dx, dgate, deg, deu, ded, dsg, dsu, dsd;
   explicit Grads(const Model& m)
-      : dx(m.x.size()), dgate(m.gate.size()), deg(m.eg.size()), deu(m.eu.size()), ded(m.ed.size()), dsg(m.sg.size()), dsu(m.su.size()), dsd(m.sd.size()) {}
+      : dx(m.x.size()), dgate(m.gate.size()), deg(m.eg.size()), deu(m.eu.size()),
+        ded(m.ed.size()), dsg(m.sg.size()), dsu(m.su.size()), dsd(m.sd.size()) {}
   MoeGrads view() {
     return {dgate.data(), {deg.data(), deu.data(), ded.data()}, {dsg.data(), dsu.data(), dsd.data()}};
   }
@@ -605,7 +606,10 @@ void check_layer_gradients(const MoeConfig& cfg, int T, int num_seqs, uint64_t s
     Vec* p;
     const Vec* g;
   };
-  const Param params[] = {{"x", &m.x, &g.dx}, {"router", &m.gate, &g.dgate}, {"expert gate", &m.eg, &g.deg}, {"expert up", &m.eu, &g.deu}, {"expert down", &m.ed, &g.ded}, {"shared gate", &m.sg, &g.dsg}, {"shared up", &m.su, &g.dsu}, {"shared down", &m.sd, &g.dsd}};
+  const Param params[] = {{"x", &m.x, &g.dx},           {"router", &m.gate, &g.dgate},
+                          {"expert gate", &m.eg, &g.deg}, {"expert up", &m.eu, &g.deu},
+                          {"expert down", &m.ed, &g.ded}, {"shared gate", &m.sg, &g.dsg},
+                          {"shared up", &m.su, &g.dsu},   {"shared down", &m.sd, &g.dsd}};
   int skipped = 0, checked = 0;
   for (const Param& prm : params) {
     for (size_t i = 0; i < prm.p->size(); ++i) {

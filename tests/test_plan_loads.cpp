@@ -45,7 +45,7 @@ plan::RoutingStats loads_file(const std::string& name, const std::vector<double>
 struct TinyPlan {
   plan::PlanModel model = plan::plan_preset("tiny");  // E = 8, k = 2, 3 MoE layers
   plan::ClusterProfile cluster = plan::resolve_cluster("dgx-h100");
-  plan::TrainShape shape{128, 16, Precision::kBf16};  // seq 128, global batch 16 (the default job)
+  plan::TrainShape shape{128, 16, Precision::kBf16};             // seq 128, global batch 16 (the default job)
 
   plan::Candidate eval(const std::string& layout, const plan::RoutingStats* r, double imbalance = 1.0) const {
     return plan::evaluate_layout(model, cluster, plan::parse_layout(layout), shape, r, imbalance);
@@ -113,11 +113,9 @@ TEST(PlanLoads, ThePlanReportsTheImbalanceItUsed) {
   const plan::Candidate c = s.eval(kEp4, &skewed);
   const std::string text = plan::format_evaluation(ctx, c);
   EXPECT_NE(text.find("routing: measured expert loads of " + skewed.source + " (2 steps, 3 MoE layers, E=8)"),
-            std::string::npos)
-      << text;
+            std::string::npos) << text;
   EXPECT_NE(text.find("routing imbalance (busiest EP rank's rows / mean): 2.667 per step and layer"),
-            std::string::npos)
-      << text;
+            std::string::npos) << text;
   EXPECT_NE(text.find("(measured, --loads)"), std::string::npos) << text;
   const nlohmann::json j = plan::candidate_json(ctx, c);
   EXPECT_NEAR(j["routing_imbalance"]["time"].get<double>(), 80.0 / 30, 1e-12);
@@ -130,9 +128,7 @@ TEST(PlanLoads, ThePlanReportsTheImbalanceItUsed) {
   const plan::SearchResult r = plan::search_plans(s.model, s.cluster, so);
   bool saw_ep4 = false;
   for (const plan::Candidate& k : r.best) {
-    EXPECT_NEAR(k.imbalance_time, k.layout.ep == 4 ? 80.0 / 30 : k.layout.ep == 2 ? 100.0 / 60
-                                                                                  : 1.0,
-                1e-12)
+    EXPECT_NEAR(k.imbalance_time, k.layout.ep == 4 ? 80.0 / 30 : k.layout.ep == 2 ? 100.0 / 60 : 1.0, 1e-12)
         << k.layout.describe();
     saw_ep4 |= k.layout.ep == 4;
   }
@@ -153,9 +149,8 @@ TEST(PlanLoads, ThePlanReportsTheImbalanceItUsed) {
 TEST(PlanLoads, LoadsOfAnotherExpertCountAreOneLineNamingBoth) {
   const TinyPlan s;
   const plan::RoutingStats e4 = loads_file("e4.jsonl", {5, 3, 2, 1});
-  const std::string want = e4.source +
-                           ": the expert loads have 4 experts per MoE layer, model tiny has 8 "
-                           "(loads of another model?)";
+  const std::string want = e4.source + ": the expert loads have 4 experts per MoE layer, model tiny has 8 "
+                                       "(loads of another model?)";
   EXPECT_EQ(error_of([&] { s.eval(kEp4, &e4); }), want);
   plan::SearchOptions so;
   so.gpus = 2;  // ep 2 divides both 4 and 8: only the count check can catch it

@@ -80,7 +80,14 @@ int main(int argc, char** argv) {
     oc.weight_decay = 0.1f;
     oc.grad_clip = 0.5f;
     oc.eps = 1e-5f;
-    nlohmann::json tj = {{"batch", B}, {"seq_len", T}, {"steps", steps}, {"lr", oc.lr}, {"min_lr", oc.min_lr}, {"warmup_steps", oc.warmup_steps}, {"total_steps", oc.total_steps}, {"beta1", oc.beta1}, {"beta2", oc.beta2}, {"eps", oc.eps}, {"weight_decay", oc.weight_decay}, {"grad_clip", oc.grad_clip}, {"gemm_precision", precision}, {"mtp_weight", m.mtp_weight()}};
+    nlohmann::json tj = {{"batch", B},         {"seq_len", T},
+                         {"steps", steps},     {"lr", oc.lr},
+                         {"min_lr", oc.min_lr}, {"warmup_steps", oc.warmup_steps},
+                         {"total_steps", oc.total_steps}, {"beta1", oc.beta1},
+                         {"beta2", oc.beta2},  {"eps", oc.eps},
+                         {"weight_decay", oc.weight_decay}, {"grad_clip", oc.grad_clip},
+                         {"gemm_precision", precision},
+                         {"mtp_weight", m.mtp_weight()}};
     std::ofstream(dir + "/train.json") << tj.dump(2) << "\n";
 
     Rng rng(7);

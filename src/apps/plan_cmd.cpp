@@ -20,10 +20,8 @@ namespace moe::apps {
 void add_plan_commands(CLI::App& app, PlanCli& s) {
   CLI::App* p = app.add_subcommand("plan", "resource model: which layout fits, and how fast it runs");
   p->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  p->add_option("--model", s.model,
-                "preset (xmoe-small..super, piper-110b/862b/1.7t, mixtral-8x7b/8x22b, "
-                "deepseek-v2/v3, tiny, ...) or a Hugging Face config.json")
-      ->capture_default_str();
+  p->add_option("--model", s.model, "preset (xmoe-small..super, piper-110b/862b/1.7t, mixtral-8x7b/8x22b, "
+                                    "deepseek-v2/v3, tiny, ...) or a Hugging Face config.json")->capture_default_str();
   p->add_option("--cluster", s.cluster, "frontier, dgx-h100, or a profile.json from moetrain calibrate")->capture_default_str();
   p->add_option("--gpus", s.gpus, "world size (GPUs or ranks)");
   p->add_option("--seq-len", s.seq_len, "tokens per sequence (default: the model's training length)");
@@ -97,8 +95,7 @@ int run_plan(const PlanCli& s) {
                       m >= 1 && n >= 1 && k >= 1 && m <= 1e9 && n <= 1e9 && k <= 1e9;  // NaN and Inf fail too
       MOE_CHECK(ok && (form == "nt" || form == "nn" || form == "tn"), "--gemm: '", item,
                 "' is not FORM:MxNxK with FORM nt, nn or tn and sizes in [1, 1e9]");
-      const plan::GemmTable& t = form == "nt" ? c.gemm_nt : form == "nn" ? c.gemm_nn
-                                                                         : c.gemm_tn;
+      const plan::GemmTable& t = form == "nt" ? c.gemm_nt : form == "nn" ? c.gemm_nn : c.gemm_tn;
       std::printf("%-4s %8.0f %8.0f %8.0f  %.1f\n", form.c_str(), m, n, k, t.gflops_at(m, n, k) * 1e-3);
     }
     return 0;
@@ -155,7 +152,9 @@ int run_plan(const PlanCli& s) {
 
   MOE_CHECK(s.gpus >= 1, "--gpus must be given and >= 1 (got ", s.gpus, "), or use --evaluate --layout");
   ctx.shape.global_batch = s.global_batch > 0 ? s.global_batch : 2LL * s.gpus;
-  const plan::SearchOptions so{.gpus = s.gpus, .shape = ctx.shape, .zero1 = s.zero1, .top = s.top, .max_tp = s.max_tp, .max_micro_batches = s.max_micro_batches, .imbalance = s.imbalance, .routing = rp};
+  const plan::SearchOptions so{.gpus = s.gpus, .shape = ctx.shape, .zero1 = s.zero1, .top = s.top,
+                               .max_tp = s.max_tp, .max_micro_batches = s.max_micro_batches,
+                               .imbalance = s.imbalance, .routing = rp};
   plan::SearchResult r = plan::search_plans(m, c, so);
   if (s.json) {
     std::printf("%s\n", plan::search_json(ctx, r, s.explain).dump(1).c_str());

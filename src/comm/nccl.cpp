@@ -83,9 +83,8 @@ const NcclApi& api() {
     const bool fake = dlsym(h, "moetrain_fake_nccl") != nullptr;
 #ifdef MOETRAIN_EMULATED_CUDA
     if (!fake) {
-      x.failure =
-          "libnccl.so.2 is a real NCCL, which cannot reach the emulated device's memory "
-          "(put the fake one, <build>/fake_nccl, first on LD_LIBRARY_PATH)";
+      x.failure = "libnccl.so.2 is a real NCCL, which cannot reach the emulated device's memory "
+                  "(put the fake one, <build>/fake_nccl, first on LD_LIBRARY_PATH)";
       dlclose(h);
       return x;
     }

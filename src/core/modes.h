@@ -14,25 +14,17 @@
 
 namespace moe {
 
-enum class Device { kCpu,
-                    kCuda };  // cpu | cuda
-enum class Precision { kFp32,
-                       kBf16 };  // fp32 | bf16 (GEMM inputs; fp32 accumulation)
-enum class A2a { kFlat,
-                 kRbd,
-                 kHalo,
-                 kRbdHalo };  // flat | rbd | halo | rbd-halo
-enum class Schedule { k1F1B,
-                      kGPipe };  // 1f1b | gpipe
-enum class Recompute {           // none | moe | full
-  kNone,                         // keep everything
-  kMoe,                          // MoE layers keep their FFN input only; the MoE block is recomputed
-  kFull,                         // every layer keeps its input only; the whole block is recomputed
+enum class Device { kCpu, kCuda };                     // cpu | cuda
+enum class Precision { kFp32, kBf16 };                 // fp32 | bf16 (GEMM inputs; fp32 accumulation)
+enum class A2a { kFlat, kRbd, kHalo, kRbdHalo };       // flat | rbd | halo | rbd-halo
+enum class Schedule { k1F1B, kGPipe };                 // 1f1b | gpipe
+enum class Recompute {                                 // none | moe | full
+  kNone,  // keep everything
+  kMoe,   // MoE layers keep their FFN input only; the MoE block is recomputed
+  kFull,  // every layer keeps its input only; the whole block is recomputed
 };
-enum class CommBackend { kMpi,
-                         kNccl };  // mpi | nccl
-enum class NodeKind { kGpu,
-                      kCpu };  // gpu | cpu: a cluster profile's "kind"
+enum class CommBackend { kMpi, kNccl };                // mpi | nccl
+enum class NodeKind { kGpu, kCpu };                    // gpu | cpu: a cluster profile's "kind"
 
 const char* name(Device d);
 const char* name(Precision p);

@@ -213,7 +213,7 @@ std::string bf16_cpu_unavailable_reason() {
 void gemm_bf16_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                    const float* B, int ldb, float beta, float* C, int ldc) {
   if (!gemm_prologue(trans_a, trans_b, M, N, K, lda, ldb, beta, C, ldc)) return;  // the fp32 path's rules
-  for (int i = 0; i < g_open_inputs; ++i)                                         // the copy would go stale
+  for (int i = 0; i < g_open_inputs; ++i)  // the copy would go stale
     MOE_CHECK(!overlaps(C, static_cast<size_t>(M - 1) * ldc + N, g_inputs[i].data, g_inputs[i].n),
               "gemm (bf16): the output overlaps an input held by a Bf16InputScope");
   static std::vector<bf16_t> scratch_a, scratch_b;

@@ -8,7 +8,17 @@ const std::vector<NamedStep>& named_steps() {
   using S = MoeStepTimes;
   using P = kernels::MlpStepTimes;
   static const std::vector<NamedStep> steps = {
-      {"route", &S::route, nullptr}, {"layout", &S::layout, nullptr}, {"buffers", &S::buffers, nullptr}, {"dispatch", &S::dispatch, nullptr}, {"experts", &S::experts, nullptr}, {"  gate+up gemm", nullptr, &P::gate_up}, {"  swiglu", nullptr, &P::swiglu}, {"  down gemm", nullptr, &P::down}, {"combine", &S::combine, nullptr}, {"shared", &S::shared, nullptr}, {"buffers'", &S::buffers_bwd, nullptr}, {"shared'", &S::shared_bwd, nullptr}, {"combine'", &S::combine_bwd, nullptr}, {"experts'", &S::experts_bwd, nullptr}, {"  down' gemms", nullptr, &P::down_bwd}, {"  swiglu'", nullptr, &P::swiglu_bwd}, {"  gate+up' gemms", nullptr, &P::gate_up_bwd}, {"dispatch'", &S::dispatch_bwd, nullptr}, {"route'", &S::route_bwd, nullptr}, {"shared beside a2a", &S::overlap_work, nullptr}, {"a2a hidden", &S::a2a_hidden, nullptr}};
+      {"route", &S::route, nullptr},          {"layout", &S::layout, nullptr},
+      {"buffers", &S::buffers, nullptr},      {"dispatch", &S::dispatch, nullptr},
+      {"experts", &S::experts, nullptr},      {"  gate+up gemm", nullptr, &P::gate_up},
+      {"  swiglu", nullptr, &P::swiglu},      {"  down gemm", nullptr, &P::down},
+      {"combine", &S::combine, nullptr},      {"shared", &S::shared, nullptr},
+      {"buffers'", &S::buffers_bwd, nullptr}, {"shared'", &S::shared_bwd, nullptr},
+      {"combine'", &S::combine_bwd, nullptr}, {"experts'", &S::experts_bwd, nullptr},
+      {"  down' gemms", nullptr, &P::down_bwd}, {"  swiglu'", nullptr, &P::swiglu_bwd},
+      {"  gate+up' gemms", nullptr, &P::gate_up_bwd}, {"dispatch'", &S::dispatch_bwd, nullptr},
+      {"route'", &S::route_bwd, nullptr},     {"shared beside a2a", &S::overlap_work, nullptr},
+      {"a2a hidden", &S::a2a_hidden, nullptr}};
   return steps;
 }
 double step_seconds(const MoeStepTimes& t, const NamedStep& s) {

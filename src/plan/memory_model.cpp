@@ -112,8 +112,8 @@ LayerActivation layer_activation(const PlanModel& m, int l, long long Bm, int T,
     const model::LayerActivationSizes sm = model::layer_activation_elems(
         shadow, static_cast<int>(seqs), static_cast<int>(std::llround(Nm / seqs)), R_int);
     a.ffn = static_cast<double>(sm.moe_ffn);
-    if (m.expert_matrices == 2) a.ffn -= R * m.moe_ffn;  // keeps pre- and post-activation only
-    a.ffn += 3 * Nm * (m.shared_ffn - Fs_trainer);       // shared width not a multiple of F
+    if (m.expert_matrices == 2) a.ffn -= R * m.moe_ffn;        // keeps pre- and post-activation only
+    a.ffn += 3 * Nm * (m.shared_ffn - Fs_trainer);              // shared width not a multiple of F
     if (!o.shared_experts) a.ffn -= 3 * Nm * m.shared_ffn;
     if (o.padded) {
       // [T, E, C] combine weights (activation precision) + dispatch mask (1 byte).
@@ -234,7 +234,7 @@ double micro_batch_peak(const PlanModel& m, const Layout& lay, const MemoryOptio
       if (attention && partial > 0) p = std::max(p, base + a.attention - (moe ? n : N) * H - n + partial);
       return p;
     };
-    peak = std::max(peak, forward(prefix + n * H, true));                                                        // + its output
+    peak = std::max(peak, forward(prefix + n * H, true));  // + its output
     if (a.kept < a.full) peak = std::max(peak, forward(prefix + 2 * n * H, lay.recompute == Recompute::kFull));  // + dx, out
     double ffn_scratch;
     if (moe) {

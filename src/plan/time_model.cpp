@@ -33,8 +33,7 @@ LinkClass link_between_nodes(const ClusterProfile& c, int nodes) {
 double pass_seconds(const PassOps& ops, const ClusterProfile& c, double elem_s) {
   double t = elem_s * ops.elems;
   for (const GemmOp& g : ops.gemms) {
-    const GemmTable& table = g.form == GemmForm::kNT ? c.gemm_nt : g.form == GemmForm::kNN ? c.gemm_nn
-                                                                                           : c.gemm_tn;
+    const GemmTable& table = g.form == GemmForm::kNT ? c.gemm_nt : g.form == GemmForm::kNN ? c.gemm_nn : c.gemm_tn;
     t += g.count * table.seconds(g.m, g.n, g.k);
   }
   for (const AttentionOp& a : ops.attention)
@@ -245,8 +244,8 @@ double shared_pipeline(const std::vector<StageWork>& w, Schedule schedule, int M
   const double kNever = 1e300;
   std::vector<std::vector<double>> fwd_done(P, std::vector<double>(M, kNever)), bwd_done = fwd_done;
   std::vector<size_t> next(P, 0);
-  std::vector<int> phase(P, 0);      // 0 waiting, 1 computing, 2 communicating
-  std::vector<double> left(P, 0.0);  // remaining compute (solo s) or comm (wall s)
+  std::vector<int> phase(P, 0);         // 0 waiting, 1 computing, 2 communicating
+  std::vector<double> left(P, 0.0);     // remaining compute (solo s) or comm (wall s)
   double now = 0;
   auto ready_at = [&](int s) {
     const PipeOpSpec& op = ops[s][next[s]];

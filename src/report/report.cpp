@@ -155,8 +155,8 @@ void section_summary(Page& pg, const Run& run, const std::vector<const Rec*>& rs
   rows.push_back({"wall time", fmt_seconds(last.wall)});
   rows.push_back({"final training loss", fmt(last.m.loss)});
   rows.push_back({"final validation loss", std::isfinite(final_val) ? str_cat(fmt(final_val), " (best ", fmt(best_val),
-                                                                              " at step ", best_val_step, ")")
-                                                                    : "none logged"});
+                                                                               " at step ", best_val_step, ")")
+                                                                     : "none logged"});
   rows.push_back({"tokens/s (all steps)", time > 0 ? fmt(tokens / time, "%.0f") : "n/a"});
   rows.push_back({"MFU (median step)", fmt(100 * percentile(mfu_sorted, 0.5), "%.1f%%")});
   rows.push_back({"skipped steps (non-finite loss)", std::to_string(skipped)});
@@ -309,9 +309,8 @@ void section_a2a_ranks(Page& pg, const std::vector<const Rec*>& rs) {
     rows.push_back({std::to_string(q), rpn > 0 ? std::to_string(q / rpn) : "n/a", fmt_seconds(means[q]),
                     fmt_seconds(mx), median > 0 ? fmt(means[q] / median, "%.2fx") : "n/a"});
   }
-  pg.p(
-      "Each rank's own time inside the token exchange, per step (a rank behind a slow link, and the ranks "
-      "that wait for it, stand out):");
+  pg.p("Each rank's own time inside the token exchange, per step (a rank behind a slow link, and the ranks "
+       "that wait for it, stand out):");
   pg.table({"rank", "node", "mean per step", "max", "of the median rank"}, rows);
   const size_t slow = static_cast<size_t>(std::max_element(means.begin(), means.end()) - means.begin());
   pg.p(svg::escape(str_cat("Slowest: rank ", slow, rpn > 0 ? str_cat(" (node ", slow / rpn, ")") : std::string(),
@@ -335,9 +334,8 @@ void section_a2a(Page& pg, const std::vector<const Rec*>& rs) {
     any = any || r->m.time_s.all_to_all > 0;
   }
   if (!any)
-    return pg.none(
-        "No all-to-all in this run: no bytes and no time logged for the token exchange (expert parallelism "
-        "off, every expert on every rank).");
+    return pg.none("No all-to-all in this run: no bytes and no time logged for the token exchange (expert parallelism "
+                   "off, every expert on every rank).");
   svg::Axes a{"All-to-all share of the step", "step", "% of step time"};
   a.y_from_zero = true;
   pg.plot(svg::line_chart(a, {{"all-to-all", step, share}, {"mean of 20 steps", step, rolling_mean(share, 20)}}));
@@ -524,12 +522,10 @@ void section_balance(Page& pg, const Run& run, const std::vector<const Rec*>& rs
   svg::Axes a{"EP-rank load imbalance per MoE layer (busiest rank / mean; 1 = balanced)", "step", "max / mean"};
   a.y_from_zero = true;
   pg.plot(svg::line_chart(a, ss));
-  pg.p(svg::escape(str_cat(with.size(), " step(s) with EP-rank loads, ", R,
-                           " EP rank(s); tokens per rank under "
+  pg.p(svg::escape(str_cat(with.size(), " step(s) with EP-rank loads, ", R, " EP rank(s); tokens per rank under "
                            "each step's placement (the global batch's, summed over the data-parallel groups).")));
   pg.table({"MoE layer", "imbalance, first step", "last step", "mean", "max", "mean tokens per EP rank",
-            "migrations"},
-           rows);
+            "migrations"}, rows);
 }
 
 void section_migrations(Page& pg, const Run& run) {

@@ -178,8 +178,10 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
   BenchData d, dev;  // host data (and the naive check's inputs); its device copy on a GPU
   make_bench_data(opts, on_gpu, d, dev);
   BenchData& run = on_gpu ? dev : d;  // what the layer reads and writes
-  MoeWeights w{run.gate.data(), {run.eg.data(), run.eu.data(), run.ed.data()}, {run.sg.data(), run.su.data(), run.sd.data()}};
-  MoeGrads g{run.dgate.data(), {run.deg.data(), run.deu.data(), run.ded.data()}, {run.dsg.data(), run.dsu.data(), run.dsd.data()}};
+  MoeWeights w{run.gate.data(), {run.eg.data(), run.eu.data(), run.ed.data()},
+               {run.sg.data(), run.su.data(), run.sd.data()}};
+  MoeGrads g{run.dgate.data(), {run.deg.data(), run.deu.data(), run.ded.data()},
+             {run.dsg.data(), run.dsu.data(), run.dsd.data()}};
   Buffer<float> y(static_cast<size_t>(T) * H, nullptr, opts.device);
 
   for (bool padded : {false, true}) {
@@ -200,7 +202,9 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
       double t0 = now_seconds();
       // bf16 on the CPU: the weights converted once per forward + backward (timed, in forward),
       // as the trainer does once per step.
-      kernels::Bf16WeightScope bf16_weights({{run.gate.data(), run.gate.size()}, {run.eg.data(), EFH}, {run.eu.data(), EFH}, {run.ed.data(), EFH}, {run.sg.data(), FsH}, {run.su.data(), FsH}, {run.sd.data(), FsH}});
+      kernels::Bf16WeightScope bf16_weights({{run.gate.data(), run.gate.size()}, {run.eg.data(), EFH},
+                                             {run.eu.data(), EFH}, {run.ed.data(), EFH},
+                                             {run.sg.data(), FsH}, {run.su.data(), FsH}, {run.sd.data(), FsH}});
       moe_forward(y.data(), act, run.x.data(), w, cfg, T, 1, &tracker);
       kernels::device_synchronize();
       double t1 = now_seconds();
@@ -324,9 +328,9 @@ std::string format_moe_bench_table(const MoeBenchResult& r) {
                 "%s %s^3: %.1f GFLOP/s\n",
                 o.tokens, o.hidden, o.experts, o.topk, o.ffn, o.shared, o.capacity_factor,
                 name(o.device), name(o.precision),
-                o.device == Device::kCuda         ? "cuBLAS"
+                o.device == Device::kCuda ? "cuBLAS"
                 : o.precision == Precision::kBf16 ? "oneDNN bf16 peak, best of"
-                                                  : "BLAS fp32 peak, best of",
+                                          : "BLAS fp32 peak, best of",
                 sizes.c_str(),
                 r.blas_gflops_1024);
   os << line;
@@ -362,7 +366,13 @@ std::string moe_bench_json(const MoeBenchResult& r) {
   const MoeBenchOptions& o = r.opts;
   nlohmann::json j;
   j["bench"] = "moe-layer";
-  j["options"] = {{"tokens", o.tokens}, {"hidden", o.hidden}, {"experts", o.experts}, {"topk", o.topk}, {"ffn", o.ffn}, {"capacity_factor", o.capacity_factor}, {"pft_capacity_factor", o.pft_capacity_factor}, {"shared", o.shared}, {"warmup", o.warmup}, {"iters", o.iters}, {"seed", o.seed}, {"device", name(o.device)}, {"precision", name(o.precision)}};
+  j["options"] = {{"tokens", o.tokens},       {"hidden", o.hidden},
+                  {"experts", o.experts},     {"topk", o.topk},
+                  {"ffn", o.ffn},             {"capacity_factor", o.capacity_factor},
+                  {"pft_capacity_factor", o.pft_capacity_factor},
+                  {"shared", o.shared},       {"warmup", o.warmup},
+                  {"iters", o.iters},         {"seed", o.seed},
+                  {"device", name(o.device)}, {"precision", name(o.precision)}};
   j["blas_n"] = r.blas_n;  // CPU: the largest of the peak's sizes (kernels/peak_rate.h)
   j["peak_precision"] = name(o.device == Device::kCuda ? o.precision : Precision::kFp32);
   j["blas_gflops_1024"] = r.blas_gflops_1024;

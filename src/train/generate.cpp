@@ -52,8 +52,7 @@ LoadedModel load_model_for_inference(const std::string& path_in) {
   // A folder of checkpoints (out/checkpoints): its newest complete one.
   if (!has_entry(path + "/manifest.json") && !has_entry(path + "/config.json")) {
     const std::string latest = find_latest_checkpoint(path);
-    MOE_CHECK(!latest.empty(), path,
-              ": neither a checkpoint (manifest.json), a folder of "
+    MOE_CHECK(!latest.empty(), path, ": neither a checkpoint (manifest.json), a folder of "
               "checkpoints, nor an exported model (config.json)");
     path = latest;
   }
@@ -150,7 +149,7 @@ GenerateResult generate(const GenerateOptions& o,
   require_device(device, "--device");
   select_device(device, 0);
   kernels::set_active_device(device);  // the model and the decoder live there
-  struct CpuAgain {                    // later work in this process (tests) starts on the CPU
+  struct CpuAgain {  // later work in this process (tests) starts on the CPU
     ~CpuAgain() { kernels::set_active_device(Device::kCpu); }
   } cpu_again;
 
@@ -161,8 +160,7 @@ GenerateResult generate(const GenerateOptions& o,
   // A model trained on another tokenizer's ids (a BPE dataset's vocab) would print bytes that
   // mean nothing: refused, not guessed.
   MOE_CHECK(tok->kind() != "bytes" || c.vocab_size == 256, m.source, ": vocab_size ",
-            c.vocab_size,
-            " is not the byte-level vocabulary (256): give the tokenizer of its data "
+            c.vocab_size, " is not the byte-level vocabulary (256): give the tokenizer of its data "
             "with --tokenizer spm:PATH.model");
   // The tokenizer the model was trained with (issue 42, class 4): another one's ids mean other text.
   const std::string note = io::check_tokenizer_match(c.tokenizer_fingerprint, m.source, tok->fingerprint(),
@@ -172,10 +170,8 @@ GenerateResult generate(const GenerateOptions& o,
             " pieces exceed the model's vocab_size ", c.vocab_size, " (", m.source, ")");
   r.prompt_ids = tok->encode(o.prompt);
   const long long P = static_cast<long long>(r.prompt_ids.size());
-  MOE_CHECK(P <= c.max_position_embeddings, "--prompt is ", P,
-            " tokens, longer than "
-            "max_position_embeddings ",
-            c.max_position_embeddings, " of ", m.source);
+  MOE_CHECK(P <= c.max_position_embeddings, "--prompt is ", P, " tokens, longer than "
+            "max_position_embeddings ", c.max_position_embeddings, " of ", m.source);
   // Refused up front rather than cut short: the output is exactly --tokens long or nothing.
   MOE_CHECK(P + o.tokens <= c.max_position_embeddings, "--prompt (", P, " tokens) + --tokens ",
             o.tokens, " = ", P + o.tokens, " exceeds max_position_embeddings ",

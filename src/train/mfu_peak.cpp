@@ -13,11 +13,11 @@ MfuPeak MfuPeak::find(const DeviceOptions& device, const RunSetup& setup) {
     p.gflops = device.peak_gflops;
   else
 #ifdef MOETRAIN_HAVE_CUDA
-      if (setup.device == Device::kCuda)
+  if (setup.device == Device::kCuda)
     p.gflops = kernels::cuda::measure_gemm_gflops(4096, 3, setup.precision == Precision::kBf16);
   else
 #endif
-      if (setup.auto_fp32_peak > 0)  // --precision auto measured both already
+  if (setup.auto_fp32_peak > 0)  // --precision auto measured both already
     p.gflops = setup.precision == Precision::kBf16 ? setup.auto_bf16_peak : setup.auto_fp32_peak;
   else
     p.gflops = kernels::measure_peak_gflops(setup.precision);

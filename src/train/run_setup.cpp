@@ -128,13 +128,13 @@ void check_options_and_model(const TrainOptions& opts, RunSetup& r, bool indexed
   require_device(device, "--device");
   MOE_CHECK(device == Device::kCpu || !opts.model.moe.padded,
             "--padded: the capacity-padded baseline runs on the CPU only (--device cpu)");
-  cfg = !opts.model.init_from.empty()    ? init_from_config(opts.model)  // train/init_from.h
+  cfg = !opts.model.init_from.empty()      ? init_from_config(opts.model)  // train/init_from.h
         : opts.model.config_path.empty() ? model::preset(opts.model.preset)
                                          : model::load_config(opts.model.config_path);
   MOE_CHECK(opts.data.seq_len <= cfg.max_position_embeddings, "--seq-len ", opts.data.seq_len,
             " exceeds the model's max_position_embeddings ", cfg.max_position_embeddings);
   if (opts.model.vocab_size > 0) cfg.vocab_size = opts.model.vocab_size;  // --vocab-size: a tokenized dataset's
-  static_cast<void>(ScoreBias(cfg, opts.balance.bias_rate));              // --balance.bias-rate against the model, before any output
+  static_cast<void>(ScoreBias(cfg, opts.balance.bias_rate));  // --balance.bias-rate against the model, before any output
   // Byte-level text needs the 256 byte ids; an indexed dataset's ids are checked when it loads.
   MOE_CHECK(indexed || cfg.vocab_size >= 256, "byte-level data needs vocab_size >= 256, the config has ",
             cfg.vocab_size);
@@ -240,7 +240,8 @@ void take_output_folders(const TrainOptions& opts, RunSetup& r, const std::strin
   check_output_dir(ckpt_dir, opts.checkpoint.dir.empty() ? "--out (its checkpoints folder)" : "--checkpoint.dir");
   std::error_code ec;
   if (!fs::equivalent(ckpt_dir, opts.out_dir, ec))
-    r.ckpt_lock = DirLock::acquire(ckpt_dir, opts.checkpoint.dir.empty() ? "--out (its checkpoints folder)" : "--checkpoint.dir", what);
+    r.ckpt_lock = DirLock::acquire(ckpt_dir, opts.checkpoint.dir.empty() ? "--out (its checkpoints folder)"
+                                                                        : "--checkpoint.dir", what);
   // Both folders are ours now: a temp file whose writer died (kill -9) is swept, and said.
   for (const std::string& d : {opts.out_dir, ckpt_dir})
     for (const std::string& line : sweep_stale_temp_files(d))
@@ -287,10 +288,8 @@ void check_resume(const TrainOptions& opts, RunSetup& r, const std::string& data
     const auto t = meta.data.find("mtime_ns");
     if (t != meta.data.end() && t->is_number_integer() && t->get<int64_t>() != now.mtime_ns && root &&
         opts.progress)
-      std::fprintf(stderr,
-                   "moetrain: note: %s was modified since %s was written (its size and sampled blocks "
-                   "match)\n",
-                   now.file.c_str(), mpath.c_str());
+      std::fprintf(stderr, "moetrain: note: %s was modified since %s was written (its size and sampled blocks "
+                   "match)\n", now.file.c_str(), mpath.c_str());
   }
 }
 

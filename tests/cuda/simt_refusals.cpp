@@ -104,8 +104,7 @@ std::pair<int, int> run_simt_refusals() {
       {"launch of 2048 threads per block refused",
        [] {
          float* x = device_floats(2048);
-         MOE_LAUNCH(big_block_kernel, 1, 2048, 0, nullptr)
-         (x);
+         MOE_LAUNCH(big_block_kernel, 1, 2048, 0, nullptr)(x);
          MOE_CUDA_LAUNCHED("big_block_kernel");
          return std::string("launched");
        },
@@ -113,8 +112,7 @@ std::pair<int, int> run_simt_refusals() {
       {"empty grid refused",
        [] {
          float* x = device_floats(1);
-         MOE_LAUNCH(big_block_kernel, 0, 32, 0, nullptr)
-         (x);
+         MOE_LAUNCH(big_block_kernel, 0, 32, 0, nullptr)(x);
          MOE_CUDA_LAUNCHED("big_block_kernel");
          return std::string("launched");
        },
@@ -122,8 +120,7 @@ std::pair<int, int> run_simt_refusals() {
       {"64 KiB of dynamic shared memory without the opt-in refused",
        [] {
          float* x = device_floats(1);
-         MOE_LAUNCH(shared_kernel, 1, 32, 64 << 10, nullptr)
-         (x, 16);
+         MOE_LAUNCH(shared_kernel, 1, 32, 64 << 10, nullptr)(x, 16);
          MOE_CUDA_LAUNCHED("shared_kernel");
          return std::string("launched");
        },
@@ -131,8 +128,7 @@ std::pair<int, int> run_simt_refusals() {
       {"divergent __syncthreads is an error, not a hang",
        [] {
          float* x = device_floats(64);
-         MOE_LAUNCH(divergent_barrier_kernel, 1, 64, 0, nullptr)
-         (x);
+         MOE_LAUNCH(divergent_barrier_kernel, 1, 64, 0, nullptr)(x);
          MOE_CUDA_LAUNCHED("divergent_barrier_kernel");
          moe::kernels::cuda::synchronize("divergent test");
          return std::string("completed");
@@ -141,8 +137,7 @@ std::pair<int, int> run_simt_refusals() {
       {"a shuffle missing half its lanes is an error, not a hang",
        [] {
          float* x = device_floats(32);
-         MOE_LAUNCH(partial_shuffle_kernel, 1, 32, 0, nullptr)
-         (x);
+         MOE_LAUNCH(partial_shuffle_kernel, 1, 32, 0, nullptr)(x);
          moe::kernels::cuda::synchronize("shuffle test");
          return std::string("completed");
        },
@@ -156,8 +151,7 @@ std::pair<int, int> run_simt_refusals() {
       {"a write past the dynamic shared memory faults",
        [] {
          float* x = device_floats(1);
-         MOE_LAUNCH(shared_kernel, 1, 32, 16 * sizeof(float), nullptr)
-         (x, 1024 + 16);
+         MOE_LAUNCH(shared_kernel, 1, 32, 16 * sizeof(float), nullptr)(x, 1024 + 16);
          moe::kernels::cuda::synchronize("shared test");
          return std::string("completed");
        },
@@ -183,7 +177,7 @@ std::pair<int, int> run_simt_refusals() {
       for (const char* s : c.must_say) ok = ok && o.message.find(s) != std::string::npos;
     }
     if (!ok) ++failed;
-    const std::string what = o.signal            ? std::string(strsignal(o.signal))
+    const std::string what = o.signal     ? std::string(strsignal(o.signal))
                              : o.message.empty() ? "exit " + std::to_string(o.exit_code)
                                                  : o.message;
     std::printf("%-62s %s: %s\n", c.name, ok ? "PASS" : "FAIL", what.c_str());

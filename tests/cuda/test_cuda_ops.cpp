@@ -223,9 +223,7 @@ void add_adamw(std::vector<OpCase>& ops) {
 }
 
 // offsets_E1 of a layout: no capacity (cap 0), a capacity C, or padded (e·C).
-enum class Offsets { kFull,
-                     kCapacity,
-                     kPadded };
+enum class Offsets { kFull, kCapacity, kPadded };
 IVec layout_offsets(const IVec& count, int cap, Offsets kind) {
   const int E = static_cast<int>(count.size());
   IVec off(E + 1, 0);

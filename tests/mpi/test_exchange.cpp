@@ -88,8 +88,7 @@ void test_group(const Group& world) {
   CHECK(oki, "alltoallv int32");
   expect_error("alltoallv with short counts", [&] {
     world.alltoallv(fs.data(), std::vector<int>(n + 1), sd, fr.data(), rc, rd);
-  },
-               {"one entry per rank"});
+  }, {"one entry per rank"});
 
   // allreduce / allgather
   float f[2] = {1.0f, static_cast<float>(r)};
@@ -161,7 +160,8 @@ void test_group(const Group& world) {
     Request rq = world.irecv(big.data(), 5, prev, 17);
     Request sq = world.isend(small.data(), 3, next, 17);
     sq.wait();
-    expect_error("short message", [&] { rq.wait(); }, {"expected 5 elements, received 3", str_cat("peer ", prev)});
+    expect_error("short message", [&] { rq.wait(); }, {"expected 5 elements, received 3",
+                                                       str_cat("peer ", prev)});
   }
   expect_error("bad peer", [&] { world.send(ring_out.data(), 1, n + 5, 0); },
                {str_cat("peer ", n + 5), "out of range"});
@@ -189,10 +189,10 @@ void test_topology(const Topology& topo, int n) {
   bool ok = true;
   for (int a = 0; a < n; ++a)
     for (int b = 0; b < n; ++b) {
-      LinkClass want = a == b                                               ? LinkClass::kSameRank
+      LinkClass want = a == b ? LinkClass::kSameRank
                        : a / topo.ranks_per_node == b / topo.ranks_per_node ? LinkClass::kIntraNode
-                       : topo.group_of(a) == topo.group_of(b)               ? LinkClass::kInterNode
-                                                                            : LinkClass::kInterGroup;
+                       : topo.group_of(a) == topo.group_of(b) ? LinkClass::kInterNode
+                                                              : LinkClass::kInterGroup;
       ok &= topo.link(a, b) == want;
     }
   CHECK(ok, "link classes of ", topo.describe());
@@ -326,9 +326,7 @@ void run_scenario(const std::string& name, const Group& g, const Topology& topo,
   const std::string at = str_cat(name, " [group rank ", me, "/", n, ", ", topo.describe(), "] ");
 
   // What I receive, canonical order: by source rank, then the source's pair order.
-  struct Expect {
-    int s, p;
-  };
+  struct Expect { int s, p; };
   std::vector<Expect> exp;
   for (int s = 0; s < n; ++s)
     for (int p = 0; p < G.of[s].size(); ++p)
@@ -459,8 +457,7 @@ void run_scenario(const std::string& name, const Group& g, const Topology& topo,
     }
     CHECK(meta_ok, al, "recv_src_rank / recv_tag / recv_value");
     CHECK(n == 1 || stats.meta_bytes[0] + stats.meta_bytes[1] + stats.meta_bytes[2] +
-                            stats.meta_bytes[3] >
-                        0,
+                            stats.meta_bytes[3] > 0,
           al, "plan counts metadata bytes");
 
     // multicast
@@ -761,25 +758,22 @@ void test_exchange(const Group& world, const Topology& topo) {
     std::vector<int32_t> rows = {0, 1}, dsts = {std::min(1, n - 1), 0}, tags = {0, 0};
     std::vector<float> vals = {1, 1};
     if (n > 1) {
-      expect_error(
-          "unsorted dst", [&] {
-            if (r == bad) ex.plan(2, 2, rows.data(), dsts.data(), tags.data(), vals.data());
-            else ex.plan(0, 0, nullptr, nullptr, nullptr, nullptr);
-          },
-          r == bad ? std::vector<std::string>{"dst_rank[1] = 0", "ascending"} : std::vector<std::string>{str_cat("group rank(s) ", bad)});
+      expect_error("unsorted dst", [&] {
+        if (r == bad) ex.plan(2, 2, rows.data(), dsts.data(), tags.data(), vals.data());
+        else ex.plan(0, 0, nullptr, nullptr, nullptr, nullptr);
+      }, r == bad ? std::vector<std::string>{"dst_rank[1] = 0", "ascending"}
+                  : std::vector<std::string>{str_cat("group rank(s) ", bad)});
     }
     std::vector<int32_t> far = {n};
-    expect_error(
-        "dst out of range", [&] {
-          if (r == bad) ex.plan(2, 1, rows.data(), far.data(), tags.data(), vals.data());
-          else ex.plan(0, 0, nullptr, nullptr, nullptr, nullptr);
-        },
-        r == bad ? std::vector<std::string>{str_cat("dst_rank[0] = ", n), "out of range"} : std::vector<std::string>{str_cat("group rank(s) ", bad)});
+    expect_error("dst out of range", [&] {
+      if (r == bad) ex.plan(2, 1, rows.data(), far.data(), tags.data(), vals.data());
+      else ex.plan(0, 0, nullptr, nullptr, nullptr, nullptr);
+    }, r == bad ? std::vector<std::string>{str_cat("dst_rank[0] = ", n), "out of range"}
+                : std::vector<std::string>{str_cat("group rank(s) ", bad)});
     std::vector<int32_t> zero = {0}, big_row = {7};
     expect_error("src_row out of range", [&] {
       ex.plan(2, 1, big_row.data(), zero.data(), tags.data(), vals.data());
-    },
-                 {"src_row[0] = 7", "[0, 2)"});
+    }, {"src_row[0] = 7", "[0, 2)"});
     expect_error("unknown algorithm", [] { parse_a2a("ring", "--a2a"); }, {"'ring'"});
     // a plan of one algorithm is refused by another
     ExchangePlan p = ex.plan(1, 1, zero.data(), zero.data(), tags.data(), vals.data());

@@ -735,7 +735,9 @@ std::vector<Op> device_ops() {
     ops.push_back(rmsnorm_op(rows, dim));
   ops.push_back(rope_op(2, 13, 3, 16));
   using Att = std::tuple<int, int, int, int>;  // B, T, nh, hd
-  for (auto [B, T, nh, hd] : std::vector<Att>{{2, 37, 3, 16}, {1, 70, 2, 128}, {1, 5, 1, 24}, {3, 1, 2, 8}, {1, 200, 1, 64}, {2, 0, 2, 16}, {1, 1, 1, 130}})
+  for (auto [B, T, nh, hd] : std::vector<Att>{{2, 37, 3, 16}, {1, 70, 2, 128}, {1, 5, 1, 24},
+                                              {3, 1, 2, 8}, {1, 200, 1, 64}, {2, 0, 2, 16},
+                                              {1, 1, 1, 130}})
     ops.push_back(attention_op(B, T, nh, hd));
   for (size_t n : {size_t{10007}, size_t{0}}) ops.push_back(swiglu_op(n));
   // 301 tokens over the whole vocabulary, over half of it (repeats, unused rows), and a single
@@ -752,7 +754,7 @@ std::vector<Op> device_ops() {
     for (auto& t : targets) t = static_cast<int32_t>(rng.below(V));
     ops.push_back(cross_entropy_op(V, targets));
   }
-  ops.push_back(cross_entropy_op(10, {1, 2, 10, 3}));                // target 10 is outside [0, 10)
+  ops.push_back(cross_entropy_op(10, {1, 2, 10, 3}));  // target 10 is outside [0, 10)
   ops.push_back(grouped_swiglu_op(24, 40, {0, 7, 20, 20, 33, 37}));  // expert 2 has no rows
   return ops;
 }

@@ -27,8 +27,7 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, size_
 __global__ void sum_squares_kernel(double* partial, const float* x, size_t n) {
   __shared__ double sh[kThreads];
   double s = 0.0;
-  MOE_GRID_STRIDE(i, n)
-  s += static_cast<double>(x[i]) * x[i];
+  MOE_GRID_STRIDE(i, n) s += static_cast<double>(x[i]) * x[i];
   s = block_sum(s, sh);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
@@ -41,8 +40,7 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const 
                   int step, float grad_scale) {
   const math::AdamWScalars s = adamw_scalars(hp, step);  // checks step
   if (n == 0) return;
-  MOE_LAUNCH(adamw_kernel, elem_blocks(n), kThreads, 0, stream())
-  (p, g, m, v, n, s, grad_scale);
+  MOE_LAUNCH(adamw_kernel, elem_blocks(n), kThreads, 0, stream())(p, g, m, v, n, s, grad_scale);
   MOE_CUDA_LAUNCHED("adamw_update");
 }
 
@@ -51,8 +49,7 @@ double sum_squares(const float* x, size_t n) {
   unsigned blocks = blocks_for(n);
   if (blocks > kMaxSumBlocks) blocks = kMaxSumBlocks;
   double* partial = g_partial.as<double>(blocks);
-  MOE_LAUNCH(sum_squares_kernel, blocks, kThreads, 0, stream())
-  (partial, x, n);
+  MOE_LAUNCH(sum_squares_kernel, blocks, kThreads, 0, stream())(partial, x, n);
   MOE_CUDA_LAUNCHED("sum_squares");
   std::vector<double> host(blocks);
   MOE_CUDA_CHECK(cudaMemcpyAsync(host.data(), partial, sizeof(double) * blocks,

@@ -70,8 +70,7 @@ double cross_entropy_forward(float* losses, float* probs, const float* logits,
   const int no_bad_row = INT_MAX;
   MOE_CUDA_CHECK(
       cudaMemcpyAsync(bad_row, &no_bad_row, sizeof(int), cudaMemcpyHostToDevice, stream()));
-  MOE_LAUNCH(cross_entropy_forward_kernel, row_blocks(N), kThreads, 0, stream())
-  (
+  MOE_LAUNCH(cross_entropy_forward_kernel, row_blocks(N), kThreads, 0, stream())(
       losses, losses_d, bad_row, probs, logits, targets, N, V);
   MOE_CUDA_LAUNCHED("cross_entropy_forward");
   std::vector<double> loss(N);
@@ -96,9 +95,8 @@ void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* t
   MOE_CHECK(N >= 0 && V > 0, "cross_entropy_backward: N=", N, " V=", V);
   const size_t n = static_cast<size_t>(N) * V;
   if (n == 0) return;
-  MOE_LAUNCH(cross_entropy_backward_kernel, elem_blocks(n), kThreads, 0, stream())
-  (dlogits, probs, targets,
-   N, V, scale);
+  MOE_LAUNCH(cross_entropy_backward_kernel, elem_blocks(n), kThreads, 0, stream())(dlogits, probs, targets,
+                                                                           N, V, scale);
   MOE_CUDA_LAUNCHED("cross_entropy_backward");
 }
 

@@ -12,8 +12,7 @@ namespace moe::kernels::cuda {
 namespace {
 
 __global__ void swiglu_forward_kernel(float* h, const float* g, const float* u, size_t n) {
-  MOE_GRID_STRIDE(i, n)
-  h[i] = math::swiglu(g[i], u[i]);
+  MOE_GRID_STRIDE(i, n) h[i] = math::swiglu(g[i], u[i]);
 }
 
 __global__ void swiglu_backward_kernel(float* dg, float* du, const float* dh, const float* g,
@@ -45,8 +44,7 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, cons
 }
 
 __global__ void iota_kernel(int32_t* x, int n) {
-  MOE_GRID_STRIDE(i, static_cast<size_t>(n))
-  x[i] = static_cast<int32_t>(i);
+  MOE_GRID_STRIDE(i, static_cast<size_t>(n)) x[i] = static_cast<int32_t>(i);
 }
 
 // Block i owns the run of equal tokens starting at sorted position i (other blocks exit) and adds
@@ -69,8 +67,7 @@ __global__ void embedding_backward_kernel(float* dwte, const float* dout,
 }
 
 __global__ void add_kernel(float* y, const float* x, size_t n) {
-  MOE_GRID_STRIDE(i, n)
-  y[i] += x[i];
+  MOE_GRID_STRIDE(i, n) y[i] += x[i];
 }
 
 Scratch g_embedding;  // sorted tokens, positions (in and out), CUB temp
@@ -79,23 +76,20 @@ Scratch g_embedding;  // sorted tokens, positions (in and out), CUB temp
 
 void swiglu_forward(float* h, const float* g, const float* u, size_t n) {
   if (n == 0) return;
-  MOE_LAUNCH(swiglu_forward_kernel, elem_blocks(n), kThreads, 0, stream())
-  (h, g, u, n);
+  MOE_LAUNCH(swiglu_forward_kernel, elem_blocks(n), kThreads, 0, stream())(h, g, u, n);
   MOE_CUDA_LAUNCHED("swiglu_forward");
 }
 
 void swiglu_backward(float* dg, float* du, const float* dh, const float* g, const float* u,
                      size_t n) {
   if (n == 0) return;
-  MOE_LAUNCH(swiglu_backward_kernel, elem_blocks(n), kThreads, 0, stream())
-  (dg, du, dh, g, u, n);
+  MOE_LAUNCH(swiglu_backward_kernel, elem_blocks(n), kThreads, 0, stream())(dg, du, dh, g, u, n);
   MOE_CUDA_LAUNCHED("swiglu_backward");
 }
 
 void swiglu_backward_inplace(float* dg, float* du, const float* g, const float* u, size_t n) {
   if (n == 0) return;
-  MOE_LAUNCH(swiglu_backward_inplace_kernel, elem_blocks(n), kThreads, 0, stream())
-  (dg, du, g, u, n);
+  MOE_LAUNCH(swiglu_backward_inplace_kernel, elem_blocks(n), kThreads, 0, stream())(dg, du, g, u, n);
   MOE_CUDA_LAUNCHED("swiglu_backward_inplace");
 }
 
@@ -103,9 +97,8 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, int 
   MOE_CHECK(n_tokens >= 0 && dim >= 0, "embedding_forward: n_tokens=", n_tokens, " dim=", dim);
   const size_t n = static_cast<size_t>(n_tokens) * dim;
   if (n == 0) return;
-  MOE_LAUNCH(embedding_forward_kernel, elem_blocks(n), kThreads, 0, stream())
-  (out, tokens, wte, n_tokens,
-   dim);
+  MOE_LAUNCH(embedding_forward_kernel, elem_blocks(n), kThreads, 0, stream())(out, tokens, wte, n_tokens,
+                                                                      dim);
   MOE_CUDA_LAUNCHED("embedding_forward");
 }
 
@@ -125,21 +118,18 @@ void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, i
   auto* tok_sorted = reinterpret_cast<uint32_t*>(ws);
   auto* pos = reinterpret_cast<int32_t*>(ws + n_bytes);
   auto* pos_sorted = reinterpret_cast<int32_t*>(ws + 2 * n_bytes);
-  MOE_LAUNCH(iota_kernel, elem_blocks(n_tokens), kThreads, 0, stream())
-  (pos, n_tokens);
+  MOE_LAUNCH(iota_kernel, elem_blocks(n_tokens), kThreads, 0, stream())(pos, n_tokens);
   MOE_CUDA_LAUNCHED("embedding_backward iota");
   MOE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ws + 3 * n_bytes, temp_bytes, keys_in, tok_sorted,
                                                  pos, pos_sorted, n_tokens, 0, 32, stream()));
-  MOE_LAUNCH(embedding_backward_kernel, row_blocks(n_tokens), row_threads(dim), 0, stream())
-  (
+  MOE_LAUNCH(embedding_backward_kernel, row_blocks(n_tokens), row_threads(dim), 0, stream())(
       dwte, dout, tok_sorted, pos_sorted, n_tokens, dim);
   MOE_CUDA_LAUNCHED("embedding_backward");
 }
 
 void add_inplace(float* y, const float* x, size_t n) {
   if (n == 0) return;
-  MOE_LAUNCH(add_kernel, elem_blocks(n), kThreads, 0, stream())
-  (y, x, n);
+  MOE_LAUNCH(add_kernel, elem_blocks(n), kThreads, 0, stream())(y, x, n);
   MOE_CUDA_LAUNCHED("add_inplace");
 }
 

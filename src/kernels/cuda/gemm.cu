@@ -46,8 +46,7 @@ Scratch g_grouped_ptrs;  // gemm_grouped's A, B and C pointer arrays
 void convert(__nv_bfloat16* dst, const float* src, int rows, int cols, int ld) {
   const size_t n = static_cast<size_t>(rows) * cols;
   if (n == 0) return;
-  MOE_LAUNCH(to_bf16_kernel, elem_blocks(n), kThreads, 0, stream())
-  (dst, src, rows, cols, ld);
+  MOE_LAUNCH(to_bf16_kernel, elem_blocks(n), kThreads, 0, stream())(dst, src, rows, cols, ld);
   MOE_CUDA_LAUNCHED("to_bf16");
 }
 
@@ -75,9 +74,8 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
   MOE_CHECK(lda >= a_cols && ldb >= b_cols && ldc >= N, "gemm: row strides lda=", lda, " ldb=", ldb,
             " ldc=", ldc, " are below the row lengths ", a_cols, ", ", b_cols, ", ", N);
   if (K == 0) {  // cuBLAS is not asked for K == 0; scale C as the CPU does
-    MOE_LAUNCH(scale_kernel, elem_blocks(static_cast<size_t>(M) * N), kThreads, 0, stream())
-    (C, M, N, ldc,
-     beta);
+    MOE_LAUNCH(scale_kernel, elem_blocks(static_cast<size_t>(M) * N), kThreads, 0, stream())(C, M, N, ldc,
+                                                                                     beta);
     MOE_CUDA_LAUNCHED("gemm scale");
     return;
   }
@@ -167,11 +165,9 @@ double measure_gemm_gflops(int n, int repeats, bool bf16) {
   const size_t nn = static_cast<size_t>(n) * n;
   Buffer<float> a(nn, nullptr, Device::kCuda), b(nn, nullptr, Device::kCuda),
       c(nn, nullptr, Device::kCuda);
-  MOE_LAUNCH(fill_pattern_kernel, elem_blocks(nn), kThreads, 0, stream())
-  (a.data(), nn, 7919u);
+  MOE_LAUNCH(fill_pattern_kernel, elem_blocks(nn), kThreads, 0, stream())(a.data(), nn, 7919u);
   MOE_CUDA_LAUNCHED("fill");
-  MOE_LAUNCH(fill_pattern_kernel, elem_blocks(nn), kThreads, 0, stream())
-  (b.data(), nn, 104729u);
+  MOE_LAUNCH(fill_pattern_kernel, elem_blocks(nn), kThreads, 0, stream())(b.data(), nn, 104729u);
   MOE_CUDA_LAUNCHED("fill");
   Buffer<__nv_bfloat16> a16, b16;
   const void* pa = a.data();

@@ -126,12 +126,10 @@ void mla_heads_forward(float* Q, float* K, float* V, const float* q, const float
   upload_rope_table(rope);
   const Dims d = dims_of(s);
   const size_t n_elems = rows * s.D, n_pairs = rows * (s.dr / 2);
-  MOE_LAUNCH(mla_plain_forward, elem_blocks(n_elems), kThreads, 0, stream())
-  (Q, K, V, q, kv, n_elems,
-   d, q_scale);
+  MOE_LAUNCH(mla_plain_forward, elem_blocks(n_elems), kThreads, 0, stream())(Q, K, V, q, kv, n_elems,
+                                                                          d, q_scale);
   MOE_CUDA_LAUNCHED("mla_heads_forward");
-  MOE_LAUNCH(mla_rope_forward, elem_blocks(n_pairs), kThreads, 0, stream())
-  (
+  MOE_LAUNCH(mla_rope_forward, elem_blocks(n_pairs), kThreads, 0, stream())(
       Q, K, q, kpe, rope.dev_cos.data(), rope.dev_sin.data(), n_pairs, d, q_scale);
   MOE_CUDA_LAUNCHED("mla_heads_forward");
 }
@@ -145,12 +143,10 @@ void mla_heads_backward(float* dq, float* dkv, float* dkpe, const float* dQ, con
   const Dims d = dims_of(s);
   const int width = s.dn + s.dv;  // dq's nope columns and all of dkv; the rotary ones below
   const size_t n_elems = rows * width, n_pairs = N * (s.dr / 2);
-  MOE_LAUNCH(mla_plain_backward, elem_blocks(n_elems), kThreads, 0, stream())
-  (
+  MOE_LAUNCH(mla_plain_backward, elem_blocks(n_elems), kThreads, 0, stream())(
       dq, dkv, dQ, dK, dV, n_elems, width, d, q_scale);
   MOE_CUDA_LAUNCHED("mla_heads_backward");
-  MOE_LAUNCH(mla_rope_backward, elem_blocks(n_pairs), kThreads, 0, stream())
-  (
+  MOE_LAUNCH(mla_rope_backward, elem_blocks(n_pairs), kThreads, 0, stream())(
       dq, dkpe, dQ, dK, rope.dev_cos.data(), rope.dev_sin.data(), n_pairs, d, q_scale);
   MOE_CUDA_LAUNCHED("mla_heads_backward");
 }
@@ -159,8 +155,7 @@ void copy_cols(float* dst, int dst_cols, const float* src, int src_cols, size_t 
   MOE_CHECK(dst_cols >= 0 && src_cols >= 0, "copy_cols: columns ", dst_cols, " and ", src_cols);
   const size_t n = rows * dst_cols;
   if (n == 0) return;
-  MOE_LAUNCH(copy_cols_kernel, elem_blocks(n), kThreads, 0, stream())
-  (dst, dst_cols, src, src_cols, n);
+  MOE_LAUNCH(copy_cols_kernel, elem_blocks(n), kThreads, 0, stream())(dst, dst_cols, src, src_cols, n);
   MOE_CUDA_LAUNCHED("copy_cols");
 }
 

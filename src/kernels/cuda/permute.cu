@@ -211,8 +211,7 @@ void count_pairs_per_expert(int32_t* count_E, const int32_t* topk_idx_TK, size_t
   const size_t smem = E <= kMaxSharedHistogram ? sizeof(int) * E : 0;
   unsigned blocks = elem_blocks(P);
   if (blocks > 1024) blocks = 1024;
-  MOE_LAUNCH(count_kernel, blocks, kThreads, smem, stream())
-  (count, bad, topk_idx_TK, P, E);
+  MOE_LAUNCH(count_kernel, blocks, kThreads, smem, stream())(count, bad, topk_idx_TK, P, E);
   MOE_CUDA_LAUNCHED("count_pairs_per_expert");
   unsigned long long first_bad = 0;
   if (E > 0)
@@ -257,18 +256,15 @@ void place_pairs(int32_t* slot_of_row_R, int32_t* row_of_slot_TK, const int32_t*
 
   MOE_CUDA_CHECK(cudaMemcpyAsync(offsets, offsets_E1, sizeof(int32_t) * (E + 1),
                                  cudaMemcpyHostToDevice, stream()));
-  MOE_LAUNCH(sort_input_kernel, elem_blocks(P), kThreads, 0, stream())
-  (keys_in, vals_in, topk_idx_TK, P, E);
+  MOE_LAUNCH(sort_input_kernel, elem_blocks(P), kThreads, 0, stream())(keys_in, vals_in, topk_idx_TK, P, E);
   MOE_CUDA_LAUNCHED("place_pairs sort input");
   MOE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, vals_in,
                                                  vals_out, n, 0, end_bit, stream()));
-  MOE_LAUNCH(expert_start_kernel, blocks_for(static_cast<size_t>(E) + 1), kThreads, 0, stream())
-  (
+  MOE_LAUNCH(expert_start_kernel, blocks_for(static_cast<size_t>(E) + 1), kThreads, 0, stream())(
       start, keys_out, n, E);
   MOE_CUDA_LAUNCHED("place_pairs starts");
-  MOE_LAUNCH(place_kernel, blocks_for(P), kThreads, 0, stream())
-  (slot_of_row_R, row_of_slot_TK, keys_out,
-   vals_out, start, offsets, n, E);
+  MOE_LAUNCH(place_kernel, blocks_for(P), kThreads, 0, stream())(slot_of_row_R, row_of_slot_TK, keys_out,
+                                                         vals_out, start, offsets, n, E);
   MOE_CUDA_LAUNCHED("place_pairs place");
 }
 
@@ -276,9 +272,8 @@ void gather_rows(float* rows_NH, const float* x_TH, const int32_t* slot_of_row_N
                  int H) {
   if (N == 0 || H == 0) return;
   check_rows("gather_rows", k, H);
-  MOE_LAUNCH(gather_rows_kernel, row_blocks(N), row_threads(H), 0, stream())
-  (rows_NH, x_TH, slot_of_row_N,
-   N, k, H);
+  MOE_LAUNCH(gather_rows_kernel, row_blocks(N), row_threads(H), 0, stream())(rows_NH, x_TH, slot_of_row_N,
+                                                                     N, k, H);
   MOE_CUDA_LAUNCHED("gather_rows");
 }
 
@@ -287,8 +282,7 @@ void gather_rows_backward(float* dx_TH, const float* drows_NH, const int32_t* ro
   MOE_CHECK(T >= 0, "gather_rows_backward: T=", T);
   if (T == 0 || H == 0) return;
   check_rows("gather_rows_backward", k, H);
-  MOE_LAUNCH(gather_rows_backward_kernel, row_blocks(T), row_threads(H), 0, stream())
-  (
+  MOE_LAUNCH(gather_rows_backward_kernel, row_blocks(T), row_threads(H), 0, stream())(
       dx_TH, drows_NH, row_of_slot_TK, T, k, H);
   MOE_CUDA_LAUNCHED("gather_rows_backward");
 }
@@ -298,8 +292,7 @@ void combine_rows(float* out_TH, const float* y_NH, const float* weight_TK,
   MOE_CHECK(T >= 0, "combine_rows: T=", T);
   if (T == 0 || H == 0) return;
   check_rows("combine_rows", k, H);
-  MOE_LAUNCH(combine_rows_kernel, row_blocks(T), row_threads(H), 0, stream())
-  (
+  MOE_LAUNCH(combine_rows_kernel, row_blocks(T), row_threads(H), 0, stream())(
       out_TH, y_NH, weight_TK, row_of_slot_TK, T, k, H, accumulate);
   MOE_CUDA_LAUNCHED("combine_rows");
 }
@@ -312,15 +305,13 @@ void combine_rows_backward(float* dy_NH, float* dweight_TK, const float* dout_TH
   check_rows("combine_rows_backward", k, H);
   const size_t P = static_cast<size_t>(T) * k;
   if (dy_NH) {
-    MOE_LAUNCH(combine_dy_kernel, row_blocks(P), row_threads(H), 0, stream())
-    (dy_NH, dout_TH, weight_TK,
-     row_of_slot_TK, P, k, H);
+    MOE_LAUNCH(combine_dy_kernel, row_blocks(P), row_threads(H), 0, stream())(dy_NH, dout_TH, weight_TK,
+                                                                      row_of_slot_TK, P, k, H);
     MOE_CUDA_LAUNCHED("combine_rows_backward dy");
   }
   if (dweight_TK) {
-    MOE_LAUNCH(combine_dweight_kernel, elem_blocks(P), kThreads, 0, stream())
-    (dweight_TK, dout_TH, y_NH,
-     row_of_slot_TK, P, k, H);
+    MOE_LAUNCH(combine_dweight_kernel, elem_blocks(P), kThreads, 0, stream())(dweight_TK, dout_TH, y_NH,
+                                                                      row_of_slot_TK, P, k, H);
     MOE_CUDA_LAUNCHED("combine_rows_backward dweight");
   }
 }
@@ -328,9 +319,8 @@ void combine_rows_backward(float* dy_NH, float* dweight_TK, const float* dout_TH
 void scatter_rows(float* dst_NH, const float* src_NH, const int32_t* row_of_i, size_t n, int H) {
   MOE_CHECK(H >= 0, "scatter_rows: H=", H);
   if (n == 0 || H == 0) return;
-  MOE_LAUNCH(scatter_rows_kernel, row_blocks(n), row_threads(H), 0, stream())
-  (dst_NH, src_NH, row_of_i, n,
-   H);
+  MOE_LAUNCH(scatter_rows_kernel, row_blocks(n), row_threads(H), 0, stream())(dst_NH, src_NH, row_of_i, n,
+                                                                      H);
   MOE_CUDA_LAUNCHED("scatter_rows");
 }
 
@@ -338,9 +328,8 @@ void gather_rows_by_index(float* dst_NH, const float* src_NH, const int32_t* row
                           int H) {
   MOE_CHECK(H >= 0, "gather_rows_by_index: H=", H);
   if (n == 0 || H == 0) return;
-  MOE_LAUNCH(gather_by_index_kernel, row_blocks(n), row_threads(H), 0, stream())
-  (dst_NH, src_NH, row_of_i,
-   nullptr, n, H);
+  MOE_LAUNCH(gather_by_index_kernel, row_blocks(n), row_threads(H), 0, stream())(dst_NH, src_NH, row_of_i,
+                                                                         nullptr, n, H);
   MOE_CUDA_LAUNCHED("gather_rows_by_index");
 }
 
@@ -348,9 +337,8 @@ void gather_scaled_rows(float* dst_NH, const float* src_NH, const int32_t* row_o
                         const float* value_n, size_t n, int H) {
   MOE_CHECK(H >= 0, "gather_scaled_rows: H=", H);
   if (n == 0 || H == 0) return;
-  MOE_LAUNCH(gather_by_index_kernel, row_blocks(n), row_threads(H), 0, stream())
-  (dst_NH, src_NH, row_of_i,
-   value_n, n, H);
+  MOE_LAUNCH(gather_by_index_kernel, row_blocks(n), row_threads(H), 0, stream())(dst_NH, src_NH, row_of_i,
+                                                                         value_n, n, H);
   MOE_CUDA_LAUNCHED("gather_scaled_rows");
 }
 
@@ -360,13 +348,11 @@ void gather_scaled_rows_backward(float* dsrc_NH, float* dvalue_n, const float* d
   MOE_CHECK(H >= 0, "gather_scaled_rows_backward: H=", H);
   if (n == 0) return;
   if (H > 0) {
-    MOE_LAUNCH(scatter_scaled_kernel, row_blocks(n), row_threads(H), 0, stream())
-    (dsrc_NH, d_NH, row_of_i,
-     value_n, n, H);
+    MOE_LAUNCH(scatter_scaled_kernel, row_blocks(n), row_threads(H), 0, stream())(dsrc_NH, d_NH, row_of_i,
+                                                                          value_n, n, H);
     MOE_CUDA_LAUNCHED("gather_scaled_rows_backward dsrc");
   }
-  MOE_LAUNCH(dvalue_kernel, elem_blocks(n), kThreads, 0, stream())
-  (dvalue_n, d_NH, src_NH, row_of_i, n, H);
+  MOE_LAUNCH(dvalue_kernel, elem_blocks(n), kThreads, 0, stream())(dvalue_n, d_NH, src_NH, row_of_i, n, H);
   MOE_CUDA_LAUNCHED("gather_scaled_rows_backward dvalue");
 }
 

@@ -30,8 +30,7 @@ void rotate(float* x, const RopeTable& table, int B, int T, int n_head, int head
   const size_t n_pairs = static_cast<size_t>(B) * T * n_head * table.half;
   if (n_pairs == 0) return;
   upload_rope_table(table);
-  MOE_LAUNCH(rope_kernel, elem_blocks(n_pairs), kThreads, 0, stream())
-  (
+  MOE_LAUNCH(rope_kernel, elem_blocks(n_pairs), kThreads, 0, stream())(
       x, table.dev_cos.data(), table.dev_sin.data(), n_pairs, T, n_head, table.half, sign);
   MOE_CUDA_LAUNCHED(who);
 }

@@ -59,10 +59,9 @@ void router_topk(float* scores_TE, int32_t* topk_idx_TK, float* topk_weight_TK, 
                  bool renorm, const math::RouterScoring& scoring) {
   MOE_CHECK(T >= 0 && E > 0 && k >= 1 && k <= E, "router_topk: T=", T, " E=", E, " k=", k);
   if (T == 0) return;
-  MOE_LAUNCH(router_topk_kernel, elem_blocks(T), kThreads, 0, stream())
-  (scores_TE, topk_idx_TK,
-   topk_weight_TK, T, E, k, renorm,
-   scoring);
+  MOE_LAUNCH(router_topk_kernel, elem_blocks(T), kThreads, 0, stream())(scores_TE, topk_idx_TK,
+                                                                topk_weight_TK, T, E, k, renorm,
+                                                                scoring);
   MOE_CUDA_LAUNCHED("router_topk");
 }
 
@@ -73,8 +72,7 @@ void router_topk_backward(float* dlogits_TE, const float* scores_TE, const int32
   MOE_CHECK(T >= 0 && E > 0 && k >= 1 && k <= E, "router_topk_backward: T=", T, " E=", E, " k=", k);
   MOE_CHECK(!aux_coef_BE || S > 0, "router_topk_backward: sequence length S=", S);
   if (T == 0) return;
-  MOE_LAUNCH(router_topk_backward_kernel, elem_blocks(T), kThreads, 0, stream())
-  (
+  MOE_LAUNCH(router_topk_backward_kernel, elem_blocks(T), kThreads, 0, stream())(
       dlogits_TE, scores_TE, topk_idx_TK, dtopk_weight_TK, T, E, k, renorm, aux_coef_BE, S,
       aux_scale, scoring);
   MOE_CUDA_LAUNCHED("router_topk_backward");
@@ -86,10 +84,9 @@ void router_aux_stats(double* count_BE, double* score_sum_BE, const int32_t* top
             " k=", k, " B=", B, " (T must be a multiple of B)");
   const size_t BE = static_cast<size_t>(B) * E;
   double* dev = g_stats.as<double>(2 * BE);
-  MOE_LAUNCH(router_aux_stats_kernel, elem_blocks(BE), kThreads, 0, stream())
-  (dev, dev + BE, topk_idx_TK,
-   scores_TE, T / B, E, k, BE,
-   normalise);
+  MOE_LAUNCH(router_aux_stats_kernel, elem_blocks(BE), kThreads, 0, stream())(dev, dev + BE, topk_idx_TK,
+                                                                      scores_TE, T / B, E, k, BE,
+                                                                      normalise);
   MOE_CUDA_LAUNCHED("router_aux_stats");
   MOE_CUDA_CHECK(
       cudaMemcpyAsync(count_BE, dev, sizeof(double) * BE, cudaMemcpyDeviceToHost, stream()));

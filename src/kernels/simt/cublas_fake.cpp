@@ -47,8 +47,7 @@ bool supported(cudaDataType_t a, cudaDataType_t b, cudaDataType_t c, cublasCompu
 
 size_t type_bytes(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
 const char* type_name(cudaDataType_t t) {
-  return t == CUDA_R_32F ? "CUDA_R_32F" : t == CUDA_R_16BF ? "CUDA_R_16BF"
-                                                           : "another type";
+  return t == CUDA_R_32F ? "CUDA_R_32F" : t == CUDA_R_16BF ? "CUDA_R_16BF" : "another type";
 }
 
 struct Gemm {
@@ -86,7 +85,8 @@ cublasStatus_t check(const Gemm& p, const char* call, int g) {
 std::vector<float> load(const char* who, const char* name, const void* p, cudaDataType_t t, int rows,
                         int cols, int ld) {
   const size_t extent = cols == 0 || rows == 0 ? 0 : static_cast<size_t>(ld) * (cols - 1) + rows;
-  if (extent && !device_range(p, extent * type_bytes(t))) {
+  if (extent && !device_range(p, extent * type_bytes(t)))
+  {
     char at[32];
     std::snprintf(at, sizeof at, "%p", p);
     throw std::runtime_error(std::string(who) + ": " + name + " (" + at + ", " +

@@ -104,7 +104,10 @@ int64_t floats_of(double bytes) { return static_cast<int64_t>(std::ceil(bytes / 
 class StepRunner {
  public:
   StepRunner(const StepSpec& sp, const parallel::Grid& g, A2a algo, uint64_t seed)
-      : sp_(sp), g_(g), st_(sp.stages[g.me.pp]), ex_(g.ep, g.topo, algo, nullptr), N_(static_cast<int>(sp.rank.tokens)), H_(sp.row_floats), p2p_n_(floats_of(sp.p2p_floats * 4)), src_(static_cast<size_t>(N_) * H_), act_(static_cast<size_t>(p2p_n_) * 2), grads_(grad_floats() * 2 + 2) {
+      : sp_(sp), g_(g), st_(sp.stages[g.me.pp]), ex_(g.ep, g.topo, algo, nullptr),
+        N_(static_cast<int>(sp.rank.tokens)), H_(sp.row_floats), p2p_n_(floats_of(sp.p2p_floats * 4)),
+        src_(static_cast<size_t>(N_) * H_), act_(static_cast<size_t>(p2p_n_) * 2),
+        grads_(grad_floats() * 2 + 2) {
     MOE_CHECK(sp.rank.tokens < (1 << 24), "moetrain_smpi_step: ", sp.rank.tokens,
               " tokens per micro-batch is too many (max 2^24)");
     const int ep = g.ep.size();
@@ -118,7 +121,7 @@ class StepRunner {
                                                derive_rng(seed, stream)));
     }
     plans_.resize(st_.layers.size());
-    ex_.keep_staging(true);    // the staging rows are mapped and faulted in once, not every call
+    ex_.keep_staging(true);  // the staging rows are mapped and faulted in once, not every call
     ex_.set_copy_rows(false);  // rows are placeholders here: their sizes travel, not their bytes
   }
 
