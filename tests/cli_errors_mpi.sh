@@ -17,7 +17,7 @@ expect() {  # expect NAME NP PATTERN ARGS...
          --preset test-moe --seq-len 16 --batch 2 --data "$corpus" --out "$dir/$name" "$@" 2>&1)"
   rc=$?
   n=$(printf '%s\n' "$out" | grep -c "^moetrain: error")
-  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$n" -eq 1 ] && printf '%s' "$out" | grep -q -- "$pattern" \
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$n" -eq 1 ] && grep -q -- "$pattern" <<<"$out" \
      && [ ! -e "$dir/$name/model.safetensors" ]; then
     pass=$((pass + 1))
   else
@@ -93,7 +93,7 @@ expect bad-expert-placement 2 'manifest.json: field "expert_placement", layer 1:
 out="$(timeout 60 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -np 2 "$bin" export "$dir/nockpt" "$dir/exp" 2>&1)"
 rc=$?
 n=$(printf '%s\n' "$out" | grep -c "^moetrain: error")
-if [ "$rc" -ne 0 ] && [ "$n" -eq 1 ] && printf '%s' "$out" | grep -q "export writes one folder from one process, but this is one of 2 ranks"; then
+if [ "$rc" -ne 0 ] && [ "$n" -eq 1 ] && grep -q "export writes one folder from one process, but this is one of 2 ranks" <<<"$out"; then
   pass=$((pass + 1))
 else
   echo "FAIL export-under-mpirun: rc=$rc error lines=$n output: $out"

@@ -290,7 +290,7 @@ if command -v mpirun >/dev/null; then
            --out "$dir/o-mpi-$n_out" --resume "$3" 2>&1)" || rc=$?
     n_out=$((n_out + 1))
     n=$(printf '%s\n' "$out" | grep -c "^moetrain: error" || true)
-    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -lt 128 ] && [ "$n" -eq 1 ] && printf '%s' "$out" | grep -qF -- "$2"; then
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -lt 128 ] && [ "$n" -eq 1 ] && grep -qF -- "$2" <<<"$out"; then
       ok "$1: $(printf '%s\n' "$out" | grep "^moetrain: error" | sed "s|$dir|T|g")"
     else
       bad "$1: rc=$rc error lines=$n output: ${out:0:600}"
@@ -448,7 +448,7 @@ h = json.dumps({name: {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).e
 h += b" " * ((8 - len(h) % 8) % 8)
 open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + struct.pack("<f", 1.0))
 PY
-if out="$("$bin" inspect "$dir/name1000.safetensors" 2>&1)" && printf '%s' "$out" | grep -qF 'x1 (experts 7..7)'; then
+if out="$("$bin" inspect "$dir/name1000.safetensors" 2>&1)" && grep -qF 'x1 (experts 7..7)' <<<"$out"; then
   ok "inspect: a 1024-byte expert tensor name is listed and folded"
 else
   bad "inspect: a 1024-byte tensor name: ${out:0:300}"
