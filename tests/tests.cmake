@@ -168,6 +168,9 @@ endif()
 moetrain_script_test(train_profile profile.sh TIMEOUT 300)
 # --time-budget: the chosen step count, its schedule, --steps N repeating it, resume keeping it.
 moetrain_script_test(train_time_budget time_budget.sh TIMEOUT 300 LABELS mpi)
+# --global-batch / --micro-batch: the same runs as --batch / --micro-batches on one process and
+# on DP 2, one process against DP 2, the global batch in the run header (9 runs of 3 steps).
+moetrain_script_test(batch_words batch_words.sh TIMEOUT 300 LABELS mpi)
 
 # moetrain tokenize end to end: bytes and a small BPE, a Megatron-layout file from Python, train
 # 3 steps on each; bad tokenize input.

@@ -66,10 +66,10 @@ void add_train_command(CLI::App& app, TrainCli& s) {
   t->add_option("--dp", o.parallel.dims.dp, "data-parallel degree")->capture_default_str();
   t->add_option("--ep", o.parallel.dims.ep, "expert-parallel degree (splits the routed experts)")->capture_default_str();
   t->add_option("--tp", o.parallel.dims.tp, "tensor-parallel degree: heads, dense FFN and tokens split over tp adjacent ranks (Megatron TP + SP, SSMB MoE)")->capture_default_str();
-  t->add_option("--micro-batches", o.parallel.micro_batches, "micro-batches per step (pipeline / gradient accumulation)")->capture_default_str();
+  t->add_option("--micro-batches", o.parallel.micro_batches, "micro-batches per step on each data rank (pipeline / gradient accumulation)")->capture_default_str();
   t->add_option("--micro-batch", o.data.micro_batch,
-                "sequences per micro-batch (Megatron's micro-batch size): sets --micro-batches to the "
-                "per-data-rank batch / this");
+                "sequences per micro-batch on each data rank (Megatron's micro-batch size): sets "
+                "--micro-batches to the per-data-rank batch / this");
   t->add_option("--pp.layers", o.parallel.pp_layers, "layers per pipeline stage, e.g. 5,4,4,3 (default: even)")->delimiter(',');
   add_mode_option(t, "--pp.schedule", o.parallel.schedule, "pipeline schedule: 1f1b or gpipe");
   add_mode_option(t, "--recompute", o.model.recompute, "activation checkpointing: none, moe or full");
