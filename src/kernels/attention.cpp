@@ -169,8 +169,8 @@ Fn pick(Fn avx512, Fn avx2, Fn base) {
 // What both directions walk: each (batch, head)'s keys and values packed into one set of tiles
 // (backward: with the transposed copy), then block(head, tiles, t0, n) for each kBlock query rows.
 template <class Block>
-void for_each_query_block(const float* k, const float* v, int B, int T, int n_head, int head_dim, bool backward,
-                          Block block) {
+void for_each_query_block(const float* k, const float* v, int B, int T, int n_head, int head_dim,
+                          bool backward, Block block) {
   Tiles w(head_dim, T);
   const auto pack = pick(&ISA(avx512)::pack_keys, &ISA(avx2)::pack_keys, &isa_base::pack_keys);
   for (int b = 0; b < B; ++b)
@@ -206,7 +206,7 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
   const auto block = pick(&ISA(avx512)::forward_query_block, &ISA(avx2)::forward_query_block,
                           &isa_base::forward_query_block);
   for_each_query_block(k, v, B, T, n_head, head_dim, /*backward=*/false,
-                       [&](const HeadView& g, Tiles& w, int t0, int n) { block(out, att, att + rows, q, g, w, t0, n); });
+                       [&](const auto& g, auto& w, int t0, int n) { block(out, att, att + rows, q, g, w, t0, n); });
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
@@ -218,7 +218,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   const size_t rows = static_cast<size_t>(B) * n_head * T;
   const auto block = pick(&ISA(avx512)::backward_query_block, &ISA(avx2)::backward_query_block,
                           &isa_base::backward_query_block);
-  for_each_query_block(k, v, B, T, n_head, head_dim, /*backward=*/true, [&](const HeadView& g, Tiles& w, int t0, int n) {
+  for_each_query_block(k, v, B, T, n_head, head_dim, /*backward=*/true, [&](const auto& g, auto& w, int t0, int n) {
     block(dq, dk, dv, dout, q, att, att + rows, g, w, t0, n);
   });
 }
