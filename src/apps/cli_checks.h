@@ -15,6 +15,13 @@ inline const CLI::Validator kNonNegativeInteger(
     },
     "INT>=0");
 
+// A subcommand of parent whose repeated flags take the last value (a later flag wins).
+inline CLI::App* add_command(CLI::App& parent, const std::string& name, const std::string& description) {
+  CLI::App* command = parent.add_subcommand(name, description);
+  command->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  return command;
+}
+
 // The MODEL argument of the commands that load a trained model (generate, eval).
 inline void add_model_argument(CLI::App* command, std::string& path) {
   command->add_option("model", path,

@@ -26,9 +26,8 @@ const CLI::Validator kSeed(
 
 void add_generate_command(CLI::App& app, GenerateCli& s) {
   train::GenerateOptions& o = s.opts;
-  CLI::App* g = app.add_subcommand(
-      "generate", "text from a trained model (a checkpoint or an exported folder), KV-cached decoding");
-  g->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  CLI::App* g = add_command(
+      app, "generate", "text from a trained model (a checkpoint or an exported folder), KV-cached decoding");
   add_model_argument(g, o.model_path);
   g->add_option("--prompt", o.prompt, "the text to continue")->required();
   g->add_option("--tokens", o.tokens, "new tokens (prompt + tokens <= max_position_embeddings)")
