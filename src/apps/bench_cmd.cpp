@@ -17,8 +17,7 @@ namespace moe::apps {
 namespace {
 
 void add_a2a_bench(CLI::App* bench, BenchCli::A2a& a) {
-  CLI::App* m = bench->add_subcommand("a2a", "token exchange: flat vs rbd vs halo (run under mpirun)");
-  m->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  CLI::App* m = add_command(*bench, "a2a", "token exchange: flat vs rbd vs halo (run under mpirun)");
   m->add_option("-b,--min-bytes", a.min_bytes, "smallest size per rank (flat dispatch bytes)")->capture_default_str();
   m->add_option("-e,--max-bytes", a.max_bytes, "largest size per rank")->capture_default_str();
   m->add_option("-f,--factor", a.opts.factor, "size multiplier")->capture_default_str();
@@ -37,8 +36,7 @@ void add_a2a_bench(CLI::App* bench, BenchCli::A2a& a) {
 }
 
 void add_pipeline_bench(CLI::App* bench, BenchCli::Pipe& p) {
-  CLI::App* m = bench->add_subcommand("pipeline", "pipeline bubble of 1F1B / GPipe vs (PP-1)/(M+PP-1) (run under mpirun, one rank per stage)");
-  m->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  CLI::App* m = add_command(*bench, "pipeline", "pipeline bubble of 1F1B / GPipe vs (PP-1)/(M+PP-1) (run under mpirun, one rank per stage)");
   m->add_option("--micro-batches", p.opts.micro_batches, "M values, e.g. 1,2,4,8,16")->delimiter(',');
   m->add_option_function<std::string>(
        "--schedule",
@@ -109,8 +107,7 @@ void add_bench_command(CLI::App& app, BenchCli& s) {
   bench->require_subcommand(1);
   add_a2a_bench(bench, s.a2a);
   add_pipeline_bench(bench, s.pipe);
-  CLI::App* m = bench->add_subcommand("moe-layer", "one MoE layer forward+backward: padding-free vs padded");
-  m->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  CLI::App* m = add_command(*bench, "moe-layer", "one MoE layer forward+backward: padding-free vs padded");
   m->add_option("--tokens", b.tokens, "tokens T")->capture_default_str();
   m->add_option("--hidden", b.hidden, "hidden size H")->capture_default_str();
   m->add_option("--experts", b.experts, "routed experts E")->capture_default_str();

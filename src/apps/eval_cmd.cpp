@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "apps/cli_checks.h"
 #include "core/error.h"
 #include "io/corpus.h"
 #include "io/indexed_dataset.h"
@@ -17,12 +18,9 @@
 namespace moe::apps {
 
 void add_eval_command(CLI::App& app, EvalCli& s) {
-  CLI::App* e = app.add_subcommand(
-      "eval", "held-out loss of a trained model on a corpus's validation split (the trainer's val_loss)");
-  e->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  e->add_option("model", s.model_path,
-                "a step-N checkpoint, a folder of checkpoints (the newest), or an exported model folder")
-      ->required();
+  CLI::App* e = add_command(
+      app, "eval", "held-out loss of a trained model on a corpus's validation split (the trainer's val_loss)");
+  add_model_argument(e, s.model_path);
   e->add_option("--data", s.data_path, "text file or indexed dataset PREFIX (default: data/kjv.txt)");
   e->add_option("--batch", s.batch, "sequences per validation batch (the run's global batch)")->capture_default_str();
   e->add_option("--seq-len", s.seq_len, "tokens per sequence")->capture_default_str();

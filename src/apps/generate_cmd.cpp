@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "apps/cli_checks.h"
 #include "apps/mode_option.h"
 #include "core/error.h"
 #include "io/json_file.h"
@@ -25,12 +26,9 @@ const CLI::Validator kSeed(
 
 void add_generate_command(CLI::App& app, GenerateCli& s) {
   train::GenerateOptions& o = s.opts;
-  CLI::App* g = app.add_subcommand(
-      "generate", "text from a trained model (a checkpoint or an exported folder), KV-cached decoding");
-  g->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  g->add_option("model", o.model_path,
-                "a step-N checkpoint, a folder of checkpoints (the newest), or an exported model folder")
-      ->required();
+  CLI::App* g = add_command(
+      app, "generate", "text from a trained model (a checkpoint or an exported folder), KV-cached decoding");
+  add_model_argument(g, o.model_path);
   g->add_option("--prompt", o.prompt, "the text to continue")->required();
   g->add_option("--tokens", o.tokens, "new tokens (prompt + tokens <= max_position_embeddings)")
       ->capture_default_str();

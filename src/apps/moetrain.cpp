@@ -5,6 +5,9 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <functional>
+#include <memory>
+#include <type_traits>
 
 #include "apps/bench_cmd.h"
 #include "apps/eval_cmd.h"
@@ -23,6 +26,30 @@
 
 using namespace moe;
 
+namespace {
+
+// One command: add registers its flags, run runs it when it was chosen (else -1). Both reach the
+// same state, owned here.
+struct Command {
+  std::function<void(CLI::App&)> add;
+  std::function<int(CLI::App&, int*, char***)> run;
+};
+
+// Commands that start MPI take the process's arguments; the others only their state.
+template <class Cli, class Run>
+Command command(void (*add)(CLI::App&, Cli&), Run run) {
+  auto state = std::make_shared<Cli>();
+  return {[=](CLI::App& app) { add(app, *state); },
+          [=](CLI::App& app, int* argc, char*** argv) {
+            if constexpr (std::is_invocable_v<Run, CLI::App&, Cli&, int*, char***>)
+              return run(app, *state, argc, argv);
+            else
+              return run(app, *state);
+          }};
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // A file-size limit (ulimit -f) must make a write fail with an error we report, not kill us.
   std::signal(SIGXFSZ, SIG_IGN);
@@ -30,26 +57,20 @@ int main(int argc, char** argv) {
   keep_host_heap();                    // buffers freed each micro-batch are reused, not refaulted
   CLI::App app{"moetrain: train DeepSeek-style Mixture-of-Experts models"};
   app.require_subcommand(0, 1);
-  apps::TrainCli train_cli;
-  apps::add_train_command(app, train_cli);
-  apps::BenchCli bench_cli;
-  apps::add_bench_command(app, bench_cli);
-  apps::PlanCli plan_cli;
-  apps::add_plan_commands(app, plan_cli);
-  apps::ReportCli report_cli;
-  apps::add_report_command(app, report_cli);
-  apps::InspectCli inspect_cli;
-  apps::add_inspect_command(app, inspect_cli);
-  apps::GenerateCli generate_cli;
-  apps::add_generate_command(app, generate_cli);
-  apps::EvalCli eval_cli;
-  apps::add_eval_command(app, eval_cli);
-  apps::TokenizeCli tokenize_cli;
-  apps::add_tokenize_command(app, tokenize_cli);
-  train::UpcycleOptions upcycle_cli;
-  apps::add_upcycle_command(app, upcycle_cli);
-  apps::ExportCli export_cli;
-  apps::add_export_command(app, export_cli);
+  // In --help's order; each command keeps its flags' state and runs only when it was chosen.
+  const Command commands[] = {
+      command(apps::add_train_command, apps::run_train_command),
+      command(apps::add_bench_command, apps::run_bench_command),
+      command(apps::add_plan_commands, apps::run_plan_commands),
+      command(apps::add_report_command, apps::run_report_command),
+      command(apps::add_inspect_command, apps::run_inspect_command),
+      command(apps::add_generate_command, apps::run_generate_command),
+      command(apps::add_eval_command, apps::run_eval_command),
+      command(apps::add_tokenize_command, apps::run_tokenize_command),
+      command(apps::add_upcycle_command, apps::run_upcycle_command),
+      command(apps::add_export_command, apps::run_export_command),
+  };
+  for (const Command& c : commands) c.add(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -70,16 +91,8 @@ int main(int argc, char** argv) {
       std::printf("%s", app.help().c_str());
       return 0;
     }
-    if (int rc = apps::run_plan_commands(app, plan_cli, &argc, &argv); rc >= 0) return rc;
-    if (int rc = apps::run_report_command(app, report_cli); rc >= 0) return rc;
-    if (int rc = apps::run_inspect_command(app, inspect_cli); rc >= 0) return rc;
-    if (int rc = apps::run_generate_command(app, generate_cli); rc >= 0) return rc;
-    if (int rc = apps::run_eval_command(app, eval_cli); rc >= 0) return rc;
-    if (int rc = apps::run_tokenize_command(app, tokenize_cli); rc >= 0) return rc;
-    if (int rc = apps::run_upcycle_command(app, upcycle_cli); rc >= 0) return rc;
-    if (int rc = apps::run_bench_command(app, bench_cli, &argc, &argv); rc >= 0) return rc;
-    if (int rc = apps::run_export_command(app, export_cli); rc >= 0) return rc;
-    if (int rc = apps::run_train_command(app, train_cli, &argc, &argv); rc >= 0) return rc;
+    for (const Command& c : commands)
+      if (int rc = c.run(app, &argc, &argv); rc >= 0) return rc;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moetrain: error: %s\n", e.what());
     return 1;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "apps/cli_checks.h"
 #include "comm/mpi_runtime.h"
 #include "core/error.h"
 #include "io/output_file.h"
@@ -18,8 +19,7 @@
 namespace moe::apps {
 
 void add_plan_commands(CLI::App& app, PlanCli& s) {
-  CLI::App* p = app.add_subcommand("plan", "resource model: which layout fits, and how fast it runs");
-  p->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  CLI::App* p = add_command(app, "plan", "resource model: which layout fits, and how fast it runs");
   p->add_option("--model", s.model, "preset (xmoe-small..super, piper-110b/862b/1.7t, mixtral-8x7b/8x22b, "
                                     "deepseek-v2/v3, tiny, ...) or a Hugging Face config.json")->capture_default_str();
   p->add_option("--cluster", s.cluster, "frontier, dgx-h100, or a profile.json from moetrain calibrate")->capture_default_str();
@@ -44,8 +44,7 @@ void add_plan_commands(CLI::App& app, PlanCli& s) {
   p->add_flag("--evaluate", s.evaluate, "predict the one layout given by --layout instead of searching");
   p->add_option("--layout", s.layout, "with --evaluate: \"pp=2,ep=2,dp=1,mb=4,recompute=moe,a2a=flat\"");
 
-  CLI::App* c = app.add_subcommand("calibrate", "measure this machine for the planner (run under mpirun per rank count)");
-  c->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  CLI::App* c = add_command(app, "calibrate", "measure this machine for the planner (run under mpirun per rank count)");
   c->add_option("-o,--out", s.calibrate.out, "profile file to write")->capture_default_str();
   c->add_flag("--append", s.calibrate.append, "add this rank count's sharing and communication curves to an existing profile");
   c->add_option("--ranks-per-node", s.calibrate.ranks_per_node, "emulate nodes of this many ranks for the exchange benchmarks");

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "apps/cli_checks.h"
 #include "core/error.h"
 #include "io/corpus.h"
 #include "io/output_file.h"
@@ -11,8 +12,7 @@
 namespace moe::apps {
 
 void add_tokenize_command(CLI::App& app, TokenizeCli& s) {
-  CLI::App* t = app.add_subcommand("tokenize", "text files -> Megatron indexed dataset (PREFIX.bin + PREFIX.idx)");
-  t->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  CLI::App* t = add_command(app, "tokenize", "text files -> Megatron indexed dataset (PREFIX.bin + PREFIX.idx)");
   t->add_option("--input", s.opts.inputs, "text files (one or more)")
       ->required()
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

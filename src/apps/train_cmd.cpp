@@ -17,8 +17,7 @@ namespace moe::apps {
 void add_train_command(CLI::App& app, TrainCli& s) {
   train::TrainOptions& o = s.opts;
   bool& quiet = s.quiet;
-  CLI::App* t = app.add_subcommand("train", "train a model (default: the tiny preset on the built-in corpus)");
-  t->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later flag wins
+  CLI::App* t = add_command(app, "train", "train a model (default: the tiny preset on the built-in corpus)");
   std::string presets;
   for (const std::string& n : model::preset_names()) presets += (presets.empty() ? "" : ", ") + n;
   t->add_option("--preset", o.model.preset, "model preset: " + presets)->capture_default_str();

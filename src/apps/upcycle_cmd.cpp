@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "apps/cli_checks.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "train/run_guard.h"
@@ -10,9 +11,8 @@
 namespace moe::apps {
 
 void add_upcycle_command(CLI::App& app, train::UpcycleOptions& o) {
-  CLI::App* u = app.add_subcommand(
-      "upcycle", "dense model folder -> MoE model folder (sparse upcycling) for train --init-from");
-  u->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  CLI::App* u = add_command(
+      app, "upcycle", "dense model folder -> MoE model folder (sparse upcycling) for train --init-from");
   u->add_option("dense", o.dense_dir, "a dense model's Hugging Face folder (e.g. from `moetrain export`)")->required();
   u->add_option("-o,--out", o.out_dir, "the MoE model folder to write")->required();
   u->add_option("--experts", o.experts, "E: copies of each dense MLP")->required();

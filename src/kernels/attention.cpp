@@ -166,6 +166,21 @@ Fn pick(Fn avx512, Fn avx2, Fn base) {
   return base;
 }
 
+// What both directions walk: each (batch, head)'s keys and values packed into one set of tiles
+// (backward: with the transposed copy), then block(head, tiles, t0, n) for each kBlock query rows.
+template <class Block>
+void for_each_query_block(const float* k, const float* v, int B, int T, int n_head, int head_dim,
+                          bool backward, Block block) {
+  Tiles w(head_dim, T);
+  const auto pack = pick(&ISA(avx512)::pack_keys, &ISA(avx2)::pack_keys, &isa_base::pack_keys);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < n_head; ++h) {
+      const HeadView g = head_view(b, h, T, n_head, head_dim);
+      pack(w, k, v, g, backward);
+      for (int t0 = 0; t0 < T; t0 += kBlock) block(g, w, t0, std::min(kBlock, T - t0));
+    }
+}
+
 }  // namespace
 
 int attention_cpu_isa() { return g_forced_isa >= 0 ? g_forced_isa : detected_isa(); }
@@ -188,17 +203,10 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
   MOE_CUDA_DISPATCH(attention_forward, out, att, q, k, v, B, T, n_head, head_dim);
   check_sizes("attention_forward", B, T, n_head, head_dim);
   const size_t rows = static_cast<size_t>(B) * n_head * T;
-  Tiles w(head_dim, T);
   const auto block = pick(&ISA(avx512)::forward_query_block, &ISA(avx2)::forward_query_block,
                           &isa_base::forward_query_block);
-  const auto pack = pick(&ISA(avx512)::pack_keys, &ISA(avx2)::pack_keys, &isa_base::pack_keys);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < n_head; ++h) {
-      const HeadView g = head_view(b, h, T, n_head, head_dim);
-      pack(w, k, v, g, /*backward=*/false);
-      for (int t0 = 0; t0 < T; t0 += kBlock)
-        block(out, att, att + rows, q, g, w, t0, std::min(kBlock, T - t0));
-    }
+  for_each_query_block(k, v, B, T, n_head, head_dim, /*backward=*/false,
+                       [&](const auto& g, auto& w, int t0, int n) { block(out, att, att + rows, q, g, w, t0, n); });
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
@@ -208,17 +216,11 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                     scratch);
   check_sizes("attention_backward", B, T, n_head, head_dim);
   const size_t rows = static_cast<size_t>(B) * n_head * T;
-  Tiles w(head_dim, T);
   const auto block = pick(&ISA(avx512)::backward_query_block, &ISA(avx2)::backward_query_block,
                           &isa_base::backward_query_block);
-  const auto pack = pick(&ISA(avx512)::pack_keys, &ISA(avx2)::pack_keys, &isa_base::pack_keys);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < n_head; ++h) {
-      const HeadView g = head_view(b, h, T, n_head, head_dim);
-      pack(w, k, v, g, /*backward=*/true);
-      for (int t0 = 0; t0 < T; t0 += kBlock)
-        block(dq, dk, dv, dout, q, att, att + rows, g, w, t0, std::min(kBlock, T - t0));
-    }
+  for_each_query_block(k, v, B, T, n_head, head_dim, /*backward=*/true, [&](const auto& g, auto& w, int t0, int n) {
+    block(dq, dk, dv, dout, q, att, att + rows, g, w, t0, n);
+  });
 }
 
 }  // namespace moe::kernels

@@ -1,6 +1,7 @@
 // Multi-head latent attention's head assembly on the CPU. See mla.h.
 #include "kernels/mla.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -18,79 +19,90 @@ void check_mla_shape(const RopeTable& rope, const MlaShape& s, const char* who) 
   check_rope_args(rope, s.B, s.T, 1, s.dr, who);
 }
 
+namespace {
+
+// Head h of row n as both directions index it: the row's rotary angles (position n mod T, dr / 2
+// of each), and the head's offsets in the assembled heads [N, nh, D], in q [N, nh, dn + dr] and
+// in kv [N, nh, dn + dv].
+struct HeadAt {
+  size_t n;
+  const float *cos, *sin;
+  size_t heads, q, kv;
+};
+
+// f(HeadAt) for every row n in order and, within it, every head h in order.
+template <class F>
+void for_each_head(const RopeTable& rope, const MlaShape& s, F f) {
+  const size_t N = static_cast<size_t>(s.B) * s.T, half = s.dr / 2;
+  for (size_t n = 0; n < N; ++n) {
+    const size_t t = n % s.T;
+    for (int h = 0; h < s.nh; ++h) {
+      const size_t row = n * s.nh + h;
+      f(HeadAt{n, rope.cos.data() + t * half, rope.sin.data() + t * half, row * s.D, row * (s.dn + s.dr),
+               row * (s.dn + s.dv)});
+    }
+  }
+}
+
+}  // namespace
+
 void mla_heads_forward(float* Q, float* K, float* V, const float* q, const float* kv,
                        const float* kpe, const RopeTable& rope, const MlaShape& s, float q_scale) {
   MOE_CUDA_DISPATCH(mla_heads_forward, Q, K, V, q, kv, kpe, rope, s, q_scale);
   check_mla_shape(rope, s, "mla_heads_forward");
-  const int dq = s.dn + s.dr, dkv = s.dn + s.dv, half = s.dr / 2, D = s.D;
-  const size_t N = static_cast<size_t>(s.B) * s.T;
-  for (size_t n = 0; n < N; ++n) {
-    const int t = static_cast<int>(n % s.T);
-    const float* c = rope.cos.data() + static_cast<size_t>(t) * half;
-    const float* sn = rope.sin.data() + static_cast<size_t>(t) * half;
-    const float* kp = kpe + n * s.dr;
-    for (int h = 0; h < s.nh; ++h) {
-      const size_t o = (n * s.nh + h) * D;
-      const float* qh = q + (n * s.nh + h) * dq;
-      const float* kvh = kv + (n * s.nh + h) * dkv;
-      float *Qh = Q + o, *Kh = K + o, *Vh = V + o;
-      std::memset(Qh, 0, D * sizeof(float));
-      std::memset(Kh, 0, D * sizeof(float));
-      std::memset(Vh, 0, D * sizeof(float));
-      for (int j = 0; j < s.dn; ++j) {
-        Qh[j] = qh[j] * q_scale;
-        Kh[j] = kvh[j];
-      }
-      for (int i = 0; i < half; ++i) {
-        float a = qh[s.dn + 2 * i], b = qh[s.dn + 2 * i + 1];
-        math::rope_rotate(a, b, c[i], sn[i]);
-        Qh[s.dn + i] = a * q_scale;
-        Qh[s.dn + half + i] = b * q_scale;
-        float ka = kp[2 * i], kb = kp[2 * i + 1];
-        math::rope_rotate(ka, kb, c[i], sn[i]);
-        Kh[s.dn + i] = ka;
-        Kh[s.dn + half + i] = kb;
-      }
-      for (int j = 0; j < s.dv; ++j) Vh[j] = kvh[s.dn + j];
+  const int half = s.dr / 2, D = s.D;
+  for_each_head(rope, s, [&](const HeadAt& at) {
+    const float *c = at.cos, *sn = at.sin, *kp = kpe + at.n * s.dr;
+    const float *qh = q + at.q, *kvh = kv + at.kv;
+    float *Qh = Q + at.heads, *Kh = K + at.heads, *Vh = V + at.heads;
+    std::memset(Qh, 0, D * sizeof(float));
+    std::memset(Kh, 0, D * sizeof(float));
+    std::memset(Vh, 0, D * sizeof(float));
+    for (int j = 0; j < s.dn; ++j) {
+      Qh[j] = qh[j] * q_scale;
+      Kh[j] = kvh[j];
     }
-  }
+    for (int i = 0; i < half; ++i) {
+      float a = qh[s.dn + 2 * i], b = qh[s.dn + 2 * i + 1];
+      math::rope_rotate(a, b, c[i], sn[i]);
+      Qh[s.dn + i] = a * q_scale;
+      Qh[s.dn + half + i] = b * q_scale;
+      float ka = kp[2 * i], kb = kp[2 * i + 1];
+      math::rope_rotate(ka, kb, c[i], sn[i]);
+      Kh[s.dn + i] = ka;
+      Kh[s.dn + half + i] = kb;
+    }
+    for (int j = 0; j < s.dv; ++j) Vh[j] = kvh[s.dn + j];
+  });
 }
 
 void mla_heads_backward(float* dq, float* dkv, float* dkpe, const float* dQ, const float* dK,
                         const float* dV, const RopeTable& rope, const MlaShape& s, float q_scale) {
   MOE_CUDA_DISPATCH(mla_heads_backward, dq, dkv, dkpe, dQ, dK, dV, rope, s, q_scale);
   check_mla_shape(rope, s, "mla_heads_backward");
-  const int dqw = s.dn + s.dr, dkv_w = s.dn + s.dv, half = s.dr / 2, D = s.D;
-  const size_t N = static_cast<size_t>(s.B) * s.T;
-  for (size_t n = 0; n < N; ++n) {
-    const int t = static_cast<int>(n % s.T);
-    const float* c = rope.cos.data() + static_cast<size_t>(t) * half;
-    const float* sn = rope.sin.data() + static_cast<size_t>(t) * half;
-    float* kp = dkpe + n * s.dr;
-    for (int j = 0; j < s.dr; ++j) kp[j] = 0.0f;
-    for (int h = 0; h < s.nh; ++h) {
-      const size_t o = (n * s.nh + h) * D;
-      const float *gQ = dQ + o, *gK = dK + o, *gV = dV + o;
-      float* qh = dq + (n * s.nh + h) * dqw;
-      float* kvh = dkv + (n * s.nh + h) * dkv_w;
-      for (int j = 0; j < s.dn; ++j) {
-        qh[j] = gQ[j] * q_scale;
-        kvh[j] = gK[j];
-      }
-      for (int i = 0; i < half; ++i) {
-        // The rotation's transpose: the opposite angle.
-        float a = gQ[s.dn + i] * q_scale, b = gQ[s.dn + half + i] * q_scale;
-        math::rope_rotate(a, b, c[i], -sn[i]);
-        qh[s.dn + 2 * i] = a;
-        qh[s.dn + 2 * i + 1] = b;
-        float ka = gK[s.dn + i], kb = gK[s.dn + half + i];
-        math::rope_rotate(ka, kb, c[i], -sn[i]);
-        kp[2 * i] += ka;
-        kp[2 * i + 1] += kb;
-      }
-      for (int j = 0; j < s.dv; ++j) kvh[s.dn + j] = gV[j];
+  const int half = s.dr / 2;
+  std::fill_n(dkpe, static_cast<size_t>(s.B) * s.T * s.dr, 0.0f);  // summed over the heads below
+  for_each_head(rope, s, [&](const HeadAt& at) {
+    const float *c = at.cos, *sn = at.sin;
+    const float *gQ = dQ + at.heads, *gK = dK + at.heads, *gV = dV + at.heads;
+    float *qh = dq + at.q, *kvh = dkv + at.kv, *kp = dkpe + at.n * s.dr;
+    for (int j = 0; j < s.dn; ++j) {
+      qh[j] = gQ[j] * q_scale;
+      kvh[j] = gK[j];
     }
-  }
+    for (int i = 0; i < half; ++i) {
+      // The rotation's transpose: the opposite angle.
+      float a = gQ[s.dn + i] * q_scale, b = gQ[s.dn + half + i] * q_scale;
+      math::rope_rotate(a, b, c[i], -sn[i]);
+      qh[s.dn + 2 * i] = a;
+      qh[s.dn + 2 * i + 1] = b;
+      float ka = gK[s.dn + i], kb = gK[s.dn + half + i];
+      math::rope_rotate(ka, kb, c[i], -sn[i]);
+      kp[2 * i] += ka;
+      kp[2 * i + 1] += kb;
+    }
+    for (int j = 0; j < s.dv; ++j) kvh[s.dn + j] = gV[j];
+  });
 }
 
 void copy_cols(float* dst, int dst_cols, const float* src, int src_cols, size_t rows) {

@@ -28,6 +28,17 @@ std::vector<int32_t> count_pairs(const char* who, const int32_t* topk_idx_TK, si
   return count;
 }
 
+// What both builders start with: the arguments checked, l's sizes set, and the pairs per expert
+// (which validates the expert ids).
+template <class Layout>
+std::vector<int32_t> start_layout(Layout& l, const char* who, const int32_t* topk_idx_TK, int T, int k, int E) {
+  check_args(who, topk_idx_TK, T, k, E);
+  l.T = T;
+  l.k = k;
+  l.E = E;
+  return count_pairs(who, topk_idx_TK, static_cast<size_t>(T) * k, E);
+}
+
 }  // namespace
 
 int expert_capacity(int T, int k, int E, float capacity_factor, int min_capacity) {
@@ -43,14 +54,10 @@ int expert_capacity(int T, int k, int E, float capacity_factor, int min_capacity
 DispatchLayout build_dispatch_layout(const int32_t* topk_idx_TK, int T, int k, int E,
                                      float capacity_factor, int min_capacity,
                                      MemTracker* tracker) {
-  check_args("build_dispatch_layout", topk_idx_TK, T, k, E);
-  const size_t P = static_cast<size_t>(T) * k;
   DispatchLayout l;
-  l.T = T;
-  l.k = k;
-  l.E = E;
+  const std::vector<int32_t> count = start_layout(l, "build_dispatch_layout", topk_idx_TK, T, k, E);
+  const size_t P = static_cast<size_t>(T) * k;
   l.capacity = capacity_factor > 0.0f ? expert_capacity(T, k, E, capacity_factor, min_capacity) : 0;
-  std::vector<int32_t> count = count_pairs("build_dispatch_layout", topk_idx_TK, P, E);
 
   l.num_tokens_per_expert_E.resize(E, tracker);
   l.offsets_E1.resize(static_cast<size_t>(E) + 1, tracker);
@@ -77,15 +84,11 @@ DispatchLayout build_dispatch_layout(const int32_t* topk_idx_TK, int T, int k, i
 
 PaddedLayout build_padded_layout(const int32_t* topk_idx_TK, int T, int k, int E,
                                  float capacity_factor, int min_capacity, MemTracker* tracker) {
-  check_args("build_padded_layout", topk_idx_TK, T, k, E);
-  const size_t P = static_cast<size_t>(T) * k;
   PaddedLayout l;
-  l.T = T;
-  l.k = k;
-  l.E = E;
+  // The counts themselves are not needed: positions fill in p order.
+  start_layout(l, "build_padded_layout", topk_idx_TK, T, k, E);
+  const size_t P = static_cast<size_t>(T) * k;
   l.C = expert_capacity(T, k, E, capacity_factor > 0.0f ? capacity_factor : 1.0f, min_capacity);
-  // Validates the expert ids (the counts themselves are not needed: positions fill in p order).
-  count_pairs("build_padded_layout", topk_idx_TK, P, E);
 
   l.slot_of_pos_EC.resize(l.num_rows(), tracker);
   l.pos_of_slot_TK.resize(P, tracker);

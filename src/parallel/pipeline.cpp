@@ -103,6 +103,18 @@ PipelineTimes run_pipeline(const comm::Group& pp, Schedule schedule, int M,
         bufs[retired] = -1;
       }
     };
+    // An op's input message, waited for; it proves the sends it answers complete, up to upto.
+    auto receive = [&](comm::Request& in, std::vector<comm::Request>& sends, std::vector<int>& bufs, int& retired,
+                       int upto) {
+      wait_timed(in);
+      retire(sends, bufs, retired, upto);
+    };
+    // A callback, timed as compute (the dry pass runs none).
+    auto compute = [&](auto&& callback) {
+      if (dry) return;
+      ScopedTimer st(t.compute_s);
+      callback();
+    };
 
     if (!first) post_x_in(0);
     int open = 0;
@@ -111,15 +123,12 @@ PipelineTimes run_pipeline(const comm::Group& pp, Schedule schedule, int M,
       if (op.forward) {
         if (!first) {
           if (m + 1 < M) post_x_in(m + 1);  // ahead of need: lands during this compute
-          wait_timed(x_in_req[m]);
-          retire(dx_req, dx_buf, dx_retired, dx_done[m]);
+          receive(x_in_req[m], dx_req, dx_buf, dx_retired, dx_done[m]);
         }
         if (!last) x_out_buf[m] = pool.acquire();
-        if (!dry) {
-          ScopedTimer st(t.compute_s);
-          callbacks.forward(m, first ? nullptr : data(x_in_buf[m]),
-                            last ? nullptr : data(x_out_buf[m]));
-        }
+        compute([&] {
+          callbacks.forward(m, first ? nullptr : data(x_in_buf[m]), last ? nullptr : data(x_out_buf[m]));
+        });
         ++open;
         t.max_in_flight = std::max(t.max_in_flight, open);
         if (!first) {
@@ -134,16 +143,11 @@ PipelineTimes run_pipeline(const comm::Group& pp, Schedule schedule, int M,
           }
         }
       } else {
-        if (!last) {
-          wait_timed(dy_req[m]);
-          retire(x_out_req, x_out_buf, x_out_retired, xout_done[m]);
-        }
+        if (!last) receive(dy_req[m], x_out_req, x_out_buf, x_out_retired, xout_done[m]);
         if (!first) dx_buf[m] = pool.acquire();
-        if (!dry) {
-          ScopedTimer st(t.compute_s);
-          callbacks.backward(m, last ? nullptr : data(dy_buf[m]),
-                             first ? nullptr : data(dx_buf[m]));
-        }
+        compute([&] {
+          callbacks.backward(m, last ? nullptr : data(dy_buf[m]), first ? nullptr : data(dx_buf[m]));
+        });
         --open;
         if (!last) {
           pool.release(dy_buf[m]);

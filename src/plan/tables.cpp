@@ -46,6 +46,18 @@ std::vector<double> numbers(const json& j, const char* f, const std::string& whe
   }
   return v;
 }
+// A grid axis: list f, ascending and positive.
+std::vector<double> grid(const json& j, const char* f, const std::string& where) {
+  std::vector<double> g = numbers(j, f, where);
+  check_grid(g, where, f);
+  return g;
+}
+// A table's values: list f of n positive numbers (the product of its grids' sizes).
+std::vector<double> values(const json& j, const char* f, size_t n, const std::string& where) {
+  std::vector<double> v = numbers(j, f, where);
+  check_values(v, n, where, f);
+  return v;
+}
 
 }  // namespace
 
@@ -123,36 +135,26 @@ json to_json(const AttentionTable& t) {
 
 Table1D table1d_from_json(const json& j, const std::string& where) {
   Table1D t;
-  t.x = numbers(j, "x", where);
-  t.y = numbers(j, "y", where);
-  check_grid(t.x, where, "x");
-  check_values(t.y, t.x.size(), where, "y");
+  t.x = grid(j, "x", where);
+  t.y = values(j, "y", t.x.size(), where);
   return t;
 }
 
 GemmTable gemm_table_from_json(const json& j, const std::string& where) {
   GemmTable t;
-  t.m = numbers(j, "m", where);
-  t.n = numbers(j, "n", where);
-  t.k = numbers(j, "k", where);
-  t.gflops = numbers(j, "gflops", where);
-  check_grid(t.m, where, "m");
-  check_grid(t.n, where, "n");
-  check_grid(t.k, where, "k");
-  check_values(t.gflops, t.m.size() * t.n.size() * t.k.size(), where, "gflops");
+  t.m = grid(j, "m", where);
+  t.n = grid(j, "n", where);
+  t.k = grid(j, "k", where);
+  t.gflops = values(j, "gflops", t.m.size() * t.n.size() * t.k.size(), where);
   return t;
 }
 
 AttentionTable attention_table_from_json(const json& j, const std::string& where) {
   AttentionTable t;
-  t.t = numbers(j, "seq_len", where);
-  t.hd = numbers(j, "head_dim", where);
-  t.fwd_gflops = numbers(j, "fwd_gflops", where);
-  t.bwd_gflops = numbers(j, "bwd_gflops", where);
-  check_grid(t.t, where, "seq_len");
-  check_grid(t.hd, where, "head_dim");
-  check_values(t.fwd_gflops, t.t.size() * t.hd.size(), where, "fwd_gflops");
-  check_values(t.bwd_gflops, t.t.size() * t.hd.size(), where, "bwd_gflops");
+  t.t = grid(j, "seq_len", where);
+  t.hd = grid(j, "head_dim", where);
+  t.fwd_gflops = values(j, "fwd_gflops", t.t.size() * t.hd.size(), where);
+  t.bwd_gflops = values(j, "bwd_gflops", t.t.size() * t.hd.size(), where);
   return t;
 }
 

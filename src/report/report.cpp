@@ -110,6 +110,13 @@ std::vector<double> rolling_mean(const std::vector<double>& v, int n) {
   return out;
 }
 
+// A noisy per-step series beside its mean over 20 steps, y from zero.
+std::string smoothed_chart(svg::Axes a, const char* label, const std::vector<double>& step,
+                           const std::vector<double>& y) {
+  a.y_from_zero = true;
+  return svg::line_chart(a, {{label, step, y}, {"mean of 20 steps", step, rolling_mean(y, 20)}});
+}
+
 struct Page {
   std::string body;
   void h2(const std::string& id, const std::string& t) { body += str_cat("<h2 id=\"", id, "\">", svg::escape(t), "</h2>\n"); }
@@ -222,20 +229,15 @@ void section_throughput(Page& pg, const std::vector<const Rec*>& rs) {
     mfu.push_back(100 * r->m.mfu);
   }
   pg.h2("throughput", "Throughput");
-  if (any_finite(tps)) {
-    svg::Axes a{"Tokens per second (global batch)", "step", "tokens/s"};
-    a.y_from_zero = true;
-    pg.plot(svg::line_chart(a, {{"per step", step, tps}, {"mean of 20 steps", step, rolling_mean(tps, 20)}}));
-  } else {
+  if (any_finite(tps))
+    pg.plot(smoothed_chart({"Tokens per second (global batch)", "step", "tokens/s"}, "per step", step, tps));
+  else
     pg.none("No tokens_per_s in these metrics.");
-  }
-  if (any_finite(mfu)) {
-    svg::Axes a{"MFU (model FLOPs / the sgemm rate measured at start, per rank)", "step", "MFU (%)"};
-    a.y_from_zero = true;
-    pg.plot(svg::line_chart(a, {{"per step", step, mfu}, {"mean of 20 steps", step, rolling_mean(mfu, 20)}}));
-  } else {
+  if (any_finite(mfu))
+    pg.plot(smoothed_chart({"MFU (model FLOPs / the sgemm rate measured at start, per rank)", "step", "MFU (%)"},
+                           "per step", step, mfu));
+  else
     pg.none("No mfu in these metrics.");
-  }
 }
 
 void section_step_time(Page& pg, const std::vector<const Rec*>& rs) {
@@ -336,9 +338,7 @@ void section_a2a(Page& pg, const std::vector<const Rec*>& rs) {
   if (!any)
     return pg.none("No all-to-all in this run: no bytes and no time logged for the token exchange (expert parallelism "
                    "off, every expert on every rank).");
-  svg::Axes a{"All-to-all share of the step", "step", "% of step time"};
-  a.y_from_zero = true;
-  pg.plot(svg::line_chart(a, {{"all-to-all", step, share}, {"mean of 20 steps", step, rolling_mean(share, 20)}}));
+  pg.plot(smoothed_chart({"All-to-all share of the step", "step", "% of step time"}, "all-to-all", step, share));
   std::vector<svg::Series> ss;
   for (int c = 0; c < 4; ++c)
     if (total[c] > 0) ss.push_back({kLinkClasses[c], step, bytes[c]});

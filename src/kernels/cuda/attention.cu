@@ -67,6 +67,28 @@ __device__ __forceinline__ void accumulate(float (&acc)[kCols], float coef, cons
   }
 }
 
+// The row this warp owns (one warp per row, kRows rows per block along T), this thread's lane,
+// the block's first row and whether the row is inside T.
+struct WarpRow {
+  int warp, lane, first, row;
+  bool active;
+};
+__device__ __forceinline__ WarpRow warp_row(const Geom& g) {
+  const int warp = threadIdx.x / 32, first = blockIdx.x * kRows;
+  return {warp, static_cast<int>(threadIdx.x % 32), first, first + warp, first + warp < g.T};
+}
+
+// Keys and values s0 .. s0+n-1 of the current (b, h) staged in Ks and Vs (row strides ldk, ldv)
+// for the whole block, once every warp is done with the previous tile.
+__device__ __forceinline__ void stage_key_tile(float* Ks, int ldk, float* Vs, int ldv, const float* k,
+                                               const float* v, const Geom& g, int s0) {
+  __syncthreads();
+  const int n = min(kTile, g.T - s0);
+  load_rows(Ks, ldk, k, g, s0, n);
+  load_rows(Vs, ldv, v, g, s0, n);
+  __syncthreads();
+}
+
 __global__ void attention_forward_kernel(float* out, float* lse, float* out_copy, const float* q,
                                          const float* k, const float* v, Geom g) {
   MOE_DYNAMIC_SHARED(float, sm);
@@ -74,9 +96,7 @@ __global__ void attention_forward_kernel(float* out, float* lse, float* out_copy
   float* Ks = sm;
   float* Vs = Ks + kTile * ldk;
   float* Qs = Vs + kTile * hd;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int t0 = blockIdx.x * kRows, t = t0 + warp;
-  const bool active = t < g.T;
+  const auto [warp, lane, t0, t, active] = warp_row(g);
   float* qw = Qs + warp * hd;
   if (active)
     for (int j = lane; j < hd; j += 32) qw[j] = q[g.at(t) + j];
@@ -84,11 +104,7 @@ __global__ void attention_forward_kernel(float* out, float* lse, float* out_copy
 
   float m = -INFINITY, l = 0.0f, acc[kCols] = {};
   for (int s0 = 0; s0 <= t_last; s0 += kTile) {
-    __syncthreads();  // the previous tile is consumed (and qw written)
-    const int n = min(kTile, g.T - s0);
-    load_rows(Ks, ldk, k, g, s0, n);
-    load_rows(Vs, hd, v, g, s0, n);
-    __syncthreads();
+    stage_key_tile(Ks, ldk, Vs, hd, k, v, g, s0);  // (its first barrier also orders qw's writes)
     if (!active || s0 > t) continue;
     const bool valid = s0 + lane <= t;
     const float x = valid ? g.scale * dot(qw, Ks + lane * ldk, hd) : -INFINITY;
@@ -137,9 +153,7 @@ __global__ void attention_dq_kernel(float* dq, const float* dout, const float* q
   float* Vs = Ks + kTile * ldk;
   float* Qs = Vs + kTile * ldk;
   float* Os = Qs + kRows * hd;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int t0 = blockIdx.x * kRows, t = t0 + warp;
-  const bool active = t < g.T;
+  const auto [warp, lane, t0, t, active] = warp_row(g);
   float* qw = Qs + warp * hd;
   float* ow = Os + warp * hd;
   float lse_t = 0.0f, D_t = 0.0f;
@@ -155,11 +169,7 @@ __global__ void attention_dq_kernel(float* dq, const float* dout, const float* q
 
   float acc[kCols] = {};
   for (int s0 = 0; s0 <= t_last; s0 += kTile) {
-    __syncthreads();
-    const int n = min(kTile, g.T - s0);
-    load_rows(Ks, ldk, k, g, s0, n);
-    load_rows(Vs, ldk, v, g, s0, n);
-    __syncthreads();
+    stage_key_tile(Ks, ldk, Vs, ldk, k, v, g, s0);
     if (!active || s0 > t) continue;
     float ds = 0.0f;
     if (s0 + lane <= t) {
@@ -189,9 +199,7 @@ __global__ void attention_dkv_kernel(float* dk, float* dv, const float* dout, co
   float* Ds = Ls + kTile;
   float* Kw = Ds + kTile;
   float* Vw = Kw + kRows * hd;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int s_first = blockIdx.x * kRows, s = s_first + warp;
-  const bool active = s < g.T;
+  const auto [warp, lane, s_first, s, active] = warp_row(g);
   float* kw = Kw + warp * hd;
   float* vw = Vw + warp * hd;
   if (active)

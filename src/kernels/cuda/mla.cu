@@ -12,6 +12,20 @@ struct Dims {
   int T, nh, dn, dr, dv, D;
 };
 
+// Rotary pair i at flat index idx over [rows, dr / 2], where a row holds one token's heads_per_row
+// heads: the row, its token n and the pair's angle in the rope tables (position n mod T). Both rope
+// kernels index this way: the forward one row per head, the backward one row per token.
+struct RopePairAt {
+  int i;
+  size_t row, n, angle;
+};
+__device__ __forceinline__ RopePairAt rope_pair_at(size_t idx, const Dims& d, int heads_per_row) {
+  const int half = d.dr / 2;
+  const int i = static_cast<int>(idx % half);
+  const size_t row = idx / half, n = row / heads_per_row;
+  return {i, row, n, (n % d.T) * half + i};
+}
+
 // Element j of head h of row n: nope / value columns (j < D) of Q, K, V.
 __global__ void mla_plain_forward(float* Q, float* K, float* V, const float* q, const float* kv,
                                   size_t n_elems, Dims d, float q_scale) {
@@ -37,20 +51,19 @@ __global__ void mla_rope_forward(float* Q, float* K, const float* q, const float
                                  float q_scale) {
   const int half = d.dr / 2;
   MOE_GRID_STRIDE(idx, n_pairs) {
-    const int i = static_cast<int>(idx % half);
-    const size_t nh_row = idx / half;
-    const size_t n = nh_row / d.nh;
-    const size_t k = (n % d.T) * half + i;
-    const float* qh = q + nh_row * (d.dn + d.dr) + d.dn;
+    const RopePairAt p = rope_pair_at(idx, d, d.nh);  // a row per head
+    const int i = p.i;
+    const float c = cos_t[p.angle], s = sin_t[p.angle];
+    const float* qh = q + p.row * (d.dn + d.dr) + d.dn;
     float a = qh[2 * i], b = qh[2 * i + 1];
-    math::rope_rotate(a, b, cos_t[k], sin_t[k]);
-    float* Qh = Q + nh_row * d.D + d.dn;
+    math::rope_rotate(a, b, c, s);
+    float* Qh = Q + p.row * d.D + d.dn;
     Qh[i] = a * q_scale;
     Qh[half + i] = b * q_scale;
-    const float* kp = kpe + n * d.dr;
+    const float* kp = kpe + p.n * d.dr;
     float ka = kp[2 * i], kb = kp[2 * i + 1];
-    math::rope_rotate(ka, kb, cos_t[k], sin_t[k]);
-    float* Kh = K + nh_row * d.D + d.dn;
+    math::rope_rotate(ka, kb, c, s);
+    float* Kh = K + p.row * d.D + d.dn;
     Kh[i] = ka;
     Kh[half + i] = kb;
   }
@@ -81,10 +94,10 @@ __global__ void mla_rope_backward(float* dq, float* dkpe, const float* dQ, const
                                   float q_scale) {
   const int half = d.dr / 2;
   MOE_GRID_STRIDE(idx, n_pairs) {
-    const int i = static_cast<int>(idx % half);
-    const size_t n = idx / half;
-    const size_t k = (n % d.T) * half + i;
-    const float c = cos_t[k], s = -sin_t[k];
+    const RopePairAt p = rope_pair_at(idx, d, 1);  // a row per token
+    const int i = p.i;
+    const size_t n = p.n;
+    const float c = cos_t[p.angle], s = -sin_t[p.angle];
     float sa = 0.0f, sb = 0.0f;
     for (int h = 0; h < d.nh; ++h) {
       const size_t nh_row = n * d.nh + h;
