@@ -42,9 +42,22 @@ class DeviceState {
 DeviceState* make_device_state(MemTracker* scratch) { return new DeviceState(scratch); }
 void DeviceStateDeleter::operator()(DeviceState* s) const { delete s; }
 
-cudaStream_t stream() { return current_context().cuda().stream(); }
-cublasHandle_t blas() { return current_context().cuda().blas(); }
-Scratch& workspace(Workspace w) { return current_context().cuda().workspace(w); }
+namespace {
+// The current context's CUDA state; a direct call of a CUDA twin (kernels::cuda::fn) outside any
+// CUDA context, as the device tests and the GPU's peak measurement make, runs on a CUDA context
+// of the calling thread's own. It is never destroyed: its workspaces and handle would otherwise be
+// freed while the CUDA runtime shuts down at exit.
+DeviceState& state() {
+  ExecContext& ctx = current_context();
+  if (ctx.device() == Device::kCuda) return ctx.cuda();
+  thread_local ExecContext* const own = new ExecContext(Device::kCuda);
+  return own->cuda();
+}
+}  // namespace
+
+cudaStream_t stream() { return state().stream(); }
+cublasHandle_t blas() { return state().blas(); }
+Scratch& workspace(Workspace w) { return state().workspace(w); }
 
 void synchronize(const char* where) {
   cudaError_t e = cudaStreamSynchronize(stream());

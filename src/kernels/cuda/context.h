@@ -28,7 +28,8 @@ class DeviceState;
 // (fp32 GEMMs stay fp32, no TF32). Its workspaces are charged to `scratch`.
 DeviceState* make_device_state(MemTracker* scratch);
 
-// Waits for every kernel queued so far on the current context; throws naming the first
+// Waits for every kernel queued so far on the current context (a CUDA twin called directly outside
+// one runs on a CUDA context of the calling thread's own: context.cu); throws naming the first
 // asynchronous error.
 void synchronize(const char* where);
 
