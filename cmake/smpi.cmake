@@ -17,10 +17,11 @@ target_link_libraries(moetrain_smpi_a2a PRIVATE moetrain_smpi_comm CLI11::CLI11)
 # moetrain_smpi_step: one training step, communication only, compute injected from the planner's
 # time model (src/tools/smpi/step_*.cpp). It links the planner and what the planner links (the
 # model config, the dispatch layout, the pipeline schedules; cmake/modules.cmake's pieces), the
-# grid, and the two kernels the layout runs.
+# grid, and the two kernels the layout runs (with the execution context they read).
 add_library(moetrain_smpi_plan STATIC ${plan_src} ${model_config_src} ${moe_layout_src}
             ${parallel_schedule_src} ${io_src} ${S}/parallel/grid.cpp ${S}/kernels/permute.cpp
-            ${S}/kernels/device_select.cpp ${S}/tools/smpi/step_spec.cpp ${S}/tools/smpi/step_report.cpp)
+            ${S}/kernels/device_select.cpp ${S}/kernels/exec_context.cpp ${S}/kernels/gemm_bf16_cpu.cpp
+            ${S}/tools/smpi/step_spec.cpp ${S}/tools/smpi/step_report.cpp)
 target_link_libraries(moetrain_smpi_plan PUBLIC moetrain_smpi_comm)
 add_executable(moetrain_smpi_step ${S}/tools/smpi/step_smpi.cpp)
 target_link_libraries(moetrain_smpi_step PRIVATE moetrain_smpi_plan CLI11::CLI11)

@@ -9,6 +9,7 @@
 #include "core/rng.h"
 #include "kernels/adamw.h"
 #include "kernels/device_select.h"
+#include "kernels/exec_context.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_bf16_cpu.h"
 #include "kernels/peak_rate.h"
@@ -86,17 +87,17 @@ TEST(GemmBf16Cpu, EmptySizes) {
     }
 }
 
-// kernels::gemm is the bf16 GEMM while set_gemm_bf16(true) (bit for bit), sgemm stays fp32.
+// kernels::gemm is the bf16 GEMM on a bf16 execution context (bit for bit), sgemm stays fp32.
 TEST(GemmBf16Cpu, GemmDispatchesByPrecision) {
   SKIP_WITHOUT_BF16();
   const int M = 40, N = 24, K = 70;
   const std::vector<float> A = normal(M * K, 4), B = normal(K * N, 5);
   std::vector<float> want(M * N), got(M * N), fp32(M * N);
   gemm_bf16_cpu(false, true, M, N, K, 1.0f, A.data(), 0, B.data(), 0, 0.0f, want.data(), 0);
-  set_gemm_bf16(true);
+  ExecContext bf16_gemms(Device::kCpu, /*gemm_bf16=*/true);
+  const ContextScope on(bf16_gemms);
   gemm(false, true, M, N, K, 1.0f, A.data(), 0, B.data(), 0, 0.0f, got.data(), 0);
   sgemm(false, true, M, N, K, 1.0f, A.data(), 0, B.data(), 0, 0.0f, fp32.data(), 0);
-  set_gemm_bf16(false);
   EXPECT_EQ(got, want);
   EXPECT_NE(fp32, want);  // the rounding is real: fp32 inputs give another answer
 }
@@ -113,7 +114,8 @@ TEST(GemmBf16Cpu, WeightCopyIsNeverStale) {
     linear_forward(y.data(), x.data(), w.data(), T, in, out);
     return y;
   };
-  set_gemm_bf16(true);
+  ExecContext bf16_gemms(Device::kCpu, /*gemm_bf16=*/true);
+  const ContextScope on(bf16_gemms);
   const std::vector<float> per_gemm = forward();
   std::vector<float> after;
   {
@@ -135,7 +137,6 @@ TEST(GemmBf16Cpu, WeightCopyIsNeverStale) {
   for (float& e : w) e *= 2.0f;  // a change the scopes never saw
   const std::vector<float> doubled = forward();
   for (size_t i = 0; i < doubled.size(); ++i) ASSERT_EQ(doubled[i], 2.0f * fresh[i]);
-  set_gemm_bf16(false);
 }
 
 // An input scope converts its block once for every GEMM that reads it, with the bits of the
@@ -146,7 +147,8 @@ TEST(GemmBf16Cpu, InputScopeConvertsOnceAndIsNeverStale) {
   const int T = 16, in = 40, out = 24;
   std::vector<float> x = normal(T * in, 9);
   const std::vector<float> w = normal(out * in, 10), dy = normal(T * out, 11);
-  set_gemm_bf16(true);
+  ExecContext bf16_gemms(Device::kCpu, /*gemm_bf16=*/true);
+  const ContextScope on(bf16_gemms);
   auto three = [&] {  // q, k, v of one input; then the weight gradient of the first rows alone
     std::vector<float> y(3 * T * out), dw(out * in);
     for (int i = 0; i < 3; ++i) linear_forward(y.data() + i * T * out, x.data(), w.data(), T, in, out);
@@ -172,7 +174,6 @@ TEST(GemmBf16Cpu, InputScopeConvertsOnceAndIsNeverStale) {
   const std::vector<float> doubled = three();
   EXPECT_EQ(bf16_input_conversions(), before + 2) << "a closed scope was read";
   for (size_t i = 0; i < doubled.size(); ++i) ASSERT_EQ(doubled[i], 2.0f * per_gemm[i]);
-  set_gemm_bf16(false);
 }
 
 TEST(GemmBf16Cpu, RoundToNearestEven) {

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "kernels/exec_context.h"
 #include "kernels/swiglu_mlp.h"
 #include "moe/dispatch.h"
 #include "tools/bench_moe_layer.h"
@@ -676,8 +677,8 @@ TEST(MoeLayer, RejectsBadConfig) {
 
 // The per-step breakdown (bench moe-layer --breakdown): recording changes no result, the steps
 // add up to the layer's wall time (nothing big goes untimed), the expert parts sit inside their
-// steps, and nothing is recorded once the recorder is removed.
-TEST(MoeStepTimes, BreakdownAddsUpAndRecordsOnlyWhileInstalled) {
+// steps, and a layer whose config names no recorder records nothing.
+TEST(MoeStepTimes, BreakdownAddsUpAndRecordsOnlyWhenNamed) {
   MoeConfig c = tiny_config(4, 2, 48);
   c.hidden = 64;
   c.ffn = 96;
@@ -686,12 +687,13 @@ TEST(MoeStepTimes, BreakdownAddsUpAndRecordsOnlyWhileInstalled) {
   const std::pair<RunResult, Grads> plain = run_both(m, dy, 1.0f);
 
   MoeStepTimes times;
-  ASSERT_EQ(set_moe_step_times(&times), nullptr);
+  Model recorded = make_model(c, 512, 1, 91, 0.7f, 0.05f);  // the same layer, recording
+  recorded.cfg.step_times = &times;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::pair<RunResult, Grads> timed = run_both(m, dy, 1.0f);
+  const std::pair<RunResult, Grads> timed = run_both(recorded, dy, 1.0f);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_EQ(set_moe_step_times(nullptr), &times);
-  EXPECT_EQ(kernels::set_mlp_step_times(nullptr), nullptr);  // the parts recorder was removed too
+  // The expert parts' recorder was installed on the execution context only inside the layer.
+  EXPECT_EQ(kernels::current_context().mlp_step_times(), nullptr);
   EXPECT_EQ(timed.first.y, plain.first.y);
   EXPECT_EQ(timed.second.dx, plain.second.dx);
   EXPECT_EQ(timed.second.deg, plain.second.deg);

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "kernels/device_select.h"
+#include "kernels/exec_context.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "train/optimizer.h"
@@ -88,8 +89,8 @@ int main(int argc, char** argv) {
 
     auto run = [&](Device d, std::vector<float>& logits, std::vector<float>& grads,
                    std::vector<double>& losses) -> double {
-      kernels::set_active_device(d);
-      kernels::set_gemm_bf16(d == Device::kCuda && bf16);
+      kernels::ExecContext on_d(d, d == Device::kCuda && bf16);  // the model and the optimizer run there
+      const kernels::ContextScope on(on_d);
       model::Model m(cfg);
       m.init_weights(42);
       m.zero_grads();
@@ -105,7 +106,6 @@ int main(int argc, char** argv) {
         opt.step(m.params(), m.grads(), s);
         losses.push_back(l.total);
       }
-      kernels::set_active_device(Device::kCpu);
       return lp.total;
     };
     std::vector<float> lc, gc, lg, gg;

@@ -16,6 +16,7 @@
 #include "core/rng.h"
 #include "io/safetensors.h"
 #include "kernels/device_select.h"
+#include "kernels/exec_context.h"
 #include "kernels/gemm_bf16_cpu.h"
 #include "model/config.h"
 #include "model/model.h"
@@ -39,7 +40,8 @@ int main(int argc, char** argv) {
       std::printf("SKIPPED: bf16 on the CPU: %s\n", kernels::bf16_cpu_unavailable_reason().c_str());
       return 77;
     }
-    kernels::set_gemm_bf16(precision == "bf16");
+    kernels::ExecContext on_cpu(Device::kCpu, precision == "bf16");
+    const kernels::ContextScope on(on_cpu);
     std::filesystem::create_directories(dir);
     // seq_len: 16 by default; a longer one (150) spans several of the CPU attention kernel's
     // 64-row key blocks.

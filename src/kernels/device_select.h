@@ -1,33 +1,27 @@
-// Which device the kernels of this process run on. A rank runs on one device (--device), chosen
-// once at setup; every leaf kernel in kernels/ forwards to its CUDA implementation (namespace
+// Which device the kernels of this thread run on: the current execution context's
+// (kernels/exec_context.h; a rank's model and its step run on the model's context, on the device
+// --device chose). Every leaf kernel in kernels/ forwards to its CUDA implementation (namespace
 // moe::kernels::cuda, src/kernels/cuda/) when that device is CUDA, so the model, the MoE layer and
 // the optimizer call one function per op and never branch on the device. Composite kernels
 // (linear, SwiGLU MLP, grouped experts) are built from leaf kernels and need no dispatch.
 #pragma once
 #include "core/buffer.h"
 #include "core/device.h"
+#include "kernels/exec_context.h"
 
 namespace moe::kernels {
 
-// Sets the device of every later kernel call (and creates the CUDA handles when it is CUDA).
-// Throws a one-line error when the device cannot be used (see require_device).
-void set_active_device(Device d);
-Device active_device();
+inline Device active_device() { return current_context().device(); }
 inline bool cuda_active() { return active_device() == Device::kCuda; }
 
-// Waits for the kernels queued on the active device (no-op on the CPU): timers call it so that a
-// wall-clock interval covers the GPU work it names.
+// Waits for the kernels queued on the current context (no-op on the CPU): timers call it so that
+// a wall-clock interval covers the GPU work it names.
 void device_synchronize();
 
-// GEMM input precision: fp32, or bf16 inputs with fp32 accumulation and fp32 outputs (cuBLAS on
-// CUDA, oneDNN on the CPU: kernels/gemm_bf16_cpu.h; callers check bf16_cpu_available() first).
-void set_gemm_bf16(bool on);
-bool gemm_bf16();
-
-// The CUDA backend's cached workspaces (bf16 operand copies, sort buffers, per-row statistics,
-// reduction partials: kernels/cuda/reduce.cuh's Scratch) are charged here; a model on the GPU
-// hangs this tracker under its work memory while it lives, so the bytes show in its totals.
-MemTracker& cuda_scratch_memory();
+// GEMM input precision of the current context: fp32, or bf16 inputs with fp32 accumulation and
+// fp32 outputs (cuBLAS on CUDA, oneDNN on the CPU: kernels/gemm_bf16_cpu.h; callers check
+// bf16_cpu_available() first).
+inline bool gemm_bf16() { return current_context().gemm_bf16(); }
 
 // Reuses `buf` when it already holds n elements on the active device (a caller that rewrites
 // every element, like the MoE layer's activations across steps, then pays no allocation or page

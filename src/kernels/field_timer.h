@@ -1,5 +1,5 @@
 // The step clocks' timer (MoeStepTimes, MlpStepTimes): adds the wall time of a scope to one field
-// of the recorder installed on this thread. On a GPU the interval is closed by a device sync, and
+// of a recorder (null: none). On a GPU the interval is closed by a device sync, and
 // only while a recorder is installed: without one the timer costs nothing and syncs nothing.
 #pragma once
 #include "core/timer.h"

@@ -9,8 +9,9 @@
 namespace moe::kernels {
 
 // C[M,N] = alpha · op(A) · op(B) + beta · C, row-major; op(A) is [M,K], op(B) is [K,N].
-// lda/ldb/ldc are row strides (elements); pass 0 for the dense default. While set_gemm_bf16(true)
-// on the CPU, A and B are rounded to bf16 (kernels/gemm_bf16_cpu.h); sgemm is always fp32.
+// lda/ldb/ldc are row strides (elements); pass 0 for the dense default. Where the execution
+// context's gemm_bf16() holds on the CPU, A and B are rounded to bf16 (kernels/gemm_bf16_cpu.h);
+// sgemm is always fp32.
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc);
 
@@ -75,7 +76,7 @@ int blas_threads();
 // The CUDA implementations (src/kernels/cuda/), same contract, device pointers; the leaf
 // kernels above forward to them when the active device is CUDA (kernels/device_select.h).
 namespace cuda {
-// bf16 inputs (converted on the fly when set_gemm_bf16) with fp32 accumulation and output.
+// bf16 inputs (converted on the fly when gemm_bf16()) with fp32 accumulation and output.
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc);
 void gemm_grouped(const GemmProblem* problems, int count);

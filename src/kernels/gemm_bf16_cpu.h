@@ -1,7 +1,8 @@
 // bf16 GEMM on the CPU (--precision bf16 with --device cpu): inputs rounded to bf16 (nearest,
 // ties to even), fp32 accumulation and fp32 output, through oneDNN's matmul (the AVX-512 BF16 /
-// AMX kernels; Debian's OpenBLAS 0.3.21 has no cblas_sbgemm). kernels::gemm forwards here while
-// set_gemm_bf16(true) on the CPU, so the model and the MoE layer call one GEMM as in fp32.
+// AMX kernels; Debian's OpenBLAS 0.3.21 has no cblas_sbgemm). kernels::gemm forwards here where
+// the execution context's GEMMs run in bf16 on the CPU (kernels/exec_context.h), so the model and
+// the MoE layer call one GEMM as in fp32.
 //
 // Weights: converting a weight matrix on every GEMM is memory-bound work repeated per micro-batch
 // and per pass. A Bf16WeightScope holds a bf16 copy of fp32 blocks (the model's parameters),
@@ -17,6 +18,8 @@
 #include <vector>
 
 namespace moe::kernels {
+
+class Bf16CpuState;  // an execution context's bf16 state (gemm_bf16_cpu.cpp)
 
 // Empty when bf16 GEMMs run here; otherwise one line saying why not (a build without oneDNN, or
 // a CPU without AVX-512 BF16, as this CPU or oneDNN's DNNL_MAX_CPU_ISA reports it).
@@ -37,7 +40,7 @@ void set_bf16_cpu_threads(int n);
 // x rounded to the nearest bf16 (ties to even), kept as a float: what a bf16 GEMM input holds.
 float round_to_bf16(float x);
 
-// See the file comment. Not copyable; one open scope at a time.
+// See the file comment. Not copyable; one open scope at a time per execution context.
 class Bf16WeightScope {
  public:
   explicit Bf16WeightScope(const std::vector<std::pair<const float*, size_t>>& blocks);
@@ -45,6 +48,9 @@ class Bf16WeightScope {
   ~Bf16WeightScope();
   Bf16WeightScope(const Bf16WeightScope&) = delete;
   Bf16WeightScope& operator=(const Bf16WeightScope&) = delete;
+
+ private:
+  Bf16CpuState* open_ = nullptr;  // the context whose weight copy this scope opened, or null
 };
 // An input read by several GEMMs (q, k and v read the same normed rows; linear backward reads dy
 // twice): while the scope is open, GEMM operands that lie inside [p, p + n) read one bf16 copy of
@@ -61,7 +67,7 @@ class Bf16InputScope {
   Bf16InputScope& operator=(const Bf16InputScope&) = delete;
 
  private:
-  bool open_ = false;
+  Bf16CpuState* state_ = nullptr;  // the context whose input stack this scope is on, or null
 };
 // How many activation blocks the open input scopes have converted so far (tests).
 int64_t bf16_input_conversions();

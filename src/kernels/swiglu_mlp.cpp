@@ -20,11 +20,10 @@
 namespace moe::kernels {
 namespace {
 
-thread_local MlpStepTimes* g_mlp_times = nullptr;
-
-// Adds the wall time of one part to a field of the installed recorder (no-op without one).
+// Adds the wall time of one part to a field of the current context's recorder (no-op without one).
 struct PartTimer : FieldTimer<MlpStepTimes> {
-  explicit PartTimer(double MlpStepTimes::*field) : FieldTimer(g_mlp_times, field) {}
+  explicit PartTimer(double MlpStepTimes::*field)
+      : FieldTimer(current_context().mlp_step_times(), field) {}
 };
 
 void check_sizes(const char* who, int N, int H, int F) {
@@ -59,12 +58,6 @@ void swiglu_mlp_forward(float* y, float* g, float* u, float* h, const float* x, 
                         int N, int H, int F, bool accumulate) {
   swiglu_mlp_forward_up(g, u, h, x, w, N, H, F);
   swiglu_mlp_forward_down(y, h, w, N, H, F, accumulate);
-}
-
-MlpStepTimes* set_mlp_step_times(MlpStepTimes* times) {
-  MlpStepTimes* old = g_mlp_times;
-  g_mlp_times = times;
-  return old;
 }
 
 void swiglu_mlp_backward(float* dx, const MlpGrads& dw, const float* dy, const float* x,

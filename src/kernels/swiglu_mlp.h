@@ -20,17 +20,15 @@ struct MlpGrads {
   float* down = nullptr;
 };
 
-// Wall seconds inside the SwiGLU blocks, by part, added up while a recorder is installed on this
-// thread (benchmarks and profiling only; on a GPU each part is closed by a device sync). Each
-// GEMM part counts both its products: gate_up the two forward GEMMs; down_bwd dh = dy·down and
-// dW_down; gate_up_bwd dW_gate, dW_up and dx.
+// Wall seconds inside the SwiGLU blocks, by part, added up while a recorder is installed on the
+// execution context (ExecContext::set_mlp_step_times; benchmarks and profiling only; on a GPU
+// each part is closed by a device sync). Each GEMM part counts both its products: gate_up the two
+// forward GEMMs; down_bwd dh = dy·down and dW_down; gate_up_bwd dW_gate, dW_up and dx.
 struct MlpStepTimes {
   double gate_up = 0, swiglu = 0, down = 0;             // forward
   double down_bwd = 0, swiglu_bwd = 0, gate_up_bwd = 0;  // backward
   double gemm() const { return gate_up + down + down_bwd + gate_up_bwd; }
 };
-// Installs the recorder of this thread (nullptr: none); returns the previous one.
-MlpStepTimes* set_mlp_step_times(MlpStepTimes* times);
 
 // y = mlp(x) (y += when accumulate): swiglu_mlp_forward_up, then swiglu_mlp_forward_down.
 void swiglu_mlp_forward(float* y, float* g, float* u, float* h, const float* x, const MlpWeights& w,

@@ -44,8 +44,6 @@ Decoder::Decoder(const Model& model, int max_len)
             "parallelism)");
   MOE_CHECK(model.layout().shard().holds_all(c_.n_routed_experts),
             "decoding needs every routed expert on this process (no expert parallelism)");
-  MOE_CHECK(dev_ == k::active_device(), "decoding: the model lives on another device than the "
-            "active one");
   MOE_CHECK(max_len >= 1 && max_len <= c_.max_position_embeddings, "decoding length ", max_len,
             " must be in [1, max_position_embeddings = ", c_.max_position_embeddings, "]");
   MOE_CHECK(attention_window(c_) == 0 || max_len <= attention_window(c_), "decoding length ", max_len,
@@ -77,6 +75,7 @@ Decoder::Decoder(const Model& model, int max_len)
 }
 
 const std::vector<float>& Decoder::feed(const int32_t* tokens, int n) {
+  const k::ContextScope on(model_.context());  // the model's device, precision and workspaces
   const int H = c_.hidden_size, V = c_.vocab_size;
   MOE_CHECK(n >= 1, "decoding: feed needs at least one token, got ", n);
   MOE_CHECK(n == 1 || pos_ == 0, "decoding: only the first call may feed several tokens (the "

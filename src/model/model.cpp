@@ -107,7 +107,8 @@ Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::Expert
       dev_(kernels::active_device()),
       placement_(placement_of(config, ep)),
       layout_(config, ep ? ExpertShard::of(placement_, ep->rank) : ExpertShard{}, stage,
-              tp_shard_of(config, tp)) {
+              tp_shard_of(config, tp)),
+      ctx_(dev_, kernels::gemm_bf16()) {
   config_.validate();
   act_mem_.set_parent(&total_mem_);
   work_mem_.set_parent(&total_mem_);
@@ -127,7 +128,14 @@ Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::Expert
                        &total_mem_, dev_);
     score_bias_.zero();
   }
-  if (dev_ == Device::kCuda) k::cuda_scratch_memory().reparent(&work_mem_);
+  ctx_.scratch_memory().set_parent(&work_mem_);
+}
+
+mx::MoeConfig Model::layer_moe_config(int l) {
+  mx::MoeConfig cfg = moe_config(config_, moe_options_, layer_ep(l), layer_placement(l), &work_mem_,
+                                 layer_score_bias(l));
+  cfg.step_times = step_times_;
+  return cfg;
 }
 
 void Model::set_placement(const balance::Placement& placement) {
@@ -166,9 +174,7 @@ std::vector<float> Model::score_bias(int layer) const {
   return out;
 }
 
-Model::~Model() {
-  if (k::cuda_scratch_memory().parent() == &work_mem_) k::cuda_scratch_memory().reparent(nullptr);
-}
+Model::~Model() = default;
 
 Model::MicroBatchPtr Model::new_micro_batch() { return MicroBatchPtr(new MicroBatch()); }
 
@@ -229,6 +235,7 @@ double Model::flops_per_token(int T) const {
 
 LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float* x_in, float* x_out,
                          int B, int T, bool keep) {
+  const kernels::ContextScope on(ctx_);
   const ModelConfig& c = config_;
   const StageSpec& st = layout_.stage();
   MOE_CHECK(B > 0 && T > 0, "forward: batch (", B, ") and sequence length (", T, ") must be positive");
@@ -340,6 +347,7 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
 
 
 void Model::backward(MicroBatch& mb, const float* dy_out, float* dx_in, float loss_scale) {
+  const kernels::ContextScope on(ctx_);
   MOE_CHECK(mb.have, "backward() called without a preceding forward() that kept activations");
   const ModelConfig& c = config_;
   const StageSpec& st = layout_.stage();

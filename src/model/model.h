@@ -18,6 +18,7 @@
 
 #include "core/buffer.h"
 #include "core/modes.h"
+#include "kernels/exec_context.h"
 #include "kernels/rope.h"
 #include "model/attention_proj.h"
 #include "model/config.h"
@@ -96,6 +97,14 @@ class Model {
   const ModelConfig& config() const { return config_; }
   // params(), grads() and logits() point into this device's memory (host for kCpu).
   Device device() const { return dev_; }
+  // The model's execution context (kernels/exec_context.h): the device and GEMM precision of the
+  // context it was built in, with a stream, library handles, workspaces (charged to
+  // work_memory()) and step recorder of its own. forward and backward run on it; so does the
+  // trainer's whole step, and the decoder.
+  kernels::ExecContext& context() const { return ctx_; }
+  // The MoE layers add each step's wall time into `times` (moe/step_times.h) until called again
+  // with null (--profile, benchmarks).
+  void record_step_times(mixture::MoeStepTimes* times) { step_times_ = times; }
   const ParamLayout& layout() const { return layout_; }
   const StageSpec& stage() const { return layout_.stage(); }
   size_t num_params() const { return layout_.total(); }
@@ -189,6 +198,7 @@ class Model {
   const mixture::ExpertParallel* layer_ep(int layer) const {
     return layer < config_.num_hidden_layers ? ep_ : nullptr;
   }
+  mixture::MoeConfig layer_moe_config(int layer);  // MoE layer `layer`'s, with the step recorder
   // The MTP module on mb's final hidden state (forward), and its gradient into d_final_ln.
   double mtp_forward(MicroBatch& mb, const int32_t* tokens_BT1, MemTracker* mem);
   void mtp_backward(MicroBatch& mb, float* d_final_ln, float loss_scale);
@@ -212,7 +222,7 @@ class Model {
   const mixture::ExpertParallel* ep_ = nullptr;
   Recompute recompute_;
   const TensorParallel* tp_ = nullptr;
-  Device dev_;  // where params, grads and activations live: the active kernel device at creation
+  Device dev_;  // where params, grads and activations live: the context's device at creation
   balance::Placement placement_;  // empty layers without expert parallelism
   ParamLayout layout_;
   Buffer<float> params_, grads_;
@@ -224,6 +234,8 @@ class Model {
   Buffer<float> score_bias_;  // [num_hidden_layers + mtp, E] on dev_ (noaux_tc only; rows of MoE layers)
   float mtp_weight_ = 0.3f;
   QkvScratch qkv_scratch_{&total_mem_};  // row map and ones of GQA and the q/k/v biases
+  mixture::MoeStepTimes* step_times_ = nullptr;  // see record_step_times
+  mutable kernels::ExecContext ctx_;  // last: its workspaces (work_mem_) are freed first
 };
 
 }  // namespace moe::model

@@ -114,7 +114,7 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
   if (moe) {
     kernels::fill_zero(out, nH);
     mx::moe_forward(out, a.moe, a.ln2.data(), moe_weights(W),
-                    moe_config(c, moe_options_, layer_ep(l), layer_placement(l), &work_mem_, layer_score_bias(l)),
+                    layer_moe_config(l),
                     n, moe_sequences(B), mem);
     k::add_inplace(out, a.h.data(), nH);
   } else {
@@ -174,7 +174,7 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
     } else {
       MOE_CHECK(moe, "internal: layer ", l, " lost activations it cannot recompute");
       mx::moe_forward(out.data(), a.moe, a.ln2.data(), moe_weights(W),
-                      moe_config(c, moe_options_, layer_ep(l), layer_placement(l), &work_mem_, layer_score_bias(l)), n,
+                      layer_moe_config(l), n,
                       moe_sequences(B), work);
       a.complete = true;
     }
@@ -197,7 +197,7 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
   Buffer<float> dln(moe ? nH : NH, work, dev_);
   // FFN branch: out = h + ffn(ln2(h)); dx holds d(out).
   if (moe) {
-    mx::MoeConfig cfg = moe_config(c, moe_options_, layer_ep(l), layer_placement(l), &work_mem_, layer_score_bias(l));
+    mx::MoeConfig cfg = layer_moe_config(l);
     cfg.workspace = &moe_work_;
     mx::moe_backward(dln.data(), moe_grads(G), dx, /*aux_grad=*/loss_scale, a.moe, a.ln2.data(),
                      moe_weights(W), cfg, n, moe_sequences(B));

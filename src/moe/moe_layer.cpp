@@ -27,29 +27,28 @@
 namespace moe::mixture {
 namespace {
 
-thread_local MoeStepTimes* g_step_times = nullptr;
-
-// Adds the wall time of one step to a field of the installed recorder (no-op without one).
+// Adds the wall time of one step to a field of the layer's recorder (no-op without one).
 struct StepTimer : kernels::FieldTimer<MoeStepTimes> {
-  explicit StepTimer(double MoeStepTimes::*field) : FieldTimer(g_step_times, field) {}
+  StepTimer(const MoeConfig& cfg, double MoeStepTimes::*field) : FieldTimer(cfg.step_times, field) {}
 };
 
-// Installs the routed experts' part recorder (MoeStepTimes::expert_parts) for one scope, when a
-// step recorder is installed.
+// Installs the routed experts' part recorder (MoeStepTimes::expert_parts) on the execution
+// context for one scope, when the layer has a step recorder.
 class ExpertPartsTimer {
  public:
-  ExpertPartsTimer()
-      : old_(g_step_times ? kernels::set_mlp_step_times(&g_step_times->expert_parts) : nullptr),
-        installed_(g_step_times != nullptr) {}
+  explicit ExpertPartsTimer(const MoeConfig& cfg)
+      : installed_(cfg.step_times != nullptr),
+        old_(installed_ ? kernels::current_context().set_mlp_step_times(&cfg.step_times->expert_parts)
+                        : nullptr) {}
   ~ExpertPartsTimer() {
-    if (installed_) kernels::set_mlp_step_times(old_);
+    if (installed_) kernels::current_context().set_mlp_step_times(old_);
   }
   ExpertPartsTimer(const ExpertPartsTimer&) = delete;
   ExpertPartsTimer& operator=(const ExpertPartsTimer&) = delete;
 
  private:
-  kernels::MlpStepTimes* old_;
   bool installed_;
+  kernels::MlpStepTimes* old_;
 };
 
 // Temporary buffers of backward and of the exchange steps are Buffers charged to
@@ -112,25 +111,33 @@ bool overlaps_shared(const MoeConfig& cfg) {
          !kernels::cuda_active();
 }
 
-// One overlap window: the shared-expert work on a second thread while the caller exchanges.
-// close() waits for it and books the figures (when a recorder is installed): the work's own time,
-// the exchange time it hid, and the caller's wait for it in `wait_field` (shared or shared').
+// One overlap window: the shared-expert work on a second thread while the caller exchanges, on
+// the worker of the caller's execution context (same device and precision, workspaces of its
+// own). close() waits for it and books the figures (when the layer has a recorder): the work's own
+// time, the exchange time it hid, and the caller's wait for it in `wait_field` (shared or shared').
 class OverlapWindow {
  public:
-  OverlapWindow(std::function<void()> work, double MoeStepTimes::*wait_field)
-      : wait_field_(wait_field), t0_(now_seconds()), work_(std::move(work)) {}
+  OverlapWindow(const MoeConfig& cfg, std::function<void()> work, double MoeStepTimes::*wait_field)
+      : times_(cfg.step_times),
+        wait_field_(wait_field),
+        t0_(now_seconds()),
+        work_([&worker = kernels::current_context().worker(), f = std::move(work)] {
+          kernels::ContextScope on(worker);
+          f();
+        }) {}
   void close() {
     const double a2a = now_seconds() - t0_;  // the caller's side: the exchange and its bookkeeping
     const double t1 = now_seconds();
     const double work = work_.join();
-    if (g_step_times) {
-      g_step_times->*wait_field_ += now_seconds() - t1;
-      g_step_times->overlap_work += work;
-      g_step_times->a2a_hidden += std::min(a2a, work);
+    if (times_) {
+      times_->*wait_field_ += now_seconds() - t1;
+      times_->overlap_work += work;
+      times_->a2a_hidden += std::min(a2a, work);
     }
   }
 
  private:
+  MoeStepTimes* times_;
   double MoeStepTimes::*wait_field_;
   double t0_;
   BackgroundWork work_;
@@ -190,12 +197,6 @@ void gated_shared_backward(float* dx, const MoeGrads& grads, const float* dy, co
 
 }  // namespace
 
-MoeStepTimes* set_moe_step_times(MoeStepTimes* times) {
-  MoeStepTimes* old = g_step_times;
-  g_step_times = times;
-  return old;
-}
-
 void moe_forward(float* y, MoeActivations& act, const float* x, const MoeWeights& w,
                  const MoeConfig& cfg, int T, int num_seqs, MemTracker* tracker) {
   validate(cfg, T, num_seqs);
@@ -203,12 +204,12 @@ void moe_forward(float* y, MoeActivations& act, const float* x, const MoeWeights
   const float cf = effective_capacity_factor(cfg);
 
   {  // 1. route: scores, top-k, combine weights, aux loss. Local (no communication).
-    StepTimer st(&MoeStepTimes::route);
+    StepTimer st(cfg, &MoeStepTimes::route);
     router_forward(act.routing, x, w.gate_EH, T, H, router_config(cfg), num_seqs, tracker);
     act.aux_loss = act.routing.aux_loss;
   }
   {  // 2. layout: sort pairs by expert (and drop beyond capacity). Local: a pure function.
-    StepTimer st(&MoeStepTimes::layout);
+    StepTimer st(cfg, &MoeStepTimes::layout);
     const int32_t* idx = act.routing.topk_idx_TK.data();
     act.layout = build_dispatch_layout(idx, T, k, E, cf, kDefaultMinCapacity, tracker);
     if (cfg.padded) {
@@ -229,20 +230,20 @@ void moe_forward(float* y, MoeActivations& act, const float* x, const MoeWeights
   std::optional<OverlapWindow> overlap;
   if (overlaps_shared(cfg)) {
     {
-      StepTimer st(&MoeStepTimes::buffers);
+      StepTimer st(cfg, &MoeStepTimes::buffers);
       shared_buffers();
     }
-    overlap.emplace([&] { kernels::swiglu_mlp_forward_up(act.shared_g.data(), act.shared_u.data(),
+    overlap.emplace(cfg, [&] { kernels::swiglu_mlp_forward_up(act.shared_g.data(), act.shared_u.data(),
                                                          act.shared_h.data(), x, w.shared, T, H, Fs); },
                     &MoeStepTimes::shared);
   }
   {  // 3. dispatch: token rows to their experts' segments (expert parallelism: the counts, then
      //    the row exchange). Communicates only under expert parallelism.
-    StepTimer st(&MoeStepTimes::dispatch);
+    StepTimer st(cfg, &MoeStepTimes::dispatch);
     dispatcher->plan(act, T);
   }
   {  // The expert rows' buffers, kept for backward: reused when the row count is unchanged.
-    StepTimer st(&MoeStepTimes::buffers);
+    StepTimer st(cfg, &MoeStepTimes::buffers);
     const size_t N = dispatcher->num_rows(act);
     ensure_buffer(act.x_rows, N * H, tracker);
     ensure_buffer(act.g, N * F, tracker);
@@ -251,26 +252,26 @@ void moe_forward(float* y, MoeActivations& act, const float* x, const MoeWeights
     ensure_buffer(act.y_rows, N * H, tracker);
   }
   {
-    StepTimer st(&MoeStepTimes::dispatch);
+    StepTimer st(cfg, &MoeStepTimes::dispatch);
     dispatcher->dispatch(act.x_rows.data(), x, act);
   }
   if (overlap) overlap->close();
   {  // 4. experts: grouped SwiGLU over the (local) expert segments. Local (no communication).
-    StepTimer st(&MoeStepTimes::experts);
-    ExpertPartsTimer parts;
+    StepTimer st(cfg, &MoeStepTimes::experts);
+    ExpertPartsTimer parts(cfg);
     kernels::grouped_swiglu_forward(act.y_rows.data(), act.g.data(), act.u.data(), act.h.data(),
                                     act.x_rows.data(), dispatcher->expert_offsets(act),
                                     dispatcher->num_local_experts(), w.experts, H, F);
   }
   {  // 5. combine: y[t] = sum_j w_tj · y_row (expert parallelism: weighted on the expert side,
      //    reduced back to the token owners). Communicates only under expert parallelism.
-    StepTimer st(&MoeStepTimes::combine);
+    StepTimer st(cfg, &MoeStepTimes::combine);
     dispatcher->combine(y, act.y_rows.data(), act);
   }
   // 6. shared experts on every token: y += shared(x). Local (replicated in the EP group). After
   //    combine, whether or not 6a ran beside the exchange: y's sums keep their order.
   if (Fs > 0) {
-    StepTimer st(&MoeStepTimes::shared);
+    StepTimer st(cfg, &MoeStepTimes::shared);
     if (!overlap) shared_buffers();
     if (!overlap)
       kernels::swiglu_mlp_forward_up(act.shared_g.data(), act.shared_u.data(), act.shared_h.data(),
@@ -302,7 +303,7 @@ void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_g
   std::optional<Scratch> shared_scratch;
   std::optional<OverlapWindow> overlap;
   if (Fs > 0) {
-    StepTimer st(&MoeStepTimes::shared_bwd);
+    StepTimer st(cfg, &MoeStepTimes::shared_bwd);
     shared_scratch.emplace(w.shared_gate_H ? gated_shared_scratch(T, H, Fs) : 2 * static_cast<size_t>(T) * Fs,
                            cfg.scratch_tracker);
     auto shared_bwd = [&, scratch = shared_scratch->data()] {
@@ -313,7 +314,7 @@ void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_g
                                      act.shared_h.data(), w.shared, T, H, Fs, scratch);
     };
     if (overlaps_shared(cfg))
-      overlap.emplace(shared_bwd, &MoeStepTimes::shared_bwd);
+      overlap.emplace(cfg, shared_bwd, &MoeStepTimes::shared_bwd);
     else
       shared_bwd();
   }
@@ -331,7 +332,7 @@ void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_g
   MoeBackwardWorkspace& ws = cfg.workspace ? *cfg.workspace : own;
   float *dweight, *dy_rows, *dx_rows, *scratch;
   {
-    StepTimer st(&MoeStepTimes::buffers_bwd);
+    StepTimer st(cfg, &MoeStepTimes::buffers_bwd);
     auto take = [&](Buffer<float>& b, size_t n, bool zeroed) -> float* {
       if (n == 0) return nullptr;
       const Device dev = kernels::active_device();
@@ -349,27 +350,27 @@ void moe_backward(float* dx, const MoeGrads& grads, const float* dy, float aux_g
   }
   // 5'. combine': dy_rows = w · dy[t] (a dispatch of dy), dweight = dot(y_row, dy[t]).
   {
-    StepTimer st(&MoeStepTimes::combine_bwd);
+    StepTimer st(cfg, &MoeStepTimes::combine_bwd);
     dispatcher->combine_backward(dy_rows, dweight, dy, act);
   }
   if (overlap) overlap->close();
   shared_scratch.reset();
   // 4'. experts': dx_rows, expert weight gradients. Local.
   {
-    StepTimer st(&MoeStepTimes::experts_bwd);
-    ExpertPartsTimer parts;
+    StepTimer st(cfg, &MoeStepTimes::experts_bwd);
+    ExpertPartsTimer parts(cfg);
     kernels::grouped_swiglu_backward(dx_rows, grads.experts, dy_rows, act.x_rows.data(), act.g.data(),
                                      act.u.data(), act.h.data(), offsets, El, w.experts, H, F, scratch);
   }
   // 3'. dispatch': dx[t] += sum_j dx_rows[row(t,j)] (a combine without weights).
   if (dx) {
-    StepTimer st(&MoeStepTimes::dispatch_bwd);
+    StepTimer st(cfg, &MoeStepTimes::dispatch_bwd);
     dispatcher->dispatch_backward(dx, dx_rows, act);
   }
 
   // 1'. route': through top-k weights, aux loss, softmax and the gate linear. Local.
   {
-    StepTimer st(&MoeStepTimes::route_bwd);
+    StepTimer st(cfg, &MoeStepTimes::route_bwd);
     router_backward(dx, grads.gate_EH, dweight, aux_grad, act.routing, x, w.gate_EH, H,
                     router_config(cfg));
   }

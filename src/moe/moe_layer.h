@@ -15,6 +15,7 @@
 #include "kernels/swiglu_mlp.h"
 #include "moe/layout.h"
 #include "moe/router.h"
+#include "moe/step_times.h"
 
 namespace moe::mixture {
 
@@ -69,6 +70,7 @@ struct MoeConfig {
   const balance::LayerPlacement* placement = nullptr;  // ep only: where this layer's experts live
   MemTracker* scratch_tracker = nullptr;  // charged with backward's temporary buffers
   MoeBackwardWorkspace* workspace = nullptr;  // backward's temporaries kept between calls, or null
+  MoeStepTimes* step_times = nullptr;  // adds up each step's wall time (--profile, bench), or null
 };
 
 struct MoeWeights {

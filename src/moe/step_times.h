@@ -1,6 +1,6 @@
 // The MoE layer's step clock: wall seconds of each named step of moe_forward / moe_backward
-// (route, layout, dispatch, experts, combine, ...), added up while a recorder is installed on the
-// calling thread. train --profile and bench moe-layer --breakdown read it.
+// (route, layout, dispatch, experts, combine, ...), added up into the recorder a layer's MoeConfig
+// names (moe_layer.h's step_times). train --profile and bench moe-layer --breakdown read it.
 #pragma once
 #include <string>
 #include <utility>
@@ -10,8 +10,8 @@
 
 namespace moe::mixture {
 
-// Wall seconds of each named step of moe_forward / moe_backward, added up while installed
-// (implemented in moe_layer.cpp; benchmarks and profiling only).
+// Wall seconds of each named step of moe_forward / moe_backward, added up while a layer names it
+// (benchmarks and profiling only).
 // experts/experts_bwd include expert_parts (the routed experts' GEMMs and SwiGLU elementwise,
 // kernels::MlpStepTimes); buffers/buffers_bwd are the expert-row buffers' allocation and zeroing
 // (forward: outside dispatch; backward: the scratch rows of combine', experts' and dispatch').
@@ -31,8 +31,6 @@ struct MoeStepTimes {
     return route_bwd + dispatch_bwd + experts_bwd + combine_bwd + shared_bwd + buffers_bwd;
   }
 };
-// Installs the recorder of this thread (nullptr: none); returns the previous one.
-MoeStepTimes* set_moe_step_times(MoeStepTimes* times);
 // Every step and expert part by name ("route", ..., "gate+up gemm", ..., "route'"), in step
 // order, in milliseconds: the breakdown's rows (bench moe-layer --breakdown, train --profile).
 std::vector<std::pair<std::string, double>> moe_step_times_ms(const MoeStepTimes& times);

@@ -15,6 +15,7 @@
 #include "core/rng.h"
 #include "core/timer.h"
 #include "kernels/device_select.h"
+#include "kernels/exec_context.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_bf16_cpu.h"
 #include "kernels/peak_rate.h"
@@ -165,9 +166,9 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
   MoeBenchResult res;
   res.opts = opts;
   const bool on_gpu = opts.device == Device::kCuda;
-  kernels::set_active_device(opts.device);
   const bool bf16 = opts.precision == Precision::kBf16;
-  kernels::set_gemm_bf16(bf16);
+  kernels::ExecContext ctx(opts.device, bf16);  // the layer's device, precision and workspaces
+  const kernels::ContextScope on(ctx);
   // The roofline: the best GEMM of the run, measured before and after the layer.
   res.blas_n = on_gpu ? 4096 : kernels::peak_sizes().back();
   res.blas_gflops_1024 = roofline_gflops(opts, res.blas_n);
@@ -197,7 +198,7 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
     size_t act_bytes = 0;
     for (int it = 0; it < opts.warmup + opts.iters; ++it) {
       MoeStepTimes times;
-      MoeStepTimes* old = set_moe_step_times(&times);
+      cfg.step_times = &times;
       kernels::device_synchronize();
       double t0 = now_seconds();
       // bf16 on the CPU: the weights converted once per forward + backward (timed, in forward),
@@ -212,7 +213,7 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
       moe_backward(run.dx.data(), g, run.dy.data(), 1.0f, act, run.x.data(), w, cfg, T, 1);
       kernels::device_synchronize();
       double t2 = now_seconds();
-      set_moe_step_times(old);
+      cfg.step_times = nullptr;
       if (it < opts.warmup) continue;
       fwd.push_back(t1 - t0);
       bwd.push_back(t2 - t1);
@@ -265,8 +266,6 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
     res.rows.push_back(row);
   }
   res.blas_gflops_1024 = std::max(res.blas_gflops_1024, roofline_gflops(opts, res.blas_n));
-  kernels::set_gemm_bf16(false);
-  kernels::set_active_device(Device::kCpu);
   for (MoeBenchRow& row : res.rows) {
     row.frac_of_blas_layer = row.gflops_layer / res.blas_gflops_1024;
     row.frac_of_blas_expert = row.gflops_expert / res.blas_gflops_1024;

@@ -10,6 +10,7 @@
 #include "io/data_file.h"
 #include "io/tokenizer.h"
 #include "kernels/device_select.h"
+#include "kernels/exec_context.h"
 #include "model/config.h"
 #include "model/decoder.h"
 #include "model/weights_io.h"
@@ -148,10 +149,8 @@ GenerateResult generate(const GenerateOptions& o,
   const Device device = o.device;
   require_device(device, "--device");
   select_device(device, 0);
-  kernels::set_active_device(device);  // the model and the decoder live there
-  struct CpuAgain {  // later work in this process (tests) starts on the CPU
-    ~CpuAgain() { kernels::set_active_device(Device::kCpu); }
-  } cpu_again;
+  kernels::ExecContext on_device(device);  // the model, and through it the decoder, live there
+  const kernels::ContextScope on(on_device);
 
   LoadedModel m = load_model_for_inference(o.model_path);
   const model::ModelConfig& c = m.model->config();

@@ -15,7 +15,7 @@ struct MfuPeak {
   std::string precision;  // fp32 | bf16: the run's GEMM precision
   std::string source;     // "measured" or "--peak-gflops"
 
-  // After the device is chosen (kernels::set_active_device, set_gemm_bf16).
+  // On the run's execution context (train/run_device.h: its device and GEMM precision).
   static MfuPeak find(const DeviceOptions& device, const RunSetup& setup);
   // Model FLOPs per second over what `ranks` ranks could do.
   double mfu(double flops, double seconds, int ranks) const { return flops / seconds / (gflops * 1e9 * ranks); }

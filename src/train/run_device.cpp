@@ -3,7 +3,6 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/device_select.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_bf16_cpu.h"
 
@@ -12,7 +11,8 @@ namespace moe::train {
 RunDevice::RunDevice(const TrainOptions& opts, const RunSetup& setup, parallel::Grid& grid) {
   kernels::set_blas_threads(opts.device.threads);
   const int gpu = select_device(setup.device, grid.topo.local_rank(grid.world.rank()));
-  kernels::set_active_device(setup.device);  // every buffer and kernel of the model from here on
+  ctx_ = std::make_unique<kernels::ExecContext>(setup.device, setup.precision == Precision::kBf16);
+  on_.emplace(*ctx_);  // every buffer and kernel of the run from here on
   if (grid.world.size() > 1) {
     std::vector<double> gpus(grid.world.size());
     const double mine = gpu;
@@ -26,12 +26,8 @@ RunDevice::RunDevice(const TrainOptions& opts, const RunSetup& setup, parallel::
       for (comm::Group* g : {&grid.ep, &grid.dp, &grid.data, &grid.pp, &grid.tp, &grid.tokens})
         if (g->valid() && g->size() > 1) g->enable_nccl();
   }
-  kernels::set_gemm_bf16(setup.precision == Precision::kBf16);
 }
 
-RunDevice::~RunDevice() {
-  kernels::set_gemm_bf16(false);
-  kernels::set_active_device(Device::kCpu);
-}
+RunDevice::~RunDevice() = default;
 
 }  // namespace moe::train

@@ -1,12 +1,17 @@
 // The device side of a run, set up once the grid exists: BLAS threads, this rank's GPU (its local
-// rank modulo the visible GPUs), the active device of every buffer and kernel, bf16 GEMMs, and the
-// transport of device buffers between ranks (NCCL when every rank has its own GPU and libnccl
-// loads, else MPI staged through the host; decided from every rank's (host, GPU), so all agree).
-// Destroyed, it puts this process back on the CPU in fp32 (tests run several trainings).
+// rank modulo the visible GPUs), the run's execution context (device and GEMM precision:
+// kernels/exec_context.h), and the transport of device buffers between ranks (NCCL when every
+// rank has its own GPU and libnccl loads, else MPI staged through the host; decided from every
+// rank's (host, GPU), so all agree). While it lives, the run's context is the current one: the
+// model built then lives on its device and precision (and owns a context of its own for its
+// work); destroyed, the thread is back on the context it had before.
 #pragma once
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "comm/nccl.h"
+#include "kernels/exec_context.h"
 #include "parallel/grid.h"
 #include "train/run_setup.h"
 
@@ -25,6 +30,8 @@ class RunDevice {
  private:
   CommBackend backend_ = CommBackend::kMpi;
   std::string backend_why_ = "one rank";
+  std::unique_ptr<kernels::ExecContext> ctx_;
+  std::optional<kernels::ContextScope> on_;  // after ctx_: ends before it
 };
 
 }  // namespace moe::train

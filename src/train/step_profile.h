@@ -1,37 +1,37 @@
-// --profile: the MoE layers' step times of every training step (moe/step_times.h: the
-// recorder is installed for forward and backward only, not validation), their totals over the run
+// --profile: the MoE layers' step times of every training step (moe/step_times.h: the model's
+// MoE layers record for forward and backward only, not validation), their totals over the run
 // beside the rest of the step, and the summary printed at the end (rank 0's view).
 #pragma once
 #include <optional>
 
+#include "model/model.h"
 #include "moe/step_times.h"
 #include "train/step_record.h"
 
 namespace moe::train {
 
-// Installs the MoE step recorder for its lifetime (nothing when times is null).
+// The model's MoE layers record into `times` for the recorder's lifetime.
 class MoeStepRecorder {
  public:
-  explicit MoeStepRecorder(mixture::MoeStepTimes* times)
-      : installed_(times != nullptr), old_(times ? mixture::set_moe_step_times(times) : nullptr) {}
-  ~MoeStepRecorder() {
-    if (installed_) mixture::set_moe_step_times(old_);
+  MoeStepRecorder(model::Model& model, mixture::MoeStepTimes* times) : model_(model) {
+    model_.record_step_times(times);
   }
+  ~MoeStepRecorder() { model_.record_step_times(nullptr); }
   MoeStepRecorder(const MoeStepRecorder&) = delete;
   MoeStepRecorder& operator=(const MoeStepRecorder&) = delete;
 
  private:
-  bool installed_;
-  mixture::MoeStepTimes* old_;
+  model::Model& model_;
 };
 
 class StepProfile {
  public:
   explicit StepProfile(bool on) : on_(on) {}
   bool on() const { return on_; }
-  // A recorder into `times` for one step's forward and backward (empty when off).
-  void record(std::optional<MoeStepRecorder>& recorder, mixture::MoeStepTimes* times) const {
-    if (on_) recorder.emplace(times);
+  // A recorder of the model's MoE layers into `times` for one step's forward and backward
+  // (empty when off).
+  void record(std::optional<MoeStepRecorder>& recorder, model::Model& model, mixture::MoeStepTimes* times) const {
+    if (on_) recorder.emplace(model, times);
   }
   // One step's figures: its MoE step times, the pipeline's compute, the optimizer, the gradient
   // sync, the whole step, and this rank's time inside the exchange.

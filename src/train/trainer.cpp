@@ -16,6 +16,7 @@
 #include "comm/mpi_runtime.h"
 #include "core/rng.h"
 #include "core/timer.h"
+#include "kernels/exec_context.h"
 #include "kernels/gemm_bf16_cpu.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
@@ -206,7 +207,7 @@ void Trainer::read_batch(int step) {
 void Trainer::forward_backward(StepOutcome& s, std::vector<int64_t>& stage_loads, double& dispatch_bytes) {
   model::Model& model = run_model_.model();
   std::optional<MoeStepRecorder> recorder;  // --profile: forward and backward only (not validation)
-  profile_.record(recorder, &s.moe_times);
+  profile_.record(recorder, model, &s.moe_times);
   auto micro_tokens = [&](int m) {
     return tokens_.data() + (static_cast<size_t>(m) * D_ + grid_.data_rank()) * Bm_ * (T_ + 1);
   };
@@ -354,6 +355,8 @@ void Trainer::stop_on_data_error(int step, const std::string& what) {
 }
 
 TrainResult Trainer::run() {
+  // The whole run on the model's execution context: its steps, validation and checkpoints.
+  const kernels::ContextScope on(run_model_.model().context());
   if (opts_.progress && root_)
     print_run_header(opts_, setup_, grid_, layers_per_stage_, budget_.steps_text(), peak_, device_.backend(), device_.backend_why());
   // --init-from: the loaded weights' held-out loss on the run's windows (`moetrain eval` of the

@@ -639,7 +639,6 @@ int main(int argc, char** argv) {
     );
     return 2;
   }
-  moe::kernels::set_active_device(moe::Device::kCpu);
   int failed = 0, total = 0;
 #ifdef MOETRAIN_EMULATED_CUDA
   std::printf("SIMT shim, schedule seed %llu\n",

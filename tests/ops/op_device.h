@@ -38,20 +38,18 @@ std::vector<T> host(const Buffer<T>& b) {
 
 using test_util::uniform;  // tests/test_inputs.h
 
-// The active device and the GEMM precision for one scope; back to the CPU in fp32 when it ends, an
-// exception included (a failed check must not leave the next case on the device).
+// The kernels of one scope on `device` with the GEMM precision: an execution context of their own
+// (kernels/exec_context.h); when the scope ends, an exception included, the thread is back on the
+// context it had before (a failed check must not leave the next case on the device).
 class DeviceScope {
  public:
-  DeviceScope(Device device, bool bf16) {
-    kernels::set_active_device(device);
-    kernels::set_gemm_bf16(bf16);
-  }
-  ~DeviceScope() {
-    kernels::set_active_device(Device::kCpu);
-    kernels::set_gemm_bf16(false);
-  }
+  DeviceScope(Device device, bool bf16) : ctx_(device, bf16), on_(ctx_) {}
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  kernels::ExecContext ctx_;
+  kernels::ContextScope on_;
 };
 
 // The CUDA attention's saved state is sized by the CUDA path of attention_saved_floats.

@@ -642,12 +642,14 @@ Op grouped_swiglu_op(int H, int F, std::vector<int32_t> offsets_E1) {
            auto d_x = dev(x), d_dy = dev(dy), d_wg = dev(wg), d_wu = dev(wu), d_wd = dev(wd),
                 d_y = dev(y), d_g = dev(g), d_u = dev(u), d_h = dev(h), d_dx = dev(dx),
                 d_scratch = dev(scratch), d_dwg = dev(dwg), d_dwu = dev(dwu), d_dwd = dev(dwd);
-           set_gemm_bf16(bf16);
-           grouped_swiglu_forward(y.data(), g.data(), u.data(), h.data(), x.data(), offsets, E,
-                                  {wg.data(), wu.data(), wd.data()}, H, F);
-           grouped_swiglu_backward(dx.data(), {dwg.data(), dwu.data(), dwd.data()}, dy.data(),
-                                   x.data(), g.data(), u.data(), h.data(), offsets, E,
-                                   {wg.data(), wu.data(), wd.data()}, H, F, scratch.data());
+           {
+             const DeviceScope on_host(Device::kCpu, bf16);
+             grouped_swiglu_forward(y.data(), g.data(), u.data(), h.data(), x.data(), offsets, E,
+                                    {wg.data(), wu.data(), wd.data()}, H, F);
+             grouped_swiglu_backward(dx.data(), {dwg.data(), dwu.data(), dwd.data()}, dy.data(),
+                                     x.data(), g.data(), u.data(), h.data(), offsets, E,
+                                     {wg.data(), wu.data(), wd.data()}, H, F, scratch.data());
+           }
            {
              const DeviceScope on_device(Device::kCuda, bf16);
              const MlpWeights w{d_wg.data(), d_wu.data(), d_wd.data()};

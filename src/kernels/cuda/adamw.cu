@@ -32,7 +32,6 @@ __global__ void sum_squares_kernel(double* partial, const float* x, size_t n) {
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-Scratch g_partial;
 
 }  // namespace
 
@@ -48,7 +47,7 @@ double sum_squares(const float* x, size_t n) {
   if (n == 0) return 0.0;
   unsigned blocks = blocks_for(n);
   if (blocks > kMaxSumBlocks) blocks = kMaxSumBlocks;
-  double* partial = g_partial.as<double>(blocks);
+  double* partial = workspace(Workspace::kAdamwPartial).as<double>(blocks);
   MOE_LAUNCH(sum_squares_kernel, blocks, kThreads, 0, stream())(partial, x, n);
   MOE_CUDA_LAUNCHED("sum_squares");
   std::vector<double> host(blocks);

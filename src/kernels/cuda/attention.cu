@@ -242,7 +242,6 @@ __global__ void attention_dkv_kernel(float* dk, float* dv, const float* dout, co
   }
 }
 
-Scratch g_rowdot;  // D [B, nh, T]
 
 void check_sizes(const char* who, int B, int T, int n_head, int head_dim) {
   MOE_CHECK(B >= 0 && T >= 0 && n_head > 0 && head_dim > 0, who, ": B=", B, " T=", T,
@@ -282,7 +281,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   const Geom g{T, n_head, head_dim, 1.0f / std::sqrt(static_cast<float>(head_dim))};
   const float* lse = att;
   const float* out = att + rows;
-  float* D = g_rowdot.as<float>(rows);
+  float* D = workspace(Workspace::kAttentionRowdot).as<float>(rows);
   const unsigned rowdot_blocks = static_cast<unsigned>(std::min<size_t>((rows + 7) / 8, 65536));
   MOE_LAUNCH(attention_rowdot_kernel, rowdot_blocks, 256, 0, stream())(D, dout, out, rows, T, n_head,
                                                                head_dim);

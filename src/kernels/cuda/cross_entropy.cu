@@ -56,7 +56,6 @@ __global__ void cross_entropy_backward_kernel(float* dlogits, const float* probs
   }
 }
 
-Scratch g_losses;  // [bad row (int, padded to 256 bytes) | per-row loss in double]
 
 }  // namespace
 
@@ -64,7 +63,7 @@ double cross_entropy_forward(float* losses, float* probs, const float* logits,
                              const int32_t* targets, int N, int V) {
   MOE_CHECK(N >= 0 && V > 0, "cross_entropy_forward: N=", N, " V=", V);
   if (N == 0) return 0.0;
-  char* ws = static_cast<char*>(g_losses.get(256 + sizeof(double) * N));
+  char* ws = static_cast<char*>(workspace(Workspace::kCrossEntropyLosses).get(256 + sizeof(double) * N));
   int* bad_row = reinterpret_cast<int*>(ws);
   double* losses_d = reinterpret_cast<double*>(ws + 256);
   const int no_bad_row = INT_MAX;

@@ -70,7 +70,6 @@ __global__ void add_kernel(float* y, const float* x, size_t n) {
   MOE_GRID_STRIDE(i, n) y[i] += x[i];
 }
 
-Scratch g_embedding;  // sorted tokens, positions (in and out), CUB temp
 
 }  // namespace
 
@@ -114,7 +113,7 @@ void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, i
                                       static_cast<const int32_t*>(nullptr),
                                       static_cast<int32_t*>(nullptr), n_tokens, 0, 32, stream()));
   const size_t n_bytes = align256(sizeof(int32_t) * static_cast<size_t>(n_tokens));
-  char* ws = static_cast<char*>(g_embedding.get(3 * n_bytes + temp_bytes));
+  char* ws = static_cast<char*>(workspace(Workspace::kEmbedding).get(3 * n_bytes + temp_bytes));
   auto* tok_sorted = reinterpret_cast<uint32_t*>(ws);
   auto* pos = reinterpret_cast<int32_t*>(ws + n_bytes);
   auto* pos_sorted = reinterpret_cast<int32_t*>(ws + 2 * n_bytes);

@@ -39,8 +39,6 @@ __global__ void fill_pattern_kernel(float* x, size_t n, unsigned mul) {
   x[i] = static_cast<float>((i * mul) % 1000) * 1e-3f - 0.5f;
 }
 
-Scratch g_bf16;          // bf16 copies of A and B
-Scratch g_grouped_ptrs;  // gemm_grouped's A, B and C pointer arrays
 
 // Rounds the stored [rows, cols] (row stride ld) operand to dense bf16 at dst.
 void convert(__nv_bfloat16* dst, const float* src, int rows, int cols, int ld) {
@@ -86,7 +84,7 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
   const size_t a_n = static_cast<size_t>(a_rows) * a_cols;
   const size_t b_n = static_cast<size_t>(b_rows) * b_cols;
   const size_t a_bytes = align256(a_n * sizeof(__nv_bfloat16));
-  char* ws = static_cast<char*>(g_bf16.get(a_bytes + b_n * sizeof(__nv_bfloat16)));
+  char* ws = static_cast<char*>(workspace(Workspace::kGemmBf16).get(a_bytes + b_n * sizeof(__nv_bfloat16)));
   auto* a16 = reinterpret_cast<__nv_bfloat16*>(ws);
   auto* b16 = reinterpret_cast<__nv_bfloat16*>(ws + a_bytes);
   convert(a16, A, a_rows, a_cols, lda);
@@ -140,7 +138,7 @@ void gemm_grouped(const GemmProblem* problems, int count) {
   // The operand pointers go to the device (cuBLAS reads them there); the copy takes the host
   // array at the call, and the product after it on the stream reads it.
   const size_t ptr_bytes = align256(n * sizeof(void*));
-  char* ptrs = static_cast<char*>(g_grouped_ptrs.get(3 * ptr_bytes));
+  char* ptrs = static_cast<char*>(workspace(Workspace::kGemmGroupedPtrs).get(3 * ptr_bytes));
   std::vector<const void*> all(3 * ptr_bytes / sizeof(void*), nullptr);
   for (size_t i = 0; i < n; ++i) {
     all[i] = a[i];

@@ -189,8 +189,6 @@ __global__ void dvalue_kernel(float* dvalue, const float* d, const float* src,
   }
 }
 
-Scratch g_count;  // [bad pair (u64, 256 bytes) | counts E]
-Scratch g_sort;   // keys, values (in and out), expert starts, offsets, CUB temp
 
 void check_rows(const char* who, int k, int H) {
   MOE_CHECK(k >= 1 && H >= 0, who, ": k=", k, " H=", H);
@@ -202,7 +200,8 @@ void count_pairs_per_expert(int32_t* count_E, const int32_t* topk_idx_TK, size_t
   MOE_CHECK(E >= 0, "count_pairs_per_expert: E=", E);
   for (int e = 0; e < E; ++e) count_E[e] = 0;
   if (P == 0) return;
-  char* ws = static_cast<char*>(g_count.get(256 + sizeof(int) * static_cast<size_t>(E)));
+  char* ws =
+      static_cast<char*>(workspace(Workspace::kPermuteCount).get(256 + sizeof(int) * static_cast<size_t>(E)));
   auto* bad = reinterpret_cast<unsigned long long*>(ws);
   int* count = reinterpret_cast<int*>(ws + 256);
   const unsigned long long no_bad = ULLONG_MAX;
@@ -245,7 +244,8 @@ void place_pairs(int32_t* slot_of_row_R, int32_t* row_of_slot_TK, const int32_t*
       stream()));
   const size_t key_bytes = align256(sizeof(uint32_t) * P);
   const size_t e_bytes = align256(sizeof(int32_t) * (static_cast<size_t>(E) + 1));
-  char* ws = static_cast<char*>(g_sort.get(4 * key_bytes + 2 * e_bytes + temp_bytes));
+  char* ws =
+      static_cast<char*>(workspace(Workspace::kPermuteSort).get(4 * key_bytes + 2 * e_bytes + temp_bytes));
   auto* keys_in = reinterpret_cast<uint32_t*>(ws);
   auto* keys_out = reinterpret_cast<uint32_t*>(ws + key_bytes);
   auto* vals_in = reinterpret_cast<int32_t*>(ws + 2 * key_bytes);

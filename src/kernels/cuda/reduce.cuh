@@ -76,13 +76,14 @@ inline unsigned elem_blocks(size_t n) {
   return b > 65536u ? 65536u : b;
 }
 
-// A device workspace kept for the process and grown on demand (one per call site; the stream is
-// the legacy default stream, so consecutive users are ordered), charged to cuda_scratch_memory().
-// Contents are not kept on growth.
+// A device workspace of an execution context, grown on demand and kept for the next call (the
+// stream is the legacy default stream, so consecutive users are ordered), charged to the
+// context's scratch tracker. Contents are not kept on growth.
 class Scratch {
  public:
+  explicit Scratch(MemTracker* tracker = nullptr) : tracker_(tracker) {}
   void* get(size_t bytes) {
-    if (bytes > buf_.size()) buf_.resize(bytes, &cuda_scratch_memory(), Device::kCuda);
+    if (bytes > buf_.size()) buf_.resize(bytes, tracker_, Device::kCuda);
     return buf_.data();
   }
   template <class T>
@@ -91,8 +92,12 @@ class Scratch {
   }
 
  private:
+  MemTracker* tracker_;
   Buffer<unsigned char> buf_;
 };
+
+// The current context's workspace `w` (context.h's Workspace).
+Scratch& workspace(Workspace w);
 
 // Bytes rounded up to 256 (alignment of the pieces carved out of one Scratch).
 inline size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }

@@ -67,7 +67,6 @@ __global__ void rmsnorm_dw_reduce_kernel(float* dw, const float* partial, int n_
   dw[j] = acc;
 }
 
-Scratch g_partial;
 
 }  // namespace
 
@@ -90,7 +89,7 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
   if (!dw) return;
   const int rows_per_chunk = (n_rows + kMaxChunks - 1) / kMaxChunks;
   const int n_chunks = (n_rows + rows_per_chunk - 1) / rows_per_chunk;
-  float* partial = g_partial.as<float>(static_cast<size_t>(n_chunks) * dim);
+  float* partial = workspace(Workspace::kRmsnormPartial).as<float>(static_cast<size_t>(n_chunks) * dim);
   const dim3 grid(blocks_for(dim), n_chunks);
   MOE_LAUNCH(rmsnorm_dw_partial_kernel, grid, kThreads, 0, stream())(partial, dout, x, rstd, n_rows, dim,
                                                              rows_per_chunk);

@@ -51,7 +51,6 @@ __global__ void router_aux_stats_kernel(double* count, double* score_sum, const 
   }
 }
 
-Scratch g_stats;  // count [B·E] | score_sum [B·E], doubles
 
 }  // namespace
 
@@ -83,7 +82,7 @@ void router_aux_stats(double* count_BE, double* score_sum_BE, const int32_t* top
   MOE_CHECK(T >= 0 && E > 0 && k >= 1 && B >= 1 && T % B == 0, "router_aux_stats: T=", T, " E=", E,
             " k=", k, " B=", B, " (T must be a multiple of B)");
   const size_t BE = static_cast<size_t>(B) * E;
-  double* dev = g_stats.as<double>(2 * BE);
+  double* dev = workspace(Workspace::kRouterStats).as<double>(2 * BE);
   MOE_LAUNCH(router_aux_stats_kernel, elem_blocks(BE), kThreads, 0, stream())(dev, dev + BE, topk_idx_TK,
                                                                       scores_TE, T / B, E, k, BE,
                                                                       normalise);
