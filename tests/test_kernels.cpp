@@ -9,9 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "core/error.h"

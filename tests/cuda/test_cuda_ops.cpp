@@ -19,9 +19,8 @@
 
 #include "kernels/simt/simt_cpu.h"
 #endif
-#include <cmath>
-#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <utility>

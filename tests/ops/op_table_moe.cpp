@@ -146,7 +146,7 @@ Op count_pairs_op(int T, int k, int E, int skip, bool bad_id) {
   op.fwd_nmse = 0.0;
 #ifdef MOETRAIN_OP_DEVICE
   if (bad_id) {
-    op.device = {{"count_pairs_per_expert bad id refused", 0.0, [=](Checker& c) {
+    op.device = {{"count_pairs_per_expert refused", 0.0, [=](Checker& c) {
                     auto d_idx = dev(*idx);
                     IVec cnt(E);
                     try {
@@ -201,7 +201,7 @@ Op place_pairs_op(int T, int k, int E, int skip, Offsets kind) {
   op.exact_tail = N + P;
   op.fwd_nmse = 0.0;
 #ifdef MOETRAIN_OP_DEVICE
-  op.device = {{P ? str_cat("place_pairs ", kname) : "place_pairs P=0", 0.0, [=](Checker& c) {
+  op.device = {{"place_pairs", 0.0, [=](Checker& c) {
                   IVec slot(N, -1), row(P, 99);
                   auto d_idx = dev(want->idx), d_slot = dev(slot), d_row = dev(row);
                   place_pairs(slot.data(), row.data(), want->idx.data(), want->off.data(), P, E);
@@ -307,7 +307,7 @@ Op combine_rows_op(int T, int k, int E, int H, bool accumulate) {
   };
 #ifdef MOETRAIN_OP_DEVICE
   op.device.push_back(
-      {accumulate ? "combine_rows accumulate" : "combine_rows", 1e-10, [=](Checker& c) {
+      {"combine_rows", 1e-10, [=](Checker& c) {
          Rng rng(92);
          Vec y = randn(rng, N * H), w = uniform(rng, P, 0.0, 1.0),
              out = randn(rng, size_t(T) * H);
@@ -676,7 +676,7 @@ Op router_topk_op(int T, int E, int k, bool renorm, Scoring scoring, bool aux) {
     // DeepSeek-V3 (noaux_tc): sigmoid scores, a selection bias on the device, a scale; its
     // backward with the normalised-score aux term; the aux statistics of s / sum(s).
     op.device.push_back(
-        {"router_topk sigmoid+bias", 1e-10, [=](Checker& c) {
+        {"router_topk + aux_stats + backward", 1e-10, [=](Checker& c) {
            Rng rng(140 + E);
            Vec scores = randn(rng, size_t(T) * E, 2.0), w(TK), bs = randn(rng, E, 0.5);
            IVec idx(w.size(), -1);
@@ -710,7 +710,7 @@ Op router_topk_op(int T, int E, int k, bool renorm, Scoring scoring, bool aux) {
     // Group-limited selection: softmax scores the groups by their max (DeepSeek-V2), sigmoid +
     // bias by their top-2 sum (V3).
     op.device.push_back(
-        {sig ? "router_topk groups sigmoid+bias" : "router_topk groups softmax", 1e-10,
+        {"router_topk", 1e-10,
          [=](Checker& c) {
            Rng rng(150 + E + sig);
            Vec scores = randn(rng, size_t(T) * E, 2.0), w(TK), bs = randn(rng, E, 0.5);
