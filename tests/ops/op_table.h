@@ -7,7 +7,8 @@
 // against the CPU one (tests/cuda/test_cuda_ops.cpp). Adding an op means adding one factory and
 // one line in each of test_ops(), bench_ops() and device_ops(). The factories live in three
 // files: op_table.cpp (the model's layers), op_table_dense.cpp (GEMM, copies, MLA's head
-// assembly, the optimizer) and op_table_moe.cpp (the MoE layout, permutation and router kernels).
+// assembly, the optimizer), op_table_moe.cpp (the MoE layout and permutation kernels) and
+// op_table_router.cpp (the router kernels).
 //
 // Errors are normalised mean squared errors, nmse = Σ (a - ref)² / Σ ref², bound per op.
 // Integer inputs (tokens, targets, offsets, expert ids, row maps) are fixed in the entry; every
@@ -97,7 +98,7 @@ Op mla_heads_op(int B, int T, int nh, int dn, int dr, int dv, bool yarn);
 Op adamw_op(size_t n, int step);
 Op sum_squares_op(size_t n);
 
-// op_table_moe.cpp. The layout's ids: T tokens × k distinct experts of E, expert `skip` never
+// op_table_moe.cpp (op_table_router.cpp for the router). The layout's ids: T tokens × k distinct experts of E, expert `skip` never
 // chosen (-1: none); `bad_id` puts expert id E at pair 3 (the device check is the refusal).
 Op count_pairs_op(int T, int k, int E, int skip, bool bad_id = false);
 enum class Offsets { kFull, kCapacity, kPadded };  // all kept, capacity drops, padded E·C
@@ -125,6 +126,17 @@ std::vector<Op> bench_ops();
 #ifdef MOETRAIN_OP_DEVICE
 std::vector<Op> device_ops();
 #endif
+
+// ---- the factories' helpers ----
+// d += x elementwise: a kernel that overwrites its gradient, added per the table's contract.
+void add_into(Vec& d, const Vec& x);
+// Integer (or double) outputs appended as floats.
+template <class T>
+void append(Vec& out, const std::vector<T>& v) {
+  for (T x : v) out.push_back(static_cast<float>(x));
+}
+// Expert ids of T tokens × k distinct slots in [0, E), expert `skip` never chosen (-1: none).
+std::vector<int32_t> topk_ids(Rng& rng, int T, int k, int E, int skip);
 
 // ---- naive references (plain loops in double, no BLAS, independent of src/kernels) ----
 namespace ref {

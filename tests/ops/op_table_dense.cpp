@@ -45,10 +45,6 @@ Vec concat(std::initializer_list<const Vec*> parts) {
   return out;
 }
 
-void add_into(Vec& d, const Vec& x) {
-  for (size_t i = 0; i < x.size(); ++i) d[i] += x[i];
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
