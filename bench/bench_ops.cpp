@@ -1,7 +1,8 @@
 // The op table (tests/ops/op_table.h) as Google Benchmarks: every entry of bench_ops() registers
-// twice, Op/<name>/fwd and Op/<name>/bwd (the backward call as the table writes it, so where the
-// kernel's backward needs forward's saved state the forward it reruns is timed and counted too),
-// each with its FLOP count as a GFLOP/s counter (bytes as bytes_per_second for a gather). The
+// as Op/<name>/fwd and, where it has a backward, Op/<name>/bwd (the backward call as the table
+// writes it, so where the kernel's backward needs forward's saved state the forward it reruns is
+// timed and counted too), each with its FLOP count as a GFLOP/s counter (bytes as
+// bytes_per_second for an op that moves data: a gather, a copy, the layout). The
 // same entries at their test shapes are checked against naive references and finite differences
 // by tests/test_kernels.cpp; a run here does not repeat that. The calls allocate their outputs
 // and saved state (std::vector), as the table's entries do; at these sizes that is a few percent.
@@ -62,6 +63,7 @@ const bool registered = [] {
                                  [&op](benchmark::State& s) { run_forward(s, op); })
         ->Unit(benchmark::kMillisecond)
         ->MeasureProcessCPUTime();
+    if (!op.backward) continue;  // no backward kernel (gemm, copies, optimizer, layout)
     benchmark::RegisterBenchmark(("Op/" + op.name + "/bwd/" + shape).c_str(),
                                  [&op](benchmark::State& s) { run_backward(s, op); })
         ->Unit(benchmark::kMillisecond)

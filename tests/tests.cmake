@@ -5,7 +5,7 @@ enable_testing()
 file(GLOB MOETRAIN_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/*.cpp)
 list(FILTER MOETRAIN_TEST_SOURCES EXCLUDE REGEX ".*/tests/tool_.*")
 # The op table (tests/ops/): one description per kernel op, run by test_kernels.cpp and bench/.
-add_executable(moetrain_tests ${MOETRAIN_TEST_SOURCES} ${CMAKE_SOURCE_DIR}/tests/ops/op_table.cpp)
+add_executable(moetrain_tests ${MOETRAIN_TEST_SOURCES} ${MOETRAIN_OP_TABLE_SOURCES})
 target_include_directories(moetrain_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests)
 target_link_libraries(moetrain_tests PRIVATE moetrain_lib moetrain_text GTest::gtest GTest::gtest_main)
 include(GoogleTest)
@@ -36,10 +36,8 @@ gtest_discover_tests(moetrain_tests DISCOVERY_TIMEOUT 60)
 # never passed) where no GPU is visible; scripts/gpu_check.sh runs it on a machine with one.
 if(MOETRAIN_HAVE_CUDA OR MOETRAIN_EMULATE_CUDA)
   file(GLOB MOETRAIN_CUDA_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cuda/*.cpp)
-  # The op table's device mode (tests/ops/op_table.cpp with MOETRAIN_OP_DEVICE) drives the ops
-  # shared with the CPU table.
-  add_executable(moetrain_cuda_tests ${MOETRAIN_CUDA_TEST_SOURCES}
-                 ${CMAKE_SOURCE_DIR}/tests/ops/op_table.cpp)
+  # The op table's device mode (tests/ops/*.cpp with MOETRAIN_OP_DEVICE) drives every op.
+  add_executable(moetrain_cuda_tests ${MOETRAIN_CUDA_TEST_SOURCES} ${MOETRAIN_OP_TABLE_SOURCES})
   target_include_directories(moetrain_cuda_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests)
   target_compile_definitions(moetrain_cuda_tests PRIVATE MOETRAIN_OP_DEVICE=1)
   # The kernels alone (no MPI, model or trainer): the ASan build of the SIMT shim's kernel tests

@@ -1,12 +1,12 @@
-// The op table (op_table.h): one factory per CPU kernel op, then the table at the test shapes and
-// at the benchmark shapes.
+// The op table (op_table.h): one factory per model-layer kernel op (linear through
+// grouped_swiglu); the other leaf kernels' factories are in op_table_dense.cpp, op_table_moe.cpp
+// and op_table_router.cpp, the table's lists at its three sets of shapes in op_table_shapes.cpp.
 #include "ops/op_table.h"
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
 #include <set>
-#include <tuple>
 #include <utility>
 
 #include "core/error.h"
@@ -669,97 +669,5 @@ Op grouped_swiglu_op(int H, int F, std::vector<int32_t> offsets_E1) {
 #endif
   return op;
 }
-
-// ---------------------------------------------------------------------------------------------
-// The table. The test shapes are small (every input element is finite-differenced); the order
-// fixes each entry's seeds in tests/test_kernels.cpp.
-
-const std::vector<Op>& test_ops() {
-  static const std::vector<Op> table = [] {
-    std::vector<Op> ops;
-    ops.push_back(linear_op(5, 7, 6));
-    ops.push_back(rmsnorm_op(4, 16));
-    ops.push_back(rope_op(2, 5, 2, 8));
-    ops.push_back(attention_op(2, 5, 2, 4));
-    ops.push_back(swiglu_op(50));
-    ops.push_back(embedding_op(7, 5, {3, 0, 3, 6, 1, 3}));  // repeats, unused rows
-    ops.push_back(cross_entropy_op(9, {2, 8, 0, 5}));       // first and last class
-    ops.push_back(swiglu_mlp_op(5, 8, 6));
-    // Uneven segments 3,0,5,1,4,0: an empty expert in the middle and at the end.
-    ops.push_back(grouped_swiglu_op(8, 6, {0, 3, 3, 8, 9, 13, 13}));
-    return ops;
-  }();
-  return table;
-}
-
-// The model's sizes: the attention projections, o-proj, an expert down-proj and a slice of the LM
-// head for linear (4096 tokens, hidden 1024, experts of 704); vocabularies of 32000.
-std::vector<Op> bench_ops() {
-  Rng rng(4);
-  std::vector<int32_t> tokens(4096), targets(512);
-  for (auto& t : tokens) t = static_cast<int32_t>(rng.below(32000));
-  for (auto& t : targets) t = static_cast<int32_t>(rng.below(32000));
-  // 4096 token-expert rows over 16 experts of log-normal popularity.
-  const int E = 16, R = 4096;
-  std::vector<double> w(E);
-  double total = 0.0;
-  for (double& x : w) total += x = std::exp(0.5 * rng.normal());
-  std::vector<int32_t> offsets(E + 1, 0);
-  for (int e = 0; e < E; ++e)
-    offsets[e + 1] = offsets[e] + static_cast<int32_t>(std::floor(R * (w[e] / total)));
-  offsets[E] = R;  // what the rounding down left lands on the last expert
-  std::vector<Op> ops;
-  ops.push_back(linear_op(4096, 1024, 1024));
-  ops.push_back(linear_op(4096, 1024, 3072));
-  ops.push_back(linear_op(4096, 704, 1024));
-  ops.push_back(linear_op(512, 1024, 32000));
-  ops.push_back(rmsnorm_op(4096, 1024));
-  ops.push_back(rope_op(1, 4096, 16, 64));
-  ops.push_back(attention_op(1, 1024, 8, 64));
-  ops.push_back(swiglu_op(size_t(4096) * 704));
-  ops.push_back(embedding_op(32000, 1024, tokens));
-  ops.push_back(cross_entropy_op(32000, targets));
-  ops.push_back(swiglu_mlp_op(4096, 1024, 704));
-  ops.push_back(grouped_swiglu_op(1024, 704, offsets));
-  return ops;
-}
-
-#ifdef MOETRAIN_OP_DEVICE
-// The CUDA kernels' edges: rows and widths off the block size, a width below the block that is
-// not a power of two (rmsnorm dim 96: a launch sized to the row instead of kThreads breaks
-// block_sum's tree, scripts/planted_bugs.sh), head_dim at the 128 limit and past it, T = 0,
-// 1 and past a key block, GPT-2's vocabulary, empty inputs, an empty expert, and refusals.
-std::vector<Op> device_ops() {
-  std::vector<Op> ops;
-  ops.push_back(linear_op(33, 70, 41));
-  using Rows = std::vector<std::pair<int, int>>;
-  for (auto [rows, dim] : Rows{{37, 1000}, {5, 4097}, {300, 64}, {9, 96}, {0, 16}})
-    ops.push_back(rmsnorm_op(rows, dim));
-  ops.push_back(rope_op(2, 13, 3, 16));
-  using Att = std::tuple<int, int, int, int>;  // B, T, nh, hd
-  for (auto [B, T, nh, hd] : std::vector<Att>{{2, 37, 3, 16}, {1, 70, 2, 128}, {1, 5, 1, 24},
-                                              {3, 1, 2, 8}, {1, 200, 1, 64}, {2, 0, 2, 16},
-                                              {1, 1, 1, 130}})
-    ops.push_back(attention_op(B, T, nh, hd));
-  for (size_t n : {size_t{10007}, size_t{0}}) ops.push_back(swiglu_op(n));
-  // 301 tokens over the whole vocabulary, over half of it (repeats, unused rows), and a single
-  // token (one long run of adds into one row).
-  for (int distinct : {50, 25, 1}) {
-    Rng rng(4 + distinct);
-    std::vector<int32_t> tokens(301);
-    for (auto& t : tokens) t = static_cast<int32_t>(rng.below(distinct));
-    ops.push_back(embedding_op(50, 67, tokens));
-  }
-  for (auto [N, V] : Rows{{19, 1001}, {3, 50257}, {0, 10}}) {
-    Rng rng(50 + N);
-    std::vector<int32_t> targets(N);
-    for (auto& t : targets) t = static_cast<int32_t>(rng.below(V));
-    ops.push_back(cross_entropy_op(V, targets));
-  }
-  ops.push_back(cross_entropy_op(10, {1, 2, 10, 3}));  // target 10 is outside [0, 10)
-  ops.push_back(grouped_swiglu_op(24, 40, {0, 7, 20, 20, 33, 37}));  // expert 2 has no rows
-  return ops;
-}
-#endif
 
 }  // namespace moe::ops
