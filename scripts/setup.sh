@@ -18,6 +18,8 @@ PKGS+=(libdnnl-dev ocl-icd-opencl-dev)
 PKGS+=(chromium)
 # Every build compiles through ccache (CMakeLists.txt): a second build folder or clone reuses objects.
 PKGS+=(ccache)
+# scripts/format.sh (the CI format check): clang-format 14, Debian 12's.
+PKGS+=(clang-format)
 
 missing=()
 for p in "${PKGS[@]}"; do
