@@ -132,7 +132,10 @@ void BM_AttentionUnfused(benchmark::State& state) {
 // B, T, nh, hd: the tiny model's micro-batch of 8 sequences, long sequences at its head shape,
 // and wider heads.
 void shapes(benchmark::internal::Benchmark* b) {
-  b->Args({8, 128, 4, 32})->Args({1, 1024, 4, 32})->Args({1, 2048, 4, 32})->Args({2, 256, 8, 64})
+  b->Args({8, 128, 4, 32})
+      ->Args({1, 1024, 4, 32})
+      ->Args({1, 2048, 4, 32})
+      ->Args({2, 256, 8, 64})
       ->Args({1, 2048, 2, 128});
   b->ArgNames({"B", "T", "nh", "hd"})->Unit(benchmark::kMillisecond)->MeasureProcessCPUTime();
 }

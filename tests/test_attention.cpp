@@ -98,9 +98,11 @@ using moe::test_util::randn;
 // Rows per block are 64: T = 63, 64, 65 sit at the first boundary, 130 and 200 span three and four
 // blocks with a partial last one; hd 16..128.
 TEST(FlashAttention, MatchesNaiveDoubleLoops) {
+  // clang-format off
   const Shape shapes[] = {{2, 1, 2, 16, 1.0},  {2, 5, 3, 16, 1.0},   {1, 63, 2, 32, 1.0},
                           {2, 64, 2, 32, 1.0}, {1, 65, 2, 64, 1.0},  {1, 130, 2, 32, 4.0},
                           {2, 130, 1, 16, 1.0}, {1, 200, 1, 128, 1.0}, {1, 200, 2, 64, 8.0}};
+  // clang-format on
   for (const Shape& s : shapes) {
     SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " nh=" << s.nh
                                       << " hd=" << s.hd << " q_scale=" << s.q_scale);

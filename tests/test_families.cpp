@@ -189,6 +189,7 @@ TEST(Families, WhatTheTrainerCannotHonourIsAnErrorNamingIt) {
 // (generate's and eval's loader): every tensor comes back by name, bit for bit, and the file holds
 // the Hugging Face names.
 TEST(Families, ExportedFolderLoadsBackByName) {
+  // clang-format off
   const std::map<std::string, std::vector<std::string>> names = {
       {"test-mixtral", {"model.layers.2.block_sparse_moe.gate.weight", "model.layers.0.block_sparse_moe.experts.7.w1.weight",
                         "model.layers.1.block_sparse_moe.experts.0.w3.weight", "model.layers.1.block_sparse_moe.experts.5.w2.weight"}},
@@ -197,6 +198,7 @@ TEST(Families, ExportedFolderLoadsBackByName) {
                          "model.layers.2.mlp.shared_expert_gate.weight", "model.layers.0.self_attn.k_proj.bias"}},
       {"test-qwen3moe", {"model.layers.0.self_attn.q_norm.weight", "model.layers.2.self_attn.k_norm.weight",
                          "model.layers.0.mlp.experts.6.gate_proj.weight"}}};
+  // clang-format on
   for (const auto& [preset, want] : names) {
     const model::ModelConfig c = model::preset(preset);
     model::Model m(c);

@@ -411,7 +411,8 @@ TEST(OutputFile, NeverALinkFifoFolderOrInput) {
   EXPECT_ERROR_HAS(moe::io::check_output_path(d + "/dir", "--dump"), "dir: is a directory");
   EXPECT_ERROR_HAS(moe::io::check_output_path(d + "/input", "--dump", {d + "/input"}), "is the input");
   EXPECT_ERROR_HAS(moe::io::check_output_path(d + "/hard", "--dump", {d + "/input"}), "is the input");  // same inode
-  EXPECT_ERROR_HAS(moe::io::check_output_path(d + "/input", "--dump", {d}), "is the input " + d + "/input");  // a folder
+  // a folder
+  EXPECT_ERROR_HAS(moe::io::check_output_path(d + "/input", "--dump", {d}), "is the input " + d + "/input");
   EXPECT_NO_THROW(moe::io::check_output_path(d + "/new", "--dump", {d + "/input", d + "/missing"}));
   EXPECT_NO_THROW(moe::io::check_output_path(d + "/target", "--dump", {d + "/input"}));
   EXPECT_ERROR_HAS(moe::io::write_file_atomic(d + "/link", "x", "-o"), "-o " + d + "/link: is a symbolic link");

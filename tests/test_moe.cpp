@@ -607,10 +607,12 @@ void check_layer_gradients(const MoeConfig& cfg, int T, int num_seqs, uint64_t s
     Vec* p;
     const Vec* g;
   };
+  // clang-format off
   const Param params[] = {{"x", &m.x, &g.dx},           {"router", &m.gate, &g.dgate},
                           {"expert gate", &m.eg, &g.deg}, {"expert up", &m.eu, &g.deu},
                           {"expert down", &m.ed, &g.ded}, {"shared gate", &m.sg, &g.dsg},
                           {"shared up", &m.su, &g.dsu},   {"shared down", &m.sd, &g.dsd}};
+  // clang-format on
   int skipped = 0, checked = 0;
   for (const Param& prm : params) {
     for (size_t i = 0; i < prm.p->size(); ++i) {

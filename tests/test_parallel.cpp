@@ -103,7 +103,7 @@ TEST(TensorParallel, SlicesAreTheLogicalTensorsRowsOrColumns) {
                         (s.name.find(".mlp.gate_proj") != std::string::npos) ||
                         (s.name.find(".mlp.up_proj") != std::string::npos);
       const bool cols = s.name.find("o_proj") != std::string::npos || s.name.find(".mlp.down_proj") != std::string::npos;
-      EXPECT_EQ(s.tp_dim, rows ? 0 : cols ? 1 : -1) << s.name;
+      EXPECT_EQ(s.tp_dim, rows ? 0 : (cols ? 1 : -1)) << s.name;
       if (s.tp_dim < 0) {
         EXPECT_EQ(s.shape, f.shape) << s.name;
         for (size_t i = 0; i < s.numel; ++i) ASSERT_EQ(local[s.offset + i], full[f.offset + i]) << s.name;

@@ -66,11 +66,13 @@ TEST(PlanMemory, PiperTestVector) {
 // counts embeddings, norms or the router.
 TEST(PlanModel, PublishedParameterTotals) {
   const plan::ParamCountOptions paper{false, false, false};
+  // clang-format off
   struct Case {
     const char* name;
     double billions;
   } cases[] = {{"xmoe-small", 10.1},  {"xmoe-medium", 55.2}, {"xmoe-large", 201.4}, {"xmoe-super", 545.4},
                {"piper-110b", 110.7}, {"piper-862b", 862.3}, {"piper-1.7t", 1721.3}};
+  // clang-format on
   for (const Case& c : cases) {
     const plan::PlanModel m = plan::plan_preset(c.name);
     const double b = plan::count_params(m, paper).total / m.published_unit;
@@ -317,12 +319,14 @@ TEST(PlanModel, ReadsHuggingFaceConfigs) {
   EXPECT_FALSE(a.train_model_flag.empty());
   EXPECT_EQ(plan::count_params(a).total, model::count_params(model::preset("tiny")).total);
 
+  // clang-format off
   nlohmann::json v3 = {{"model_type", "deepseek_v3"}, {"vocab_size", 129280}, {"hidden_size", 7168},
                        {"num_hidden_layers", 61}, {"num_attention_heads", 128}, {"intermediate_size", 18432},
                        {"moe_intermediate_size", 2048}, {"n_routed_experts", 256}, {"n_shared_experts", 1},
                        {"num_experts_per_tok", 8}, {"first_k_dense_replace", 3}, {"q_lora_rank", 1536},
                        {"kv_lora_rank", 512}, {"qk_nope_head_dim", 128}, {"qk_rope_head_dim", 64},
                        {"v_head_dim", 128}, {"max_position_embeddings", 163840}};
+  // clang-format on
   const plan::PlanModel b = plan::read_hf_config(temp_file("v3.json", v3.dump()).string());
   EXPECT_EQ(b.num_moe_layers(), 58);
   EXPECT_DOUBLE_EQ(plan::count_params(b).total, plan::count_params(plan::plan_preset("deepseek-v3")).total);
@@ -330,20 +334,24 @@ TEST(PlanModel, ReadsHuggingFaceConfigs) {
   v3["q_lora_rank"] = nullptr;  // V2-Lite: a plain q projection
   EXPECT_TRUE(plan::read_hf_config(temp_file("v2.json", v3.dump()).string()).has_mla());
 
+  // clang-format off
   nlohmann::json mx = {{"model_type", "mixtral"}, {"vocab_size", 32000}, {"hidden_size", 4096},
                        {"num_hidden_layers", 32}, {"num_attention_heads", 32}, {"num_key_value_heads", 8},
                        {"intermediate_size", 14336}, {"num_local_experts", 8}, {"num_experts_per_tok", 2},
                        {"max_position_embeddings", 32768}};
+  // clang-format on
   const plan::PlanModel c = plan::read_hf_config(temp_file("mixtral.json", mx.dump()).string());
   EXPECT_EQ(c.num_moe_layers(), 32);
   EXPECT_DOUBLE_EQ(plan::count_params(c).total, plan::count_params(plan::plan_preset("mixtral-8x7b")).total);
 
+  // clang-format off
   nlohmann::json qw = {{"model_type", "qwen2_moe"}, {"vocab_size", 151936}, {"hidden_size", 2048},
                        {"num_hidden_layers", 24}, {"num_attention_heads", 16}, {"num_key_value_heads", 16},
                        {"intermediate_size", 5632}, {"moe_intermediate_size", 1408}, {"num_experts", 60},
                        {"num_experts_per_tok", 4}, {"shared_expert_intermediate_size", 5632},
                        {"decoder_sparse_step", 1}, {"mlp_only_layers", nlohmann::json::array()},
                        {"tie_word_embeddings", false}, {"max_position_embeddings", 8192}};
+  // clang-format on
   const plan::PlanModel d = plan::read_hf_config(temp_file("qwen.json", qw.dump()).string());
   EXPECT_EQ(d.num_moe_layers(), 24);
   EXPECT_EQ(d.shared_ffn, 5632);

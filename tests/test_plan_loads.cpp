@@ -128,7 +128,7 @@ TEST(PlanLoads, ThePlanReportsTheImbalanceItUsed) {
   const plan::SearchResult r = plan::search_plans(s.model, s.cluster, so);
   bool saw_ep4 = false;
   for (const plan::Candidate& k : r.best) {
-    EXPECT_NEAR(k.imbalance_time, k.layout.ep == 4 ? 80.0 / 30 : k.layout.ep == 2 ? 100.0 / 60 : 1.0, 1e-12)
+    EXPECT_NEAR(k.imbalance_time, k.layout.ep == 4 ? 80.0 / 30 : (k.layout.ep == 2 ? 100.0 / 60 : 1.0), 1e-12)
         << k.layout.describe();
     saw_ep4 |= k.layout.ep == 4;
   }

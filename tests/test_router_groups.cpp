@@ -305,6 +305,7 @@ TEST(RouterGroups, DeepSeekV3RouterFieldsAreReadAndThePlannerStillReadsV3) {
   EXPECT_EQ(c.n_group, 8);
   EXPECT_EQ(c.topk_group, 4);
   const std::string path = moe::test_util::scratch_path("groups", "v3.json").string();
+  // clang-format off
   nlohmann::json v3 = {{"model_type", "deepseek_v3"}, {"vocab_size", 129280}, {"hidden_size", 7168},
                        {"num_hidden_layers", 61}, {"num_attention_heads", 128}, {"intermediate_size", 18432},
                        {"moe_intermediate_size", 2048}, {"n_routed_experts", 256}, {"n_shared_experts", 1},
@@ -313,6 +314,7 @@ TEST(RouterGroups, DeepSeekV3RouterFieldsAreReadAndThePlannerStillReadsV3) {
                        {"v_head_dim", 128}, {"max_position_embeddings", 163840}, {"n_group", 8},
                        {"topk_group", 4}, {"topk_method", "noaux_tc"}, {"scoring_func", "sigmoid"},
                        {"routed_scaling_factor", 2.5}, {"norm_topk_prob", true}};
+  // clang-format on
   std::ofstream(path) << v3.dump();
   EXPECT_EQ(plan::read_hf_config(path).num_moe_layers(), 58);
   std::filesystem::remove(path);

@@ -232,10 +232,12 @@ TEST(ScoreBiasState, CheckpointFormIsExactAndCheckedOnLoad) {
 // The manifest carries router_bias as given (checked against the model on resume); anything but
 // an object or null is refused while parsing, naming the manifest and the field.
 TEST(ScoreBiasState, ManifestFieldParsed) {
+  // clang-format off
   nlohmann::json m = {{"format", train::kCheckpointFormat}, {"step", 2}, {"data_rng_state", "1"},
                       {"seed", "2"}, {"bad_steps", 0}, {"config", {{"hidden_size", 32}}},
                       {"tensors", {{"w", "shard-00000.safetensors"}}},
                       {"shards", {{"shard-00000.safetensors", {{"bytes", 100}, {"fnv1a64", "0123456789abcdef"}}}}}};
+  // clang-format on
   EXPECT_TRUE(train::parse_manifest(m.dump(), "ck/manifest.json").meta.router_bias.is_null());
   m["router_bias"] = {{"1", {0.5, -0.25}}};
   EXPECT_EQ(train::parse_manifest(m.dump(), "ck/manifest.json").meta.router_bias, m["router_bias"]);

@@ -236,7 +236,7 @@ TEST(IndexedDatasetWriter, RoundTripAndNoTemporaryLeftBehind) {
       w.finish();
     }
     IndexedDataset d = IndexedDataset::open(prefix);
-    EXPECT_EQ(d.dtype_code(), vocab <= 256 ? 1 : vocab < 65500 ? 8 : 4);
+    EXPECT_EQ(d.dtype_code(), vocab <= 256 ? 1 : (vocab < 65500 ? 8 : 4));
     ASSERT_EQ(d.num_documents(), docs.size());
     for (size_t j = 0; j < docs.size(); ++j) {
       ASSERT_EQ(d.sequence_length(j), docs[j].size());

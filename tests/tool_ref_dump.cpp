@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
     oc.weight_decay = 0.1f;
     oc.grad_clip = 0.5f;
     oc.eps = 1e-5f;
+    // clang-format off
     nlohmann::json tj = {{"batch", B},         {"seq_len", T},
                          {"steps", steps},     {"lr", oc.lr},
                          {"min_lr", oc.min_lr}, {"warmup_steps", oc.warmup_steps},
@@ -90,6 +91,7 @@ int main(int argc, char** argv) {
                          {"weight_decay", oc.weight_decay}, {"grad_clip", oc.grad_clip},
                          {"gemm_precision", precision},
                          {"mtp_weight", m.mtp_weight()}};
+    // clang-format on
     std::ofstream(dir + "/train.json") << tj.dump(2) << "\n";
 
     Rng rng(7);

@@ -94,7 +94,7 @@ int run_plan(const PlanCli& s) {
                       m >= 1 && n >= 1 && k >= 1 && m <= 1e9 && n <= 1e9 && k <= 1e9;  // NaN and Inf fail too
       MOE_CHECK(ok && (form == "nt" || form == "nn" || form == "tn"), "--gemm: '", item,
                 "' is not FORM:MxNxK with FORM nt, nn or tn and sizes in [1, 1e9]");
-      const plan::GemmTable& t = form == "nt" ? c.gemm_nt : form == "nn" ? c.gemm_nn : c.gemm_tn;
+      const plan::GemmTable& t = form == "nt" ? c.gemm_nt : (form == "nn" ? c.gemm_nn : c.gemm_tn);
       std::printf("%-4s %8.0f %8.0f %8.0f  %.1f\n", form.c_str(), m, n, k, t.gflops_at(m, n, k) * 1e-3);
     }
     return 0;
@@ -151,9 +151,14 @@ int run_plan(const PlanCli& s) {
 
   MOE_CHECK(s.gpus >= 1, "--gpus must be given and >= 1 (got ", s.gpus, "), or use --evaluate --layout");
   ctx.shape.global_batch = s.global_batch > 0 ? s.global_batch : 2LL * s.gpus;
-  const plan::SearchOptions so{.gpus = s.gpus, .shape = ctx.shape, .zero1 = s.zero1, .top = s.top,
-                               .max_tp = s.max_tp, .max_micro_batches = s.max_micro_batches,
-                               .imbalance = s.imbalance, .routing = rp};
+  const plan::SearchOptions so{.gpus = s.gpus,
+                               .shape = ctx.shape,
+                               .zero1 = s.zero1,
+                               .top = s.top,
+                               .max_tp = s.max_tp,
+                               .max_micro_batches = s.max_micro_batches,
+                               .imbalance = s.imbalance,
+                               .routing = rp};
   plan::SearchResult r = plan::search_plans(m, c, so);
   if (s.json) {
     std::printf("%s\n", plan::search_json(ctx, r, s.explain).dump(1).c_str());

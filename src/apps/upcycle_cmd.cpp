@@ -47,7 +47,8 @@ int run_upcycle_command(CLI::App& app, train::UpcycleOptions& o) {
               c.n_routed_experts, c.moe_intermediate_size, c.num_experts_per_tok, c.n_shared_experts, pc.total / 1e6,
               pc.active / 1e6);
   if (c.num_experts_per_tok == 1)
-    std::fprintf(stderr, "moetrain: note: with one expert per token its weight is its softmax probability (Hugging Face "
+    std::fprintf(stderr,
+                 "moetrain: note: with one expert per token its weight is its softmax probability (Hugging Face "
                  "DeepSeek renormalises the top-k weights only for k > 1), so the upcycled model does not start at the "
                  "dense model's loss; --topk 2, or --split 2, keeps it\n");
   return 0;

@@ -14,6 +14,7 @@
 
 namespace moe {
 
+// clang-format off
 enum class Device { kCpu, kCuda };                     // cpu | cuda
 enum class Precision { kFp32, kBf16 };                 // fp32 | bf16 (GEMM inputs; fp32 accumulation)
 enum class A2a { kFlat, kRbd, kHalo, kRbdHalo };       // flat | rbd | halo | rbd-halo
@@ -25,6 +26,7 @@ enum class Recompute {                                 // none | moe | full
 };
 enum class CommBackend { kMpi, kNccl };                // mpi | nccl
 enum class NodeKind { kGpu, kCpu };                    // gpu | cpu: a cluster profile's "kind"
+// clang-format on
 
 const char* name(Device d);
 const char* name(Precision p);

@@ -67,7 +67,7 @@ const char* dtype_name(uint8_t code) {
 
 bool dtype_is_integer(uint8_t code) { return dtype_item_size(code) != 0 && code != 6 && code != 7; }
 
-uint8_t dtype_for_vocab(int vocab_size) { return vocab_size <= 256 ? 1 : vocab_size < 65500 ? 8 : 4; }
+uint8_t dtype_for_vocab(int vocab_size) { return vocab_size <= 256 ? 1 : (vocab_size < 65500 ? 8 : 4); }
 
 std::string idx_path(const std::string& prefix) { return prefix + ".idx"; }
 std::string bin_path(const std::string& prefix) { return prefix + ".bin"; }
@@ -226,6 +226,7 @@ namespace {
 template <class Out>
 void decode_tokens(uint8_t dtype, const uint8_t* p, uint64_t count, Out* out) {
   switch (dtype) {  // one loop per dtype: this runs for every token of every batch
+    // clang-format off
     case 1: for (uint64_t i = 0; i < count; ++i) out[i] = p[i]; break;
     case 2: for (uint64_t i = 0; i < count; ++i) out[i] = load_le<int8_t>(p + i); break;
     case 3: for (uint64_t i = 0; i < count; ++i) out[i] = load_le<int16_t>(p + 2 * i); break;
@@ -233,6 +234,7 @@ void decode_tokens(uint8_t dtype, const uint8_t* p, uint64_t count, Out* out) {
     case 5: for (uint64_t i = 0; i < count; ++i) out[i] = static_cast<Out>(load_le<int64_t>(p + 8 * i)); break;
     case 8: for (uint64_t i = 0; i < count; ++i) out[i] = load_le<uint16_t>(p + 2 * i); break;
     default: for (uint64_t i = 0; i < count; ++i) out[i] = -1;  // float dtypes are refused at open
+    // clang-format on
   }
 }
 }  // namespace
@@ -277,7 +279,7 @@ void IndexedDatasetWriter::add_document(const int32_t* ids, size_t n) {
   MOE_CHECK(!prepared_ && !finished_, prefix_, ": add_document after finish");
   MOE_CHECK(n <= static_cast<size_t>(std::numeric_limits<int32_t>::max()), prefix_, ": a document of ", n,
             " tokens does not fit Megatron's int32 sequence length");
-  const int64_t hi = dtype_ == 1 ? 255 : dtype_ == 8 ? 65535 : std::numeric_limits<int32_t>::max();
+  const int64_t hi = dtype_ == 1 ? 255 : (dtype_ == 8 ? 65535 : std::numeric_limits<int32_t>::max());
   const size_t item = dtype_item_size(dtype_);
   for (size_t i = 0; i < n; ++i) {
     MOE_CHECK(ids[i] >= 0 && ids[i] <= hi, prefix_, ": token id ", ids[i], " does not fit dtype ", dtype_name(dtype_));

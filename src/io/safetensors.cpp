@@ -34,10 +34,12 @@ struct DtypeEntry {
   const char* name;
   size_t size;
 };
+// clang-format off
 constexpr DtypeEntry kDtypes[] = {{"F64", 8}, {"F32", 4},  {"F16", 2},     {"BF16", 2},
                                   {"I64", 8}, {"I32", 4},  {"I16", 2},     {"I8", 1},
                                   {"U64", 8}, {"U32", 4},  {"U16", 2},     {"U8", 1},
                                   {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+// clang-format on
 
 // numel of a shape, or -1 if a dim is negative or the product would overflow int64.
 int64_t checked_numel(const std::vector<int64_t>& shape) {
@@ -349,7 +351,7 @@ void scan_finite(const uint8_t* src, const TensorInfo& t, const std::string& whe
     rest /= static_cast<size_t>(t.shape[d]);
   }
   throw Error(str_cat(where, ": tensor ", quoted(t.name), " holds ",
-                      std::isnan(bad) ? "NaN" : bad > 0 ? "+Inf" : "-Inf", " at ", shape_str(at),
+                      std::isnan(bad) ? "NaN" : (bad > 0 ? "+Inf" : "-Inf"), " at ", shape_str(at),
                       " (", count, " non-finite of ", n, " elements): refusing non-finite values"));
 }
 }  // namespace

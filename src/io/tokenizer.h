@@ -19,7 +19,8 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
   virtual std::string kind() const = 0;  // "bytes" | "spm": the dataset sidecar's and fingerprint's word
   virtual int vocab_size() const = 0;    // ids the tokenizer produces are in [0, vocab_size)
-  virtual void encode(std::string_view text, std::vector<int32_t>& ids) const = 0;  // replaces ids
+  // encode replaces ids
+  virtual void encode(std::string_view text, std::vector<int32_t>& ids) const = 0;
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   // Its identity (io/fingerprint.h, tokenizer_fingerprint), compared with the model's.
   virtual std::string fingerprint() const = 0;

@@ -57,6 +57,7 @@ static void check_sizes(const ModelConfig& c, const std::string& src) {
     const int64_t q = rq > 0 ? add(add(mul(H, rq, "hidden_size * q_lora_rank"), rq, "q_a"),
                                    mul(rq, qk, "q_lora_rank * heads * qk head dim"), "the query's parameters")
                              : mul(H, qk, "hidden_size * heads * qk head dim");
+    // clang-format off
     const int64_t kv = add(mul(H, rkv + c.qk_rope_head_dim, "hidden_size * (kv_lora_rank + qk_rope_head_dim)"),
                            add(rkv, mul(rkv, mul(nh, c.qk_nope_head_dim + c.v_head_dim,
                                                  "heads * (qk_nope_head_dim + v_head_dim)"),
@@ -66,6 +67,7 @@ static void check_sizes(const ModelConfig& c, const std::string& src) {
     const int64_t o = mul(H, mul(nh, c.v_head_dim, "heads * v_head_dim"), "hidden_size * heads * v_head_dim");
     attention = add(add(add(q, kv, "the attention parameters of a layer"), o,
                         "the attention parameters of a layer"), 2 * H, "the attention parameters of a layer");
+    // clang-format on
   } else {
     attention = c.is_deepseek()
                     ? add(mul(4 * H, H, "4 * hidden_size * hidden_size"), 2 * H, "the attention parameters of a layer")
@@ -131,15 +133,18 @@ static void validate_mla(const ModelConfig& c, const std::string& src) {
             " must be even for rotary embeddings");
   // Bounded so that per-head products below stay far from overflow (V3: 128, 64, 128).
   for (auto [name, v] : {std::pair<const char*, int>{"qk_nope_head_dim", c.qk_nope_head_dim},
-                         {"qk_rope_head_dim", c.qk_rope_head_dim}, {"v_head_dim", c.v_head_dim}})
+                         {"qk_rope_head_dim", c.qk_rope_head_dim},
+                         {"v_head_dim", c.v_head_dim}})
     MOE_CHECK(v <= 4096, src, ": \"", name, "\" = ", v, " exceeds 4096");
   const ModelConfig::RopeScaling& r = c.rope_scaling;
   if (r.type.empty()) return;
   MOE_CHECK(r.type == "yarn", src, ": rope_scaling type ", io::quoted(r.type, 64),
             " is not supported (supported: yarn, or rope_scaling null)");
   MOE_CHECK(std::isfinite(r.factor) && r.factor >= 1.0, src, ": rope_scaling.factor must be >= 1, got ", r.factor);
-  for (auto [name, v] : {std::pair<const char*, double>{"mscale", r.mscale}, {"mscale_all_dim", r.mscale_all_dim},
-                         {"beta_fast", r.beta_fast}, {"beta_slow", r.beta_slow}})
+  for (auto [name, v] : {std::pair<const char*, double>{"mscale", r.mscale},
+                         {"mscale_all_dim", r.mscale_all_dim},
+                         {"beta_fast", r.beta_fast},
+                         {"beta_slow", r.beta_slow}})
     MOE_CHECK(std::isfinite(v) && v >= 0.0, src, ": rope_scaling.", name, " must be a number >= 0, got ", v);
   MOE_CHECK(r.beta_fast > r.beta_slow && r.beta_slow > 0.0, src, ": rope_scaling needs beta_fast (",
             r.beta_fast, ") > beta_slow (", r.beta_slow, ") > 0");
@@ -199,8 +204,9 @@ void ModelConfig::validate(const std::string& src) const {
     if (!is_deepseek()) validate_family(*this, src);  // model/family.h: heads, windows, layers
     MOE_CHECK(head_dim() % 2 == 0, src, ": head_dim = hidden_size / num_attention_heads = ", head_dim(),
               " must be even for rotary embeddings");
-    MOE_CHECK(kv_lora_rank == 0 && q_lora_rank == 0, src, ": kv_lora_rank / q_lora_rank (multi-head "
-              "latent attention) need model_type deepseek_v2 or deepseek_v3, not ", io::quoted(model_type, 64));
+    MOE_CHECK(kv_lora_rank == 0 && q_lora_rank == 0, src,
+              ": kv_lora_rank / q_lora_rank (multi-head latent attention) need model_type deepseek_v2 or deepseek_v3, "
+              "not ", io::quoted(model_type, 64));
     MOE_CHECK(rope_scaling.type.empty(), src, ": rope_scaling ", io::quoted(rope_scaling.type, 64),
               " is not supported for model_type ", io::quoted(model_type, 64), " (YaRN: deepseek_v2 / deepseek_v3)");
   }

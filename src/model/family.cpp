@@ -119,7 +119,7 @@ ModelConfig family_config_from_json(const json& j, const std::string& src) {
 
 json family_config_to_json(const ModelConfig& c) {
   const bool mixtral = is_mixtral(c), qwen2 = c.model_type == "qwen2_moe";
-  const char* arch = mixtral ? "MixtralForCausalLM" : qwen2 ? "Qwen2MoeForCausalLM" : "Qwen3MoeForCausalLM";
+  const char* arch = mixtral ? "MixtralForCausalLM" : (qwen2 ? "Qwen2MoeForCausalLM" : "Qwen3MoeForCausalLM");
   json j = {{"architectures", {arch}},
             {"model_type", c.model_type},
             {"vocab_size", c.vocab_size},
@@ -236,8 +236,8 @@ std::string block_prefix(const ModelConfig& c, int layer) {
   return "model.layers." + std::to_string(layer) + (is_mixtral(c) ? ".block_sparse_moe." : ".mlp.");
 }
 const char* proj_name(const ModelConfig& c, Proj p) {
-  if (is_mixtral(c)) return p == Proj::kGate ? "w1" : p == Proj::kUp ? "w3" : "w2";
-  return p == Proj::kGate ? "gate_proj" : p == Proj::kUp ? "up_proj" : "down_proj";
+  if (is_mixtral(c)) return p == Proj::kGate ? "w1" : (p == Proj::kUp ? "w3" : "w2");
+  return p == Proj::kGate ? "gate_proj" : (p == Proj::kUp ? "up_proj" : "down_proj");
 }
 }  // namespace
 

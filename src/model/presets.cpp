@@ -60,8 +60,10 @@ void set_sizes(ModelConfig& c, const Sizes& s) {
 // The other families' PyTorch reference configs (model/family.h): grouped-query attention
 // (4 heads over 2 key/value heads), E=8, k=2, the aux loss on (output_router_logits).
 void family_reference(ModelConfig& c) {
+  // clang-format off
   set_sizes(c, {.hidden = 32, .layers = 3, .heads = 4, .intermediate = 48, .moe_intermediate = 16,
                 .experts = 8, .top_k = 2, .max_position = 256});
+  // clang-format on
   c.num_key_value_heads = 2;
   c.aux_loss_alpha = 0.02f;
   c.output_router_logits = true;
@@ -69,8 +71,10 @@ void family_reference(ModelConfig& c) {
 
 // The default training job: learns byte-level KJV to < 2 nats/byte in minutes on 2 cores.
 void set_tiny(ModelConfig& c) {
+  // clang-format off
   set_sizes(c, {.hidden = 128, .layers = 4, .heads = 4, .intermediate = 384, .moe_intermediate = 96,
                 .experts = 8, .shared = 1, .top_k = 2, .first_dense = 1, .max_position = 1024});
+  // clang-format on
   c.aux_loss_alpha = 0.01f;
 }
 
@@ -85,8 +89,10 @@ void set_tiny_noaux(ModelConfig& c) {
 
 // The PyTorch reference config: 1 dense + 2 MoE layers, E=8, k=2, one shared expert, aux on.
 void set_test_moe(ModelConfig& c) {
+  // clang-format off
   set_sizes(c, {.hidden = 32, .layers = 3, .heads = 4, .intermediate = 48, .moe_intermediate = 16,
                 .experts = 8, .shared = 1, .top_k = 2, .first_dense = 1, .max_position = 256});
+  // clang-format on
   c.aux_loss_alpha = 0.01f;
 }
 

@@ -67,7 +67,8 @@ struct MoeConfig {
   float capacity_factor = 0.0f;  // 0 = dropless
   bool padded = false;      // capacity-padded baseline instead of padding-free
   const ExpertParallel* ep = nullptr;  // null: all experts local, nothing communicates
-  const balance::LayerPlacement* placement = nullptr;  // ep only: where this layer's experts live
+  // ep only: where this layer's experts live
+  const balance::LayerPlacement* placement = nullptr;
   MemTracker* scratch_tracker = nullptr;  // charged with backward's temporary buffers
   MoeBackwardWorkspace* workspace = nullptr;  // backward's temporaries kept between calls, or null
   MoeStepTimes* step_times = nullptr;  // adds up each step's wall time (--profile, bench), or null

@@ -61,7 +61,7 @@ void router_forward(Routing& r, const float* x_TH, const float* gate_EH, int T, 
   check_config(cfg, T, H);
   const int E = cfg.num_experts, k = cfg.top_k;
   const bool aux = cfg.aux_loss_alpha > 0.0f;
-  const int B = !aux ? 0 : cfg.seq_aux ? num_seqs : 1;
+  const int B = !aux ? 0 : (cfg.seq_aux ? num_seqs : 1);
   if (aux && cfg.seq_aux) {
     MOE_CHECK(num_seqs > 0 && T % num_seqs == 0, "router: seq_aux needs T=", T,
               " to split into num_seqs=", num_seqs, " equal sequences");

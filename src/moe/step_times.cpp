@@ -7,6 +7,7 @@ namespace moe::mixture {
 const std::vector<NamedStep>& named_steps() {
   using S = MoeStepTimes;
   using P = kernels::MlpStepTimes;
+  // clang-format off
   static const std::vector<NamedStep> steps = {
       {"route", &S::route, nullptr},          {"layout", &S::layout, nullptr},
       {"buffers", &S::buffers, nullptr},      {"dispatch", &S::dispatch, nullptr},
@@ -19,6 +20,7 @@ const std::vector<NamedStep>& named_steps() {
       {"  gate+up' gemms", nullptr, &P::gate_up_bwd}, {"dispatch'", &S::dispatch_bwd, nullptr},
       {"route'", &S::route_bwd, nullptr},     {"shared beside a2a", &S::overlap_work, nullptr},
       {"a2a hidden", &S::a2a_hidden, nullptr}};
+  // clang-format on
   return steps;
 }
 double step_seconds(const MoeStepTimes& t, const NamedStep& s) {

@@ -205,8 +205,12 @@ json profile_to_json(const ClusterProfile& p) {
   };
   json comm = json::array();
   for (const CommCurve& c : p.comm)
-    comm.push_back({{"op", c.op}, {"algo", c.algo ? name(*c.algo) : ""}, {"world", c.world}, {"group", c.group},
-                    {"ranks_per_node", c.ranks_per_node}, {"bytes", c.seconds.x},
+    comm.push_back({{"op", c.op},
+                    {"algo", c.algo ? name(*c.algo) : ""},
+                    {"world", c.world},
+                    {"group", c.group},
+                    {"ranks_per_node", c.ranks_per_node},
+                    {"bytes", c.seconds.x},
                     {"seconds", c.seconds.y}});
   json j = {{"name", p.name},
             {"kind", name(p.kind)},
@@ -222,13 +226,17 @@ json profile_to_json(const ClusterProfile& p) {
             {"peak_flops", p.peak_flops},
             {"mem_bandwidth", p.mem_bandwidth},
             {"fused_attention", p.fused_attention},
+            // clang-format off
             {"links", {{"intra_node", link(p.intra_node)}, {"inter_node", link(p.inter_node)},
                        {"inter_group", link(p.inter_group)}}},
+            // clang-format on
             {"gemm", {{"nt", to_json(p.gemm_nt)}, {"nn", to_json(p.gemm_nn)}, {"tn", to_json(p.gemm_tn)}}},
             {"attention", to_json(p.attention)},
+            // clang-format off
             {"elementwise", {{"fwd", to_json(p.elem_fwd)}, {"bwd", to_json(p.elem_bwd)},
                              {"recompute_fwd", to_json(p.recompute_fwd)},
                              {"recompute_bwd", to_json(p.recompute_bwd)}}},
+            // clang-format on
             {"optimizer_s_per_param", p.optimizer_s_per_param},
             {"cores_per_node", p.cores_per_node},
             {"comm", comm},

@@ -235,7 +235,8 @@ double micro_batch_peak(const PlanModel& m, const Layout& lay, const MemoryOptio
       return p;
     };
     peak = std::max(peak, forward(prefix + n * H, true));  // + its output
-    if (a.kept < a.full) peak = std::max(peak, forward(prefix + 2 * n * H, lay.recompute == Recompute::kFull));  // + dx, out
+    // + dx, out
+    if (a.kept < a.full) peak = std::max(peak, forward(prefix + 2 * n * H, lay.recompute == Recompute::kFull));
     double ffn_scratch;
     if (moe) {
       // On top of the workspace: the shared experts' scratch, then (EP) the exchange's received or

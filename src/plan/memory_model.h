@@ -39,7 +39,8 @@ struct MemoryOptions {
     kPiperPaper,  // REFERENCE §3's formula, term by term
   };
   Accounting accounting = Accounting::kTrainer;
-  double weight_bytes = 2, grad_bytes = 2, optimizer_bytes = 12;  // per parameter
+  // per parameter
+  double weight_bytes = 2, grad_bytes = 2, optimizer_bytes = 12;
   double act_bytes = 2;             // per activation element
   bool zero1 = false;               // optimizer state split over the data ranks
   bool embeddings = true;           // embedding (first stage), final norm + head (last stage)

@@ -91,17 +91,20 @@ std::string format_header(const ReportContext& ctx) {
     // GEMM tables hold aligned shapes; on an H200, n or k not a multiple of 8 ran 3-7x slower.
     std::string odd;
     int n_odd = 0;
+    // clang-format off
     const std::pair<const char*, long long> dims[] = {{"hidden_size", m.hidden}, {"expert width", m.moe_ffn},
                                                       {"dense FFN width", m.dense_ffn}, {"shared expert width", m.shared_ffn},
                                                       {"q/k/v width", static_cast<long long>(m.heads) * m.head_dim},
                                                       {"vocab_size", m.vocab_size}};
+    // clang-format on
     for (const auto& [what, v] : dims)
       if (v > 0 && v % 8 != 0) {
         odd += str_cat(odd.empty() ? "" : ", ", what, " ", v);
         ++n_odd;
       }
     if (!odd.empty())
-      s += str_cat("  note: ", odd, n_odd > 1 ? " are not multiples" : " is not a multiple", " of 8: tensor-core GEMMs of such shapes can run several times "
+      s += str_cat("  note: ", odd, n_odd > 1 ? " are not multiples" : " is not a multiple",
+                   " of 8: tensor-core GEMMs of such shapes can run several times "
                    "slower than the tables assume (3-7x measured on an H200); pad them (Megatron pads the vocabulary to a multiple of 128)\n");
   }
   if (ctx.routing && m.num_moe_layers() > 0)
@@ -232,18 +235,21 @@ std::string format_explain(const ReportContext& ctx, const SearchResult& r, cons
 
 json candidate_json(const ReportContext& ctx, const Candidate& c) {
   json stages = json::array();
+  // clang-format off
   for (const StageMemory& st : c.memory.stages)
     stages.push_back({{"stage", st.stage}, {"first_layer", st.first_layer}, {"layers", st.num_layers},
                       {"in_flight", st.in_flight}, {"param_count", st.param_count}, {"params", st.params},
                       {"grads", st.grads}, {"optimizer", st.optimizer}, {"activations", st.activations},
                       {"workspace", st.workspace}, {"comm", st.comm}, {"reserved", st.reserved},
                       {"total", st.total}});
+  // clang-format on
   json tstages = json::array();
   for (const StageTime& st : c.time.stages)
     tstages.push_back({{"fwd_s", st.fwd}, {"bwd_s", st.bwd}, {"a2a_s", st.a2a}});
   const TimeBreakdown& t = c.time;
   const Layout& l = c.layout;
   const RankShape rs = rank_shape(l, ctx.shape);
+  // clang-format off
   return json{{"layout", {{"pp", l.pp}, {"dp", l.dp}, {"ep", l.ep}, {"tp", l.tp},
                           {"micro_batches", l.micro_batches}, {"recompute", name(l.recompute)},
                           {"a2a", name(l.a2a)}, {"zero1", l.zero1}, {"schedule", name(l.schedule)},
@@ -258,6 +264,7 @@ json candidate_json(const ReportContext& ctx, const Candidate& c) {
                         {"model_flops", t.model_flops}, {"tflops_per_rank", t.tflops_per_rank},
                         {"mfu", t.mfu}, {"stages", tstages}}},
               {"train_command", train_command(ctx, l)}};
+  // clang-format on
 }
 
 json padded_json(const ReportContext& ctx, const Candidate& c) {
@@ -295,8 +302,12 @@ json search_json(const ReportContext& ctx, const SearchResult& r, bool explain) 
   if (explain) {
     json rej = json::array();
     for (const Rejection& x : r.rejected)
-      rej.push_back({{"pp", x.family.pp}, {"dp", x.family.dp}, {"ep", x.family.ep}, {"tp", x.family.tp},
-                     {"constraint", x.constraint}, {"reason", x.reason},
+      rej.push_back({{"pp", x.family.pp},
+                     {"dp", x.family.dp},
+                     {"ep", x.family.ep},
+                     {"tp", x.family.tp},
+                     {"constraint", x.constraint},
+                     {"reason", x.reason},
                      {"over_bytes", x.constraint == "memory" ? x.over_bytes : 0.0}});
     j["rejected"] = rej;
     if (!r.best.empty() && ctx.model->num_moe_layers() > 0) j["dispatch"] = padded_json(ctx, r.best.front());

@@ -13,7 +13,11 @@
 
 namespace moe::plan {
 
-enum class GemmForm { kNT, kNN, kTN };  // C[m,n] = op(A)[m,k] · op(B)[k,n]
+enum class GemmForm {  // C[m,n] = op(A)[m,k] · op(B)[k,n]
+  kNT,
+  kNN,
+  kTN
+};
 
 struct GemmOp {
   GemmForm form = GemmForm::kNT;

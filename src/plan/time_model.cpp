@@ -33,7 +33,7 @@ LinkClass link_between_nodes(const ClusterProfile& c, int nodes) {
 double pass_seconds(const PassOps& ops, const ClusterProfile& c, double elem_s) {
   double t = elem_s * ops.elems;
   for (const GemmOp& g : ops.gemms) {
-    const GemmTable& table = g.form == GemmForm::kNT ? c.gemm_nt : g.form == GemmForm::kNN ? c.gemm_nn : c.gemm_tn;
+    const GemmTable& table = g.form == GemmForm::kNT ? c.gemm_nt : (g.form == GemmForm::kNN ? c.gemm_nn : c.gemm_tn);
     t += g.count * table.seconds(g.m, g.n, g.k);
   }
   for (const AttentionOp& a : ops.attention)

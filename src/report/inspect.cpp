@@ -57,14 +57,14 @@ void describe_config(std::string& out, const model::ModelConfig& c) {
   const std::string dense = c.is_deepseek() ? str_cat(c.first_k_dense_replace, " dense first, ")
                                             : str_cat(c.num_hidden_layers - c.num_moe_layers(), " dense, ");
   const std::string kv = c.kv_heads() == c.num_attention_heads ? "" : str_cat(" (", c.kv_heads(), " kv)");
-  line(out, "model", str_cat(c.model_type, ": ", c.num_hidden_layers, " layers (", dense, c.num_moe_layers(),
-                             " MoE), hidden ", c.hidden_size, ", ", c.num_attention_heads, " heads", kv,
-                             ", vocab ", c.vocab_size));
+  line(out, "model",
+       str_cat(c.model_type, ": ", c.num_hidden_layers, " layers (", dense, c.num_moe_layers(), " MoE), hidden ",
+               c.hidden_size, ", ", c.num_attention_heads, " heads", kv, ", vocab ", c.vocab_size));
   if (c.n_routed_experts > 0)
-    line(out, "experts", str_cat(c.n_routed_experts, " routed of width ", c.moe_intermediate_size, ", top-",
-                                 c.num_experts_per_tok, c.norm_topk_prob ? " (renormalised)" : "", ", ",
-                                 c.n_shared_experts, " shared; aux loss alpha ", c.aux_loss_alpha,
-                                 c.seq_aux ? " per sequence" : ""));
+    line(out, "experts",
+         str_cat(c.n_routed_experts, " routed of width ", c.moe_intermediate_size, ", top-", c.num_experts_per_tok,
+                 c.norm_topk_prob ? " (renormalised)" : "", ", ", c.n_shared_experts, " shared; aux loss alpha ",
+                 c.aux_loss_alpha, c.seq_aux ? " per sequence" : ""));
   line(out, "dense FFN width", std::to_string(c.intermediate_size));
   const model::ParamCounts pc = model::count_params(c);
   line(out, "parameters", str_cat(commas(pc.total), " total, ", commas(pc.active), " active per token"));
@@ -194,9 +194,10 @@ std::string inspect_checkpoint(const std::string& dir) {
   line(out, "seed", str_cat(m.meta.seed, ", data cursor ", m.meta.data_rng_state));
   const json& p = m.meta.parallel;
   auto get = [&](const char* k) { return p.is_object() && p.contains(k) ? p[k].dump() : std::string("?"); };
-  line(out, "layout", str_cat("pp ", get("pp"), " x dp ", get("dp"), " x ep ", get("ep"), " x tp ", get("tp"),
-                              ", layers per stage ", get("layers_per_stage"), ", micro-batches ", get("micro_batches"),
-                              ", batch per rank ", get("batch_per_rank"), ", a2a ", get("a2a")));
+  line(out, "layout",
+       str_cat("pp ", get("pp"), " x dp ", get("dp"), " x ep ", get("ep"), " x tp ", get("tp"),
+               ", layers per stage ", get("layers_per_stage"), ", micro-batches ", get("micro_batches"),
+               ", batch per rank ", get("batch_per_rank"), ", a2a ", get("a2a")));
   if (m.meta.expert_placement.is_object() && !m.meta.expert_placement.empty()) {
     // Each EP rank's logical experts in slot order (older checkpoints: the EP rank of each expert).
     std::string pl;
@@ -208,9 +209,10 @@ std::string inspect_checkpoint(const std::string& dir) {
         for (size_t s = 0; s < ranks[r].size(); ++s)
           moved = moved || ranks[r][s] != static_cast<int>(r * ranks[r].size() + s);
     }
-    line(out, "expert placement", pl + (older ? " (EP rank of each logical expert)"
-                                              : moved ? " (each EP rank's experts by slot; moved by migration)"
-                                                      : " (each EP rank's experts by slot; contiguous)"));
+    line(out, "expert placement",
+         pl + (older   ? " (EP rank of each logical expert)"
+               : moved ? " (each EP rank's experts by slot; moved by migration)"
+                       : " (each EP rank's experts by slot; contiguous)"));
   }
   describe_config(out, c);
   // Tensors from the shards (the manifest's sizes are checked on open; checksums are not read:
@@ -224,8 +226,9 @@ std::string inspect_checkpoint(const std::string& dir) {
       ~Closer() { ::close(fd); }
     } closer{fd};
     const io::SafetensorsFile f = io::SafetensorsFile::from_fd(fd, dir + "/" + shard);
-    line(out, "shard", str_cat(shard, "  ", mb(static_cast<double>(info.bytes)), "  fnv1a64 ", info.fnv1a64, "  ",
-                               f.tensors().size(), " tensors"));
+    line(out, "shard",
+         str_cat(shard, "  ", mb(static_cast<double>(info.bytes)), "  fnv1a64 ", info.fnv1a64, "  ",
+                 f.tensors().size(), " tensors"));
     bytes += info.bytes;
     for (const io::TensorInfo& t : f.tensors())
       (t.name.rfind("adam_m.", 0) == 0 || t.name.rfind("adam_v.", 0) == 0 ? moments : weights).push_back(t);
@@ -242,9 +245,10 @@ std::string inspect_checkpoint(const std::string& dir) {
       auto it = shapes.find(pre + w.name);
       if (it == shapes.end() || it->second != w.shape) ++missing;
     }
-  line(out, "optimizer state", missing == 0 && moments.size() == 2 * weights.size()
-                                   ? "AdamW adam_m and adam_v of every weight, same shapes"
-                                   : str_cat(moments.size(), " AdamW tensors; ", missing, " weight moment(s) missing or of another shape"));
+  line(out, "optimizer state",
+       missing == 0 && moments.size() == 2 * weights.size()
+           ? "AdamW adam_m and adam_v of every weight, same shapes"
+           : str_cat(moments.size(), " AdamW tensors; ", missing, " weight moment(s) missing or of another shape"));
   line(out, "on disk", str_cat(m.shards.size(), " shard(s), ", mb(static_cast<double>(bytes))));
   return out + "tensors (weights; the routed experts of a layer on one line):\n" + list;
 }
@@ -281,8 +285,8 @@ std::string inspect_model_folder(const std::string& dir, const std::vector<std::
   }
   long long numel = 0;
   const std::string list = list_tensors(all, &numel);
-  line(out, "weights", str_cat(all.size(), " tensors, ", commas(numel), " parameters", against_config(numel, c), ", ",
-                               mb(bytes)));
+  line(out, "weights",
+       str_cat(all.size(), " tensors, ", commas(numel), " parameters", against_config(numel, c), ", ", mb(bytes)));
   return out + "tensors (the routed experts of a layer on one line):\n" + list;
 }
 
@@ -302,12 +306,14 @@ std::string inspect_byte_corpus(const std::string& path) {
   const io::ByteCorpus c = io::ByteCorpus::load(path);
   std::string out;
   line(out, "byte corpus", str_cat(path, " (text read as bytes: tokens 0..255, vocab ", io::ByteCorpus::kVocabSize, ")"));
-  line(out, "tokens", str_cat(commas(static_cast<long long>(c.size_bytes())), " (training ",
-                              commas(static_cast<long long>(c.num_tokens(io::Split::kTrain))), ", validation ",
-                              commas(static_cast<long long>(c.num_tokens(io::Split::kVal))), ")"));
-  line(out, "split", str_cat("blocks of ", commas(static_cast<long long>(c.block_bytes())), " bytes, every ",
-                             io::ByteCorpus::kValEvery, "th held out: ", c.segments(io::Split::kTrain).size(),
-                             " training and ", c.segments(io::Split::kVal).size(), " validation segment(s)"));
+  line(out, "tokens",
+       str_cat(commas(static_cast<long long>(c.size_bytes())), " (training ",
+               commas(static_cast<long long>(c.num_tokens(io::Split::kTrain))), ", validation ",
+               commas(static_cast<long long>(c.num_tokens(io::Split::kVal))), ")"));
+  line(out, "split",
+       str_cat("blocks of ", commas(static_cast<long long>(c.block_bytes())), " bytes, every ",
+               io::ByteCorpus::kValEvery, "th held out: ", c.segments(io::Split::kTrain).size(), " training and ",
+               c.segments(io::Split::kVal).size(), " validation segment(s)"));
   line(out, "documents", "none marked (one stream of bytes; windows never cross a split's segment)");
   return out;
 }
@@ -326,9 +332,9 @@ std::string inspect_indexed(const std::string& prefix) {
     hi = std::max(hi, n);
   }
   line(out, "documents", commas(static_cast<long long>(d.num_documents())));
-  line(out, "sequences", str_cat(commas(static_cast<long long>(d.num_sequences())), d.num_sequences() > 0
-                                     ? str_cat(" (", lo, " to ", hi, " tokens, mean ",
-                                               tokens / d.num_sequences(), ")")
+  line(out, "sequences",
+       str_cat(commas(static_cast<long long>(d.num_sequences())),
+               d.num_sequences() > 0 ? str_cat(" (", lo, " to ", hi, " tokens, mean ", tokens / d.num_sequences(), ")")
                                      : std::string()));
   line(out, "tokens", commas(static_cast<long long>(tokens)));
   return out;

@@ -522,10 +522,11 @@ void section_balance(Page& pg, const Run& run, const std::vector<const Rec*>& rs
   svg::Axes a{"EP-rank load imbalance per MoE layer (busiest rank / mean; 1 = balanced)", "step", "max / mean"};
   a.y_from_zero = true;
   pg.plot(svg::line_chart(a, ss));
-  pg.p(svg::escape(str_cat(with.size(), " step(s) with EP-rank loads, ", R, " EP rank(s); tokens per rank under "
-                           "each step's placement (the global batch's, summed over the data-parallel groups).")));
-  pg.table({"MoE layer", "imbalance, first step", "last step", "mean", "max", "mean tokens per EP rank",
-            "migrations"}, rows);
+  pg.p(svg::escape(str_cat(with.size(), " step(s) with EP-rank loads, ", R,
+                           " EP rank(s); tokens per rank under each step's placement (the global batch's, summed over "
+                           "the data-parallel groups).")));
+  pg.table({"MoE layer", "imbalance, first step", "last step", "mean", "max", "mean tokens per EP rank", "migrations"},
+           rows);
 }
 
 void section_migrations(Page& pg, const Run& run) {

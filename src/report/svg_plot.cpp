@@ -73,8 +73,8 @@ struct Frame {
 std::string open_svg(const Axes& a) {
   return str_cat("<svg class=\"plot\" xmlns=\"http://www.w3.org/2000/svg\" width=\"", a.width, "\" height=\"",
                  a.height, "\" viewBox=\"0 0 ", a.width, " ", a.height,
-                 "\" font-family=\"sans-serif\" font-size=\"11\">\n<text x=\"", kLeft, "\" y=\"18\" font-size=\"13\" "
-                 "font-weight=\"bold\">", escape(a.title), "</text>\n");
+                 "\" font-family=\"sans-serif\" font-size=\"11\">\n<text x=\"", kLeft,
+                 "\" y=\"18\" font-size=\"13\" font-weight=\"bold\">", escape(a.title), "</text>\n");
 }
 
 // Axes, grid lines, tick labels and axis labels of a frame (x ticks optional: bars label groups).

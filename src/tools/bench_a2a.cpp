@@ -267,12 +267,14 @@ std::string a2a_bench_json(const A2aBenchResult& r) {
   j["topology"] = r.topology;
   std::vector<std::string> algos;
   for (A2a a : o.algorithms) algos.push_back(name(a));
+  // clang-format off
   j["options"] = {{"min_bytes", o.min_bytes}, {"max_bytes", o.max_bytes}, {"factor", o.factor},
                   {"hidden", o.hidden},       {"experts", o.experts},     {"topk", o.topk},
                   {"algorithms", algos},      {"routing", o.routing},     {"topk_group", o.topk_group},
                   {"iters", o.iters},
                   {"warmup", o.warmup},       {"seed", o.seed},
                   {"check_rows", o.check_rows}};
+  // clang-format on
   nlohmann::json rows = nlohmann::json::array();
   for (const A2aBenchRow& x : r.rows)
     rows.push_back({{"size", x.size},

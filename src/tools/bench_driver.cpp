@@ -41,7 +41,11 @@ int64_t parse_size(const std::string& flag, const std::string& v) {
     throw Error(str_cat(flag, ": '", v, "' is not a size (e.g. 4096, 64K, 8M)"));
   }
   const std::string unit = v.substr(pos);
-  const double mult = unit.empty() ? 1 : unit == "K" ? 1024.0 : unit == "M" ? 1048576.0 : unit == "G" ? 1073741824.0 : -1;
+  const double mult = unit.empty()  ? 1
+                      : unit == "K" ? 1024.0
+                      : unit == "M" ? 1048576.0
+                      : unit == "G" ? 1073741824.0
+                                    : -1;
   MOE_CHECK(mult > 0 && std::isfinite(x) && x > 0, flag, ": '", v, "' is not a size (e.g. 4096, 64K, 8M)");
   MOE_CHECK(x * mult <= 1099511627776.0, flag, ": '", v, "' is beyond 1 TB per rank");
   return static_cast<int64_t>(x * mult);

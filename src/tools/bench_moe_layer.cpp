@@ -179,10 +179,12 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
   BenchData d, dev;  // host data (and the naive check's inputs); its device copy on a GPU
   make_bench_data(opts, on_gpu, d, dev);
   BenchData& run = on_gpu ? dev : d;  // what the layer reads and writes
+  // clang-format off
   MoeWeights w{run.gate.data(), {run.eg.data(), run.eu.data(), run.ed.data()},
                {run.sg.data(), run.su.data(), run.sd.data()}};
   MoeGrads g{run.dgate.data(), {run.deg.data(), run.deu.data(), run.ded.data()},
              {run.dsg.data(), run.dsu.data(), run.dsd.data()}};
+  // clang-format on
   Buffer<float> y(static_cast<size_t>(T) * H, nullptr, opts.device);
 
   for (bool padded : {false, true}) {
@@ -203,9 +205,11 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opts) {
       double t0 = now_seconds();
       // bf16 on the CPU: the weights converted once per forward + backward (timed, in forward),
       // as the trainer does once per step.
+      // clang-format off
       kernels::Bf16WeightScope bf16_weights({{run.gate.data(), run.gate.size()}, {run.eg.data(), EFH},
                                              {run.eu.data(), EFH}, {run.ed.data(), EFH},
                                              {run.sg.data(), FsH}, {run.su.data(), FsH}, {run.sd.data(), FsH}});
+      // clang-format on
       moe_forward(y.data(), act, run.x.data(), w, cfg, T, 1, &tracker);
       kernels::device_synchronize();
       double t1 = now_seconds();
@@ -365,6 +369,7 @@ std::string moe_bench_json(const MoeBenchResult& r) {
   const MoeBenchOptions& o = r.opts;
   nlohmann::json j;
   j["bench"] = "moe-layer";
+  // clang-format off
   j["options"] = {{"tokens", o.tokens},       {"hidden", o.hidden},
                   {"experts", o.experts},     {"topk", o.topk},
                   {"ffn", o.ffn},             {"capacity_factor", o.capacity_factor},
@@ -372,6 +377,7 @@ std::string moe_bench_json(const MoeBenchResult& r) {
                   {"shared", o.shared},       {"warmup", o.warmup},
                   {"iters", o.iters},         {"seed", o.seed},
                   {"device", name(o.device)}, {"precision", name(o.precision)}};
+  // clang-format on
   j["blas_n"] = r.blas_n;  // CPU: the largest of the peak's sizes (kernels/peak_rate.h)
   j["peak_precision"] = name(o.device == Device::kCuda ? o.precision : Precision::kFp32);
   j["blas_gflops_1024"] = r.blas_gflops_1024;

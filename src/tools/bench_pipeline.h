@@ -40,7 +40,8 @@ struct PipelineBenchRow {
   double bubble_theory = 0;    // (PP − 1)/(M + PP − 1)
   double ratio = 0;            // bubble / bubble_theory (0 when theory is 0)
   std::vector<int> max_in_flight;          // [pp]
-  std::vector<double> compute_ms, wait_ms, total_ms;  // [pp] of the reported iteration
+  // [pp] of the reported iteration
+  std::vector<double> compute_ms, wait_ms, total_ms;
   std::vector<int64_t> comm_bytes;         // [pp]
   int64_t wrong = 0;           // received elements unlike the neighbour's stamp (all steps)
 };

@@ -99,10 +99,12 @@ plan::AttentionTable measure_attention(bool quick) {
       fill(dout, 6);
       const double min_s = quick ? 0.002 : 0.01;
       const double f = per_call([&] { kernels::attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), 1, T, nh, D); }, min_s) / nh;
+      // clang-format off
       const double b = per_call([&] {
         kernels::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
                                     v.data(), att.data(), 1, T, nh, D, scratch.data());
       }, min_s) / nh;
+      // clang-format on
       t.fwd_gflops.push_back(4.0 * Td * Td * hd / f * 1e-9);
       t.bwd_gflops.push_back(8.0 * Td * Td * hd / b * 1e-9);
     }
@@ -291,12 +293,14 @@ double measure_optimizer(bool quick) {
   hp.weight_decay = 0.1f;
   int step = 0;
   // What a step does per parameter: zero the gradients, take their norm, update.
+  // clang-format off
   return per_call([&] {
     std::memset(g.data(), 0, n * sizeof(float));
     volatile double s = kernels::sum_squares(g.data(), n);
     (void)s;
     kernels::adamw_update(p.data(), g.data(), m.data(), v.data(), n, hp, ++step, 1.0f);
   }, quick ? 0.005 : 0.05) / static_cast<double>(n);
+  // clang-format on
 }
 
 double measure_mem_bandwidth() {

@@ -9,6 +9,7 @@ MfuPeak MfuPeak::find(const DeviceOptions& device, const RunSetup& setup) {
   MfuPeak p;
   p.precision = name(setup.precision);
   p.source = device.peak_gflops > 0 ? "--peak-gflops" : "measured";
+  // clang-format off
   if (device.peak_gflops > 0)
     p.gflops = device.peak_gflops;
   else
@@ -21,6 +22,7 @@ MfuPeak MfuPeak::find(const DeviceOptions& device, const RunSetup& setup) {
     p.gflops = setup.precision == Precision::kBf16 ? setup.auto_bf16_peak : setup.auto_fp32_peak;
   else
     p.gflops = kernels::measure_peak_gflops(setup.precision);
+  // clang-format on
   return p;
 }
 

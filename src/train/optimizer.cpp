@@ -66,7 +66,7 @@ double AdamW::step(float* params, const float* grads, int s) {
   double sq_replicated = 0.0, sq_experts = 0.0, sq_split = 0.0;
   for_each_owned(layout_, owned_, [&](size_t lo, size_t hi, size_t, const model::ParamSpec& p) {
     if (p.tied_copy) return;  // the first stage counts it
-    (p.is_expert ? sq_experts : p.tp_dim >= 0 ? sq_split : sq_replicated) +=
+    (p.is_expert ? sq_experts : (p.tp_dim >= 0 ? sq_split : sq_replicated)) +=
         kernels::sum_squares(grads + lo, hi - lo);
   });
   const double norm = std::sqrt(reduce_sq_ ? reduce_sq_(sq_replicated, sq_experts, sq_split)

@@ -39,6 +39,7 @@ double parse_duration_s(const std::string& text, const char* flag) {
 void validate_options(const TrainOptions& o) {
   auto finite = [](double v) { return std::isfinite(v); };
   // Every number's own range, from the one table (train/value_ranges.h); then what ties flags.
+  // clang-format off
   const std::pair<const char*, double> values[] = {
       {"--steps", o.steps}, {"--batch", o.data.batch}, {"--seq-len", o.data.seq_len},
       {"--threads", o.device.threads}, {"--peak-gflops", o.device.peak_gflops},
@@ -52,6 +53,7 @@ void validate_options(const TrainOptions& o) {
       {"--comm.timeout", o.faults.comm_timeout_s}, {"--topo.ranks-per-node", o.parallel.topo_ranks_per_node},
       {"--topo.nodes-per-group", o.parallel.topo_nodes_per_group}, {"--pp", o.parallel.dims.pp},
       {"--dp", o.parallel.dims.dp}, {"--ep", o.parallel.dims.ep}, {"--tp", o.parallel.dims.tp}};
+  // clang-format on
   for (const auto& [name, v] : values) check_value(name, v);
   for (int s : o.faults.nan_steps) check_value("--fault.nan-steps", s);
   for (int s : o.faults.inf_weight_steps) check_value("--fault.inf-weight-steps", s);
@@ -59,9 +61,9 @@ void validate_options(const TrainOptions& o) {
   if (o.balance.bias_rate) check_value("--balance.bias-rate", *o.balance.bias_rate);
   MOE_CHECK(o.time_budget_s == 0 || (finite(o.time_budget_s) && o.time_budget_s > 0 && o.time_budget_s <= 1e7),
             "--time-budget must be more than 0 and at most 1e7 seconds, got ", o.time_budget_s);
-  MOE_CHECK(o.time_budget_s == 0 || o.optim.warmup_steps >= kTimeBudgetMinWarmup, "--time-budget chooses the "
-            "step count from the warm-up steps' time (their learning rates do not depend on it), so it needs "
-            "--warmup >= ", kTimeBudgetMinWarmup, ", got ", o.optim.warmup_steps);
+  MOE_CHECK(o.time_budget_s == 0 || o.optim.warmup_steps >= kTimeBudgetMinWarmup,
+            "--time-budget chooses the step count from the warm-up steps' time (their learning rates do not depend "
+            "on it), so it needs --warmup >= ", kTimeBudgetMinWarmup, ", got ", o.optim.warmup_steps);
   const OptimConfig& c = o.optim;
   MOE_CHECK(c.min_lr <= c.lr, "--min-lr ", c.min_lr, " is above --lr ", c.lr,
             " (the cosine schedule decays from --lr to --min-lr)");

@@ -46,6 +46,7 @@ void print_run_header(const TrainOptions& opts, const RunSetup& setup, const par
     std::fprintf(stderr, "moetrain: --comm.overlap: %s\n", why);
   }
   if (!opts.device.precision)
+    // clang-format off
     std::fprintf(stderr, "moetrain: --precision auto: %s (%s)\n", name(setup.precision),
                  setup.auto_fp32_peak > 0
                      ? str_cat("bf16 peak ", static_cast<int>(setup.auto_bf16_peak), " against fp32 ",
@@ -53,6 +54,7 @@ void print_run_header(const TrainOptions& opts, const RunSetup& setup, const par
                                kAutoBf16MinGain, "x on every rank").c_str()
                      : cuda ? "auto picks bf16 only on a CPU; ask for --precision bf16 on CUDA"
                             : str_cat("no bf16 GEMM here: ", kernels::bf16_cpu_unavailable_reason()).c_str());
+  // clang-format on
 }
 
 void print_progress(const ProgressLine& p, bool tty) {

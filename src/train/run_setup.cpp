@@ -133,7 +133,8 @@ void check_options_and_model(const TrainOptions& opts, RunSetup& r, bool indexed
                                          : model::load_config(opts.model.config_path);
   MOE_CHECK(opts.data.seq_len <= cfg.max_position_embeddings, "--seq-len ", opts.data.seq_len,
             " exceeds the model's max_position_embeddings ", cfg.max_position_embeddings);
-  if (opts.model.vocab_size > 0) cfg.vocab_size = opts.model.vocab_size;  // --vocab-size: a tokenized dataset's
+  // --vocab-size: a tokenized dataset's
+  if (opts.model.vocab_size > 0) cfg.vocab_size = opts.model.vocab_size;
   static_cast<void>(ScoreBias(cfg, opts.balance.bias_rate));  // --balance.bias-rate against the model, before any output
   // Byte-level text needs the 256 byte ids; an indexed dataset's ids are checked when it loads.
   MOE_CHECK(indexed || cfg.vocab_size >= 256, "byte-level data needs vocab_size >= 256, the config has ",
@@ -240,8 +241,8 @@ void take_output_folders(const TrainOptions& opts, RunSetup& r, const std::strin
   check_output_dir(ckpt_dir, opts.checkpoint.dir.empty() ? "--out (its checkpoints folder)" : "--checkpoint.dir");
   std::error_code ec;
   if (!fs::equivalent(ckpt_dir, opts.out_dir, ec))
-    r.ckpt_lock = DirLock::acquire(ckpt_dir, opts.checkpoint.dir.empty() ? "--out (its checkpoints folder)"
-                                                                        : "--checkpoint.dir", what);
+    r.ckpt_lock = DirLock::acquire(
+        ckpt_dir, opts.checkpoint.dir.empty() ? "--out (its checkpoints folder)" : "--checkpoint.dir", what);
   // Both folders are ours now: a temp file whose writer died (kill -9) is swept, and said.
   for (const std::string& d : {opts.out_dir, ckpt_dir})
     for (const std::string& line : sweep_stale_temp_files(d))

@@ -85,8 +85,9 @@ void ScoreBias::load_tensors(const std::function<bool(const std::string&, float*
                              const std::string& where) {
   for (size_t i = 0; i < layers_.size(); ++i) {
     const std::string name = model::score_bias_name(layers_[i]);
-    MOE_CHECK(read(name, bias_.data() + i * E_), where, ": tensor \"", name, "\" is missing (the noaux_tc "
-              "router's selection bias: without it the model routes differently than it trained)");
+    MOE_CHECK(read(name, bias_.data() + i * E_), where, ": tensor \"", name,
+              "\" is missing (the noaux_tc router's selection bias: without it the model routes differently than it "
+              "trained)");
     for (int e = 0; e < E_; ++e)
       check_value("router_bias value", bias_[i * E_ + e], str_cat(where, ": ", name, "[", e, "]"));
   }

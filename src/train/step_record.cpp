@@ -33,15 +33,19 @@ json to_json(const StepRecord& r) {
             {"tokens", static_cast<long long>(r.tokens)},
             {"tokens_per_s", r.tokens_per_s},
             {"mfu", r.mfu},
+            // clang-format off
             {"mfu_peak", {{"gflops", r.mfu_peak.gflops}, {"precision", r.mfu_peak.precision},
                           {"source", r.mfu_peak.source}}},
+            // clang-format on
             {"step_time_s", r.step_time_s},
             {"elapsed_s", r.elapsed_s},
             {"bubble_fraction", r.bubble_fraction},
+            // clang-format off
             {"time_s",
              {{"pipeline", r.time_s.pipeline}, {"compute", r.time_s.compute}, {"bubble", r.time_s.bubble},
               {"grad_sync", r.time_s.grad_sync}, {"optimizer", r.time_s.optimizer},
               {"all_to_all", r.time_s.all_to_all}}},
+            // clang-format on
             {"a2a_rank_s", r.a2a_rank_s},
             {"ranks_per_node", r.ranks_per_node},
             {"a2a_bytes", bytes},
@@ -63,14 +67,19 @@ json to_json(const StepRecord& r) {
   if (r.migration) {
     json layers = json::array();
     for (const MigrationRecord::Layer& l : r.migration->layers)
-      layers.push_back({{"layer", l.layer}, {"swaps", l.swaps}, {"imbalance_before", l.imbalance_before},
+      layers.push_back({{"layer", l.layer},
+                        {"swaps", l.swaps},
+                        {"imbalance_before", l.imbalance_before},
                         {"imbalance_after", l.imbalance_after}});
     j["migration"] = {{"layers", layers}, {"bytes_moved", r.migration->bytes_moved}, {"seconds", r.migration->seconds}};
   }
   if (r.time_budget) {
     const TimeBudgetRecord& b = *r.time_budget;
-    j["time_budget"] = {{"budget_s", b.budget_s}, {"step_time_s", b.step_time_s}, {"timed_steps", b.timed_steps},
-                        {"spent_s", b.spent_s}, {"steps", b.steps}};
+    j["time_budget"] = {{"budget_s", b.budget_s},
+                        {"step_time_s", b.step_time_s},
+                        {"timed_steps", b.timed_steps},
+                        {"spent_s", b.spent_s},
+                        {"steps", b.steps}};
   }
   if (!std::isnan(r.val_loss)) j["val_loss"] = r.val_loss;
   if (!std::isnan(r.val_loss_nats_per_byte)) j["val_loss_nats_per_byte"] = r.val_loss_nats_per_byte;

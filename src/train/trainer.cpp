@@ -149,9 +149,13 @@ Trainer::Trainer(const TrainOptions& opts, RunSetup& setup)
   oc.total_steps = budget_.total_steps();
   optim_ = make_run_optimizer(model, oc, grid_, opts.parallel.zero1);
   pipe_mem_ = std::make_unique<MemTracker>(&model.total_memory());
-  nlohmann::json parallel_json = {{"pp", grid_.dims.pp}, {"dp", grid_.dims.dp}, {"ep", grid_.dims.ep},
-                                  {"tp", grid_.dims.tp}, {"layers_per_stage", layers_per_stage_},
-                                  {"micro_batches", M_}, {"a2a", name(setup.a2a)},
+  nlohmann::json parallel_json = {{"pp", grid_.dims.pp},
+                                  {"dp", grid_.dims.dp},
+                                  {"ep", grid_.dims.ep},
+                                  {"tp", grid_.dims.tp},
+                                  {"layers_per_stage", layers_per_stage_},
+                                  {"micro_batches", M_},
+                                  {"a2a", name(setup.a2a)},
                                   {"batch_per_rank", B_}};
   checkpointer_ = std::make_unique<Checkpointer>(grid_, cfg_, setup.ckpt_dir, opts.checkpoint.keep,
                                                  std::move(parallel_json));

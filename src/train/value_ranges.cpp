@@ -13,6 +13,7 @@ namespace {
 constexpr double kMaxSteps = 1e9;       // a billion optimizer steps: centuries of the tiny model
 constexpr double kMaxDegree = 65536;    // ranks along one parallel dimension
 // Below-range wording is what these flags have always said (tests/cli_errors.sh matches it).
+// clang-format off
 const ValueRange kRanges[] = {
     // name                      lo     hi      lo_open zero_ok low                                         high
     {"--steps",                  1,     kMaxSteps, false, false, "positive",                               "a billion steps"},
@@ -59,6 +60,7 @@ const ValueRange kRanges[] = {
     {"field \"time_budget_steps\"", 0,  100'000'000, false, false, "an integer >= 0",                      "the most steps --time-budget chooses"},
     {"router_bias value",        -1e4,  1e4,   false, false, "a finite number >= -10000",                  "a selection bias added to scores in [0, 1]"},
 };
+// clang-format on
 
 std::string number(double v) {
   if (std::isnan(v)) return "nan";

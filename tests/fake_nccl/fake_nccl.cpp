@@ -313,7 +313,7 @@ struct Op {
   cudaStream_t stream;
 };
 const char* op_kind(const Op& o) {
-  return o.kind == Op::kAllReduce ? "ncclAllReduce" : o.kind == Op::kSend ? "ncclSend" : "ncclRecv";
+  return o.kind == Op::kAllReduce ? "ncclAllReduce" : (o.kind == Op::kSend ? "ncclSend" : "ncclRecv");
 }
 
 thread_local int t_depth = 0;                     // ncclGroupStart nesting
@@ -366,8 +366,10 @@ ncclResult_t run_allreduce(const Op& o) {
   const size_t bytes = o.count * type_size(o.type);
   std::vector<uint64_t> host((bytes + 7) / 8);  // 8-byte aligned
   if (ncclResult_t r = cuda_copy(host.data(), o.sbuf, bytes, "ncclAllReduce")) return r;
-  MPI_Op mop = o.red == ncclProd ? MPI_PROD : o.red == ncclMax ? MPI_MAX
-             : o.red == ncclMin ? MPI_MIN : MPI_SUM;  // ncclAvg: a sum, then divided
+  MPI_Op mop = o.red == ncclProd  ? MPI_PROD
+               : o.red == ncclMax ? MPI_MAX
+               : o.red == ncclMin ? MPI_MIN
+                                  : MPI_SUM;  // ncclAvg: a sum, then divided
   const int rc = MPI_Allreduce(MPI_IN_PLACE, host.data(), static_cast<int>(o.count),
                                mpi_type(o.type), mop, c->mpi);
   if (rc != MPI_SUCCESS)

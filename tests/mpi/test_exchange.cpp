@@ -86,9 +86,11 @@ void test_group(const Group& world) {
     }
   CHECK(okf, "alltoallv float");
   CHECK(oki, "alltoallv int32");
+  // clang-format off
   expect_error("alltoallv with short counts", [&] {
     world.alltoallv(fs.data(), std::vector<int>(n + 1), sd, fr.data(), rc, rd);
   }, {"one entry per rank"});
+  // clang-format on
 
   // allreduce / allgather
   float f[2] = {1.0f, static_cast<float>(r)};
@@ -456,8 +458,7 @@ void run_scenario(const std::string& name, const Group& g, const Topology& topo,
                  plan.recv_value[i] == P.value[exp[i].p];
     }
     CHECK(meta_ok, al, "recv_src_rank / recv_tag / recv_value");
-    CHECK(n == 1 || stats.meta_bytes[0] + stats.meta_bytes[1] + stats.meta_bytes[2] +
-                            stats.meta_bytes[3] > 0,
+    CHECK(n == 1 || stats.meta_bytes[0] + stats.meta_bytes[1] + stats.meta_bytes[2] + stats.meta_bytes[3] > 0,
           al, "plan counts metadata bytes");
 
     // multicast
@@ -758,6 +759,7 @@ void test_exchange(const Group& world, const Topology& topo) {
     std::vector<int32_t> rows = {0, 1}, dsts = {std::min(1, n - 1), 0}, tags = {0, 0};
     std::vector<float> vals = {1, 1};
     if (n > 1) {
+      // clang-format off
       expect_error("unsorted dst", [&] {
         if (r == bad) ex.plan(2, 2, rows.data(), dsts.data(), tags.data(), vals.data());
         else ex.plan(0, 0, nullptr, nullptr, nullptr, nullptr);
@@ -774,6 +776,7 @@ void test_exchange(const Group& world, const Topology& topo) {
     expect_error("src_row out of range", [&] {
       ex.plan(2, 1, big_row.data(), zero.data(), tags.data(), vals.data());
     }, {"src_row[0] = 7", "[0, 2)"});
+    // clang-format on
     expect_error("unknown algorithm", [] { parse_a2a("ring", "--a2a"); }, {"'ring'"});
     // a plan of one algorithm is refused by another
     ExchangePlan p = ex.plan(1, 1, zero.data(), zero.data(), tags.data(), vals.data());

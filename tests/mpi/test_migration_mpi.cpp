@@ -66,7 +66,7 @@ void run(const comm::Group& ep) {
   const balance::Placement from = model.placement();
   auto slot_ptr = [&](int b, int l, int p, int s) {
     const model::LayerTensors& W = model.weights().layers[l];
-    const float* base = p == 0 ? W.experts_gate : p == 1 ? W.experts_up : W.experts_down;
+    const float* base = p == 0 ? W.experts_gate : (p == 1 ? W.experts_up : W.experts_down);
     return blocks[b] + (base - model.params()) + static_cast<size_t>(s) * FH;
   };
   std::vector<int> moe_layers;
@@ -103,7 +103,7 @@ void run(const comm::Group& ep) {
           if (bad && first_wrong_layer < 0) first_wrong_layer = l;
           wrong += bad;
           CHECK(bad == 0, "layer ", l, " slot ", s, " (expert ", e, ", from rank ", from.layers[l].rank_of(e),
-                " slot ", from.layers[l].slot_of(e), ") ", b == 0 ? "weights" : b == 1 ? "AdamW m" : "AdamW v",
+                " slot ", from.layers[l].slot_of(e), ") ", b == 0 ? "weights" : (b == 1 ? "AdamW m" : "AdamW v"),
                 " projection ", p, ": ", bad, " of ", FH, " floats are not that expert's (first: ",
                 x[0], ", expected ", stamp(b, e, p, 0), ")");
         }

@@ -47,7 +47,7 @@ bool supported(cudaDataType_t a, cudaDataType_t b, cudaDataType_t c, cublasCompu
 
 size_t type_bytes(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
 const char* type_name(cudaDataType_t t) {
-  return t == CUDA_R_32F ? "CUDA_R_32F" : t == CUDA_R_16BF ? "CUDA_R_16BF" : "another type";
+  return t == CUDA_R_32F ? "CUDA_R_32F" : (t == CUDA_R_16BF ? "CUDA_R_16BF" : "another type");
 }
 
 struct Gemm {

@@ -77,6 +77,7 @@ std::string step_json(const StepResult& r) {
   j["tokens_per_rank"] = static_cast<double>(sp.shape.global_batch) * sp.shape.seq_len / r.ranks;
   j["micro_batch_tokens"] = sp.rank.tokens;
   j["msg_overhead_us"] = r.overhead_us;
+  // clang-format off
   j["simulated"] = {{"step_s", t.step},           {"compute_s", t.compute},     {"a2a_s", t.a2a},
                     {"p2p_wait_s", t.p2p},        {"allreduce_s", t.allreduce}, {"optimizer_s", t.optimizer},
                     {"slowest_rank", r.slowest_rank}, {"tokens_per_s", r.tokens_per_s}};
@@ -84,6 +85,7 @@ std::string step_json(const StepResult& r) {
                     {"p2p_s", p.p2p},             {"bubble_s", p.bubble},       {"allreduce_s", p.allreduce},
                     {"optimizer_s", p.optimizer}, {"tokens_per_s", p.tokens_per_s},
                     {"allreduce_stage_s", r.grad_predicted_s}, {"compute_stage_s", r.compute_predicted_s}};
+  // clang-format on
   j["exchanges"] = r.exchanges;
   j["wrong"] = r.wrong;
   return j.dump(2);
