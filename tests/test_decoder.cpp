@@ -127,7 +127,7 @@ TEST(Decoder, RefusesToOverflowTheCacheAndSecondPrefills) {
 TEST(Sampler, GreedyTopKAndSeeds) {
   Rng rng(0);
   const std::vector<float> l = {0.5f, 2.0f, 2.0f, -1.0f, 1.9f};
-  EXPECT_EQ(train::sample_token(l, 0.0f, 0, rng), 1);  // argmax, the lower id on a tie
+  EXPECT_EQ(train::sample_token(l, 0.0f, 0, rng), 1);                               // argmax, the lower id on a tie
   for (int i = 0; i < 50; ++i) EXPECT_EQ(train::sample_token(l, 5.0f, 1, rng), 1);  // top-1 = greedy
   std::set<int32_t> seen;
   for (int i = 0; i < 400; ++i) seen.insert(train::sample_token(l, 100.0f, 3, rng));

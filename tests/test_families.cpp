@@ -109,7 +109,7 @@ TEST(Families, PublishedConfigsReadAndWriteBackWithTheirNames) {
   EXPECT_EQ(q2.shared_ffn(), 20480);
   EXPECT_TRUE(q2.qkv_bias() && q2.gated_shared_expert() && !q2.qk_norm());
   EXPECT_EQ(q2.kv_heads(), 4);
-  EXPECT_EQ(model::attention_window(q2), 0);  // sliding_window set, use_sliding_window false
+  EXPECT_EQ(model::attention_window(q2), 0);                    // sliding_window set, use_sliding_window false
   EXPECT_NEAR(model::count_params(q2).total / 1e9, 57.4, 0.1);  // Qwen2-57B-A14B
   EXPECT_NEAR(model::count_params(q2).active / 1e9, 14.2, 0.1);
   std::vector<std::string> q2_fields = kCommon;

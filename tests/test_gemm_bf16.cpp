@@ -163,7 +163,8 @@ TEST(GemmBf16Cpu, InputScopeConvertsOnceAndIsNeverStale) {
     EXPECT_EQ(three(), per_gemm);
     EXPECT_EQ(bf16_input_conversions(), before + 1) << "the input was not converted exactly once";
     EXPECT_THROW(gemm(false, true, T, in, in, 1.0f, x.data(), 0, x.data(), 0, 0.0f, x.data(), 0),
-                 std::exception) << "a GEMM wrote into an input the scope holds";
+                 std::exception)
+        << "a GEMM wrote into an input the scope holds";
     {
       const Bf16InputScope inner(dy.data(), dy.size());  // nested: both copies are read
       EXPECT_EQ(three(), per_gemm);
@@ -179,9 +180,9 @@ TEST(GemmBf16Cpu, InputScopeConvertsOnceAndIsNeverStale) {
 TEST(GemmBf16Cpu, RoundToNearestEven) {
   // bf16 keeps 7 mantissa bits: one ulp at 1 is 1/128 = 4/512.
   EXPECT_EQ(round_to_bf16(1.0f), 1.0f);
-  EXPECT_EQ(round_to_bf16(1.0f + 1.0f / 512), 1.0f);              // below half an ulp: down
+  EXPECT_EQ(round_to_bf16(1.0f + 1.0f / 512), 1.0f);               // below half an ulp: down
   EXPECT_EQ(round_to_bf16(1.0f + 3.0f / 512), 1.0f + 4.0f / 512);  // above half: up
-  EXPECT_EQ(round_to_bf16(1.0f + 2.0f / 512), 1.0f);              // tie: to even (down)
+  EXPECT_EQ(round_to_bf16(1.0f + 2.0f / 512), 1.0f);               // tie: to even (down)
   EXPECT_EQ(round_to_bf16(1.0f + 6.0f / 512), 1.0f + 8.0f / 512);  // tie: to even (up)
   EXPECT_EQ(round_to_bf16(-1.0f - 3.0f / 512), -1.0f - 4.0f / 512);
   EXPECT_TRUE(std::isinf(round_to_bf16(INFINITY)));

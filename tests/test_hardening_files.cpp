@@ -38,10 +38,10 @@ std::string fresh_dir(const std::string& name) { return moe::test_util::fresh_sc
 
 using moe::test_util::error_of;
 
-#define EXPECT_ERROR_HAS(expr, text)                                                     \
-  do {                                                                                   \
-    const std::string err_ = error_of([&] { (void)(expr); });                            \
-    EXPECT_NE(err_.find(text), std::string::npos) << "error: '" << err_ << "'";          \
+#define EXPECT_ERROR_HAS(expr, text)                                            \
+  do {                                                                          \
+    const std::string err_ = error_of([&] { (void)(expr); });                   \
+    EXPECT_NE(err_.find(text), std::string::npos) << "error: '" << err_ << "'"; \
   } while (0)
 
 TEST(CheckedMath, DetectsOverflow) {

@@ -230,8 +230,8 @@ TEST(Rope, YarnTableMatchesFormula) {
       EXPECT_NEAR(t.cos[p * t.half + i], std::cos(p * f) * amp, 1e-6) << "p=" << p << " i=" << i;
       EXPECT_NEAR(t.sin[p * t.half + i], std::sin(p * f) * amp, 1e-6) << "p=" << p << " i=" << i;
     }
-  EXPECT_GT(low, 0.0);                  // the ramp starts inside the dimensions...
-  EXPECT_LT(high, d / 2 - 1.0);         // ...and ends inside them: both regimes are tested
+  EXPECT_GT(low, 0.0);           // the ramp starts inside the dimensions...
+  EXPECT_LT(high, d / 2 - 1.0);  // ...and ends inside them: both regimes are tested
 }
 
 // MLA's head assembly (layout against naive loops, backward against finite differences) is in

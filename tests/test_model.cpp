@@ -304,18 +304,18 @@ TEST(Model, MemorySizeFunctionsMatchTheAllocations) {
   // test-v3's multi-token-prediction module on the head stage; test-qwen3moe: QK-norm's kept q, k;
   // test-qwen2moe: the gated shared expert's output and gate.
   for (const char* preset : {"test-moe", "test-mla", "test-mla-noq", "test-v3", "test-qwen2moe", "test-qwen3moe"}) {
-  model::ModelConfig c = model::preset(preset);
-  const int B = 2, T = 16;
-  auto tok = random_tokens(B, T, 256, 3);
-  for (Recompute rc : {Recompute::kNone, Recompute::kMoe, Recompute::kFull}) {
-    model::Model m(c, {}, nullptr, {}, rc);
-    m.init_weights(1);
-    m.forward(tok.data(), B, T);
-    size_t elems = model::head_kept_elems(c, B, T);
-    for (int l = 0; l < c.num_hidden_layers; ++l)
-      elems += model::layer_kept_elems(c, l, B, T, static_cast<size_t>(B) * T * c.num_experts_per_tok, rc);
-    EXPECT_EQ(m.activation_memory().peak(), 4 * elems) << preset << " " << rc;
-    m.backward();
-  }
+    model::ModelConfig c = model::preset(preset);
+    const int B = 2, T = 16;
+    auto tok = random_tokens(B, T, 256, 3);
+    for (Recompute rc : {Recompute::kNone, Recompute::kMoe, Recompute::kFull}) {
+      model::Model m(c, {}, nullptr, {}, rc);
+      m.init_weights(1);
+      m.forward(tok.data(), B, T);
+      size_t elems = model::head_kept_elems(c, B, T);
+      for (int l = 0; l < c.num_hidden_layers; ++l)
+        elems += model::layer_kept_elems(c, l, B, T, static_cast<size_t>(B) * T * c.num_experts_per_tok, rc);
+      EXPECT_EQ(m.activation_memory().peak(), 4 * elems) << preset << " " << rc;
+      m.backward();
+    }
   }
 }

@@ -106,8 +106,8 @@ TEST(MoeLayout, CapacityDropKeepsFirstPairsInTokenOrder) {
 TEST(MoeLayout, CapacityFormula) {
   EXPECT_EQ(expert_capacity(4096, 6, 64, 1.0f), 384);
   EXPECT_EQ(expert_capacity(4096, 6, 64, 1.25f), 480);
-  EXPECT_EQ(expert_capacity(10, 1, 8, 1.0f), 4);      // min_capacity
-  EXPECT_EQ(expert_capacity(10, 2, 2, 100.0f), 10);   // never more than T
+  EXPECT_EQ(expert_capacity(10, 1, 8, 1.0f), 4);     // min_capacity
+  EXPECT_EQ(expert_capacity(10, 2, 2, 100.0f), 10);  // never more than T
   EXPECT_THROW(expert_capacity(10, 2, 2, 0.0f), moe::Error);
   IVec bad = {0, 3};
   EXPECT_THROW(build_dispatch_layout(bad.data(), 2, 1, 3), moe::Error);

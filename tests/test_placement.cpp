@@ -142,7 +142,7 @@ TEST(HillClimb, MatchesTheNaiveRuleAndNeverRaisesTheMaximum) {
     const int ep = 2 + static_cast<int>(rng.below(4)), per = 1 + static_cast<int>(rng.below(6));
     std::vector<double> load(ep * per);
     for (double& x : load) x = static_cast<double>(rng.below(trial % 2 ? 50 : 5000));  // ties at % 2
-    if (trial % 3 == 0) load[0] *= 20;  // one hot expert
+    if (trial % 3 == 0) load[0] *= 20;                                                 // one hot expert
     LayerPlacement p = LayerPlacement::contiguous(ep * per, ep);
     const double before = balance::imbalance(p, load);
     const auto want = naive_climb(p, load, 100);

@@ -193,7 +193,7 @@ TEST(PlanLayout, SchedulesAndBuffersFollowThePipelineExecutor) {
 }
 
 TEST(PlanConstraints, EachConstraintRefusesWhatItShould) {
-  const plan::PlanModel m = plan::plan_preset("xmoe-super");  // E = 256, L = 61
+  const plan::PlanModel m = plan::plan_preset("xmoe-super");        // E = 256, L = 61
   const plan::ClusterProfile f = plan::cluster_preset("frontier");  // fast domain 4 nodes x 8
   const plan::TrainShape s{4096, 1024, Precision::kBf16};
   auto check = [&](plan::Layout l, std::string* kind) { return plan::check_layout(m, f, l, s, kind); };
@@ -440,19 +440,21 @@ TEST(PlanTables, InterpolateInLogSpaceAndClamp) {
   t.k = {32};
   t.gflops = {10, 40};
   EXPECT_NEAR(t.gflops_at(16, 32, 32), 10, 1e-9);
-  EXPECT_NEAR(t.gflops_at(32, 32, 32), 20, 1e-9);   // halfway in log2(m): geometric mean
-  EXPECT_NEAR(t.gflops_at(1e6, 1, 1), 40, 1e-9);    // clamped
+  EXPECT_NEAR(t.gflops_at(32, 32, 32), 20, 1e-9);  // halfway in log2(m): geometric mean
+  EXPECT_NEAR(t.gflops_at(1e6, 1, 1), 40, 1e-9);   // clamped
   plan::Table1D c{{1e3, 1e6}, {1e-5, 1e-3}};
-  EXPECT_NEAR(c.time_at(2e6), 2e-3, 1e-12);         // bandwidth-bound beyond the last point
-  EXPECT_NEAR(c.time_at(10), 1e-5, 1e-12);          // latency-bound below the first
+  EXPECT_NEAR(c.time_at(2e6), 2e-3, 1e-12);                     // bandwidth-bound beyond the last point
+  EXPECT_NEAR(c.time_at(10), 1e-5, 1e-12);                      // latency-bound below the first
   EXPECT_NEAR(c.at(std::sqrt(1e9)), (1e-5 + 1e-3) / 2, 1e-12);  // halfway in log2(x), linear in y
 }
 
 TEST(PlanRouting, ImbalanceFromMeasuredLoads) {
   // Two steps, two MoE layers, 4 experts. ep = 2: ranks hold experts {0,1} and {2,3}.
   const std::string text =
-      R"({"step":1,"expert_loads":[[30,10,5,5],[10,10,10,10]]})" "\n"
-      R"({"step":2,"expert_loads":[[10,10,10,10],[5,5,20,10]]})" "\n";
+      R"({"step":1,"expert_loads":[[30,10,5,5],[10,10,10,10]]})"
+      "\n"
+      R"({"step":2,"expert_loads":[[10,10,10,10],[5,5,20,10]]})"
+      "\n";
   const plan::RoutingStats s = plan::read_routing_stats(temp_file("metrics.jsonl", text).string());
   ASSERT_EQ(s.steps.size(), 2u);
   const plan::Imbalance im = plan::routing_imbalance(s, 2);

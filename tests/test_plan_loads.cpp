@@ -45,7 +45,7 @@ plan::RoutingStats loads_file(const std::string& name, const std::vector<double>
 struct TinyPlan {
   plan::PlanModel model = plan::plan_preset("tiny");  // E = 8, k = 2, 3 MoE layers
   plan::ClusterProfile cluster = plan::resolve_cluster("dgx-h100");
-  plan::TrainShape shape{128, 16, Precision::kBf16};             // seq 128, global batch 16 (the default job)
+  plan::TrainShape shape{128, 16, Precision::kBf16};  // seq 128, global batch 16 (the default job)
 
   plan::Candidate eval(const std::string& layout, const plan::RoutingStats* r, double imbalance = 1.0) const {
     return plan::evaluate_layout(model, cluster, plan::parse_layout(layout), shape, r, imbalance);
@@ -113,9 +113,11 @@ TEST(PlanLoads, ThePlanReportsTheImbalanceItUsed) {
   const plan::Candidate c = s.eval(kEp4, &skewed);
   const std::string text = plan::format_evaluation(ctx, c);
   EXPECT_NE(text.find("routing: measured expert loads of " + skewed.source + " (2 steps, 3 MoE layers, E=8)"),
-            std::string::npos) << text;
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("routing imbalance (busiest EP rank's rows / mean): 2.667 per step and layer"),
-            std::string::npos) << text;
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("(measured, --loads)"), std::string::npos) << text;
   const nlohmann::json j = plan::candidate_json(ctx, c);
   EXPECT_NEAR(j["routing_imbalance"]["time"].get<double>(), 80.0 / 30, 1e-12);

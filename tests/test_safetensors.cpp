@@ -132,12 +132,12 @@ TEST(Safetensors, RoundTrip) {
 TEST(Safetensors, WriterRejectsBadInput) {
   float x[2] = {1, 2};
   SafetensorsWriter w;
-  EXPECT_THROW(w.add("x", "F32", {3}, x, 8), moe::Error);        // 3 floats need 12 bytes
-  EXPECT_THROW(w.add("x", "F99", {2}, x, 8), moe::Error);        // unknown dtype
+  EXPECT_THROW(w.add("x", "F32", {3}, x, 8), moe::Error);  // 3 floats need 12 bytes
+  EXPECT_THROW(w.add("x", "F99", {2}, x, 8), moe::Error);  // unknown dtype
   EXPECT_THROW(w.add("__metadata__", "F32", {2}, x, 8), moe::Error);
   EXPECT_THROW(w.add_f32("x", {-1, 2}, x), moe::Error);
   w.add_f32("x", {2}, x);
-  EXPECT_THROW(w.add_f32("x", {2}, x), moe::Error);              // duplicate
+  EXPECT_THROW(w.add_f32("x", {2}, x), moe::Error);  // duplicate
 }
 
 // Two tensors: "a" F32 [2] = {1, -2}, "b" I32 [1] = {7}. Header JSON (compact, in add order):

@@ -192,7 +192,8 @@ TEST(Tokenize, AFailedRunLeavesTheDatasetAsItWas) {
   };
   const std::string before = snapshot();
   // Another BPE over text with invalid UTF-8 in a document: it fails after training its model.
-  std::ofstream(dir + "/b.txt") << a.substr(0, a.size() / 2) << "caf\xc3 broken\n\n" << a.substr(a.size() / 2);
+  std::ofstream(dir + "/b.txt") << a.substr(0, a.size() / 2) << "caf\xc3 broken\n\n"
+                                << a.substr(a.size() / 2);
   o.inputs = {dir + "/b.txt"};
   o.tokenizer = "bpe:320";
   bool failed = false;

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   have << f.rdbuf();
   if (f && have.str() == page) return 0;
   std::fprintf(stderr, "%s is stale (the metrics schema, src/train/step_record.cpp, changed): regenerate it with "
-               "build/tool_metrics_doc > docs/metrics.md\n", argv[2]);
+                       "build/tool_metrics_doc > docs/metrics.md\n",
+               argv[2]);
   return 1;
 }

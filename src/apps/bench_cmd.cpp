@@ -93,7 +93,7 @@ int run_moe_layer_bench(BenchCli& s) {
   require_device(b.device, "--device");
   auto result = mixture::run_moe_layer_bench(b);
   std::printf("%s\n", s.moe_json ? mixture::moe_bench_json(result).c_str()
-                                  : mixture::format_moe_bench_table(result).c_str());
+                                 : mixture::format_moe_bench_table(result).c_str());
   return 0;
 }
 

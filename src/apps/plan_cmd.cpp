@@ -21,7 +21,8 @@ namespace moe::apps {
 void add_plan_commands(CLI::App& app, PlanCli& s) {
   CLI::App* p = add_command(app, "plan", "resource model: which layout fits, and how fast it runs");
   p->add_option("--model", s.model, "preset (xmoe-small..super, piper-110b/862b/1.7t, mixtral-8x7b/8x22b, "
-                                    "deepseek-v2/v3, tiny, ...) or a Hugging Face config.json")->capture_default_str();
+                                    "deepseek-v2/v3, tiny, ...) or a Hugging Face config.json")
+      ->capture_default_str();
   p->add_option("--cluster", s.cluster, "frontier, dgx-h100, or a profile.json from moetrain calibrate")->capture_default_str();
   p->add_option("--gpus", s.gpus, "world size (GPUs or ranks)");
   p->add_option("--seq-len", s.seq_len, "tokens per sequence (default: the model's training length)");

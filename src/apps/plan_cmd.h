@@ -14,18 +14,18 @@ struct PlanCli {
   std::string model = "tiny";        // preset or config.json
   std::string cluster = "frontier";  // preset or profile.json
   int gpus = 0;
-  int seq_len = 0;                   // 0 = the model's default training length
-  long long global_batch = 0;        // 0 = 2 sequences per rank (search) / per micro-batch (evaluate)
+  int seq_len = 0;                     // 0 = the model's default training length
+  long long global_batch = 0;          // 0 = 2 sequences per rank (search) / per micro-batch (evaluate)
   std::optional<Precision> precision;  // none = the cluster's native precision
   int top = 5;
   int max_tp = 1;
   int max_micro_batches = 256;
   bool explain = false, json = false, zero1 = false, evaluate = false;
-  std::string layout;                // with --evaluate
+  std::string layout;  // with --evaluate
   double imbalance = 1.0;
-  std::string loads;                 // metrics.jsonl whose expert_loads give the routing
-  std::string save_cluster;          // write the resolved cluster profile here and stop
-  std::string gemm;                  // "nt:MxNxK,...": print the cluster's GEMM rates and stop
+  std::string loads;         // metrics.jsonl whose expert_loads give the routing
+  std::string save_cluster;  // write the resolved cluster profile here and stop
+  std::string gemm;          // "nt:MxNxK,...": print the cluster's GEMM rates and stop
   train::CalibrateOptions calibrate;
   bool calibrate_quiet = false;
 };

@@ -81,11 +81,13 @@ void add_train_command(CLI::App& app, TrainCli& s) {
       "aux-loss-free balancing (topk_method noaux_tc): bias step gamma (default: the config's "
       "bias_update_speed, 1e-3)");
   t->add_option("--balance.migrate-every", o.balance.migrate_every,
-                "expert migration (Piper): every N steps, rebalance the EP ranks' loads (0 = never)")->capture_default_str();
+                "expert migration (Piper): every N steps, rebalance the EP ranks' loads (0 = never)")
+      ->capture_default_str();
   t->add_option("--balance.threshold", o.balance.threshold,
-                "migrate a layer when its max/mean EP-rank load exceeds this (> 1)")->capture_default_str();
+                "migrate a layer when its max/mean EP-rank load exceeds this (> 1)")
+      ->capture_default_str();
   add_mode_option(t, "--a2a", o.parallel.a2a, "token exchange: flat, rbd (X-MoE dedup), halo (Piper 3-phase), rbd-halo (both), "
-                  "or auto: the one the planner prices lowest on --cluster's profile");
+                                              "or auto: the one the planner prices lowest on --cluster's profile");
   t->add_option("--cluster", o.parallel.a2a_cluster,
                 "cluster profile for --a2a auto: a `moetrain calibrate` file (measured on these nodes) or a preset");
   t->add_flag("--comm.overlap", o.parallel.comm_overlap,

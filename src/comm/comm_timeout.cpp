@@ -45,17 +45,17 @@ constexpr int kHeartbeatAddrs = 4;
 constexpr int kHeartbeatAllPeers = 64;
 constexpr uint32_t kHeartbeatMagic = 0x6d6f6862;  // "mohb"
 struct PeerAddress {
-  uint64_t host = 0;                    // hash of the host name
-  uint32_t ip[kHeartbeatAddrs] = {};    // network order; 0 = none
-  uint16_t port = 0;                    // network order; 0 = no heartbeat socket
+  uint64_t host = 0;                  // hash of the host name
+  uint32_t ip[kHeartbeatAddrs] = {};  // network order; 0 = none
+  uint16_t port = 0;                  // network order; 0 = no heartbeat socket
   uint16_t pad[3] = {};
 };
 struct Heartbeat {
   int fd = -1;
   int me = -1;
-  std::vector<PeerAddress> peers;                 // by world rank
-  std::vector<int> watched;                       // world ranks this rank sends to and listens for
-  std::vector<Clock::time_point> last_heard;      // by world rank (start time until one arrives)
+  std::vector<PeerAddress> peers;             // by world rank
+  std::vector<int> watched;                   // world ranks this rank sends to and listens for
+  std::vector<Clock::time_point> last_heard;  // by world rank (start time until one arrives)
   ~Heartbeat() {
     if (fd >= 0) close(fd);
   }
@@ -150,9 +150,9 @@ struct Watch {
   std::condition_variable cv;
   bool quit = false;
   bool in_op = false;
-  bool warned = false;         // this op's wait was reported as long (it may still complete)
+  bool warned = false;  // this op's wait was reported as long (it may still complete)
   Clock::time_point op_start;
-  char op[512] = {0};          // "MPI_Allreduce(max) on group rank 0 of 4 (world ranks 0-3)"
+  char op[512] = {0};  // "MPI_Allreduce(max) on group rank 0 of 4 (world ranks 0-3)"
   double timeout_s = 0, grace_s = 0;
   const volatile std::sig_atomic_t* stop_flag = nullptr;
   int world_rank = -1, world_size = 0;

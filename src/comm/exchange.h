@@ -43,13 +43,13 @@ struct ExchangeRun;
 // dst_rank ascending (stable). On a receiver, received pairs are in canonical order: by source
 // rank ascending, then in the source's pair order.
 struct ExchangePlan {
-  int num_src_rows = 0;              // rows of the source buffer (tokens)
-  int num_send_pairs = 0;            // pairs this rank sends
-  int num_recv = 0;                  // pairs this rank receives
-  std::vector<int32_t> recv_tag;     // [num_recv] tag of each received pair (e.g. expert id)
-  std::vector<float> recv_value;     // [num_recv] value of each received pair (e.g. combine weight)
+  int num_src_rows = 0;                // rows of the source buffer (tokens)
+  int num_send_pairs = 0;              // pairs this rank sends
+  int num_recv = 0;                    // pairs this rank receives
+  std::vector<int32_t> recv_tag;       // [num_recv] tag of each received pair (e.g. expert id)
+  std::vector<float> recv_value;       // [num_recv] value of each received pair (e.g. combine weight)
   std::vector<int32_t> recv_src_rank;  // [num_recv] group rank the pair came from
-  struct Impl;                       // algorithm-specific routing tables
+  struct Impl;                         // algorithm-specific routing tables
   std::shared_ptr<Impl> impl;
 };
 

@@ -83,7 +83,7 @@ struct RowSpace {
   }
 };
 inline RowSpace space(const float* a, int64_t na = 0, const int32_t* map = nullptr,
-               const float* b = nullptr) {
+                      const float* b = nullptr) {
   return RowSpace{const_cast<float*>(a), na, map, const_cast<float*>(b)};
 }
 
@@ -177,8 +177,8 @@ struct ExchangePlan::Impl {
   A2a algo = A2a::kFlat;
   int n = 0, me = 0;
   int num_src_rows = 0, num_send_pairs = 0, num_recv = 0;
-  std::vector<LinkClass> link_to;     // [n] link class from this rank to each group rank
-  std::vector<int32_t> src_row;       // [num_send_pairs]
+  std::vector<LinkClass> link_to;         // [n] link class from this rank to each group rank
+  std::vector<int32_t> src_row;           // [num_send_pairs]
   std::vector<int> send_count, send_off;  // [n] pairs per destination, exclusive prefix sum
   std::vector<int> recv_count, recv_off;  // [n] pairs per source, exclusive prefix sum
 
@@ -192,7 +192,7 @@ struct ExchangePlan::Impl {
   // rbd
   Stage rbd_a, rbd_b, rbd_a_back, rbd_b_back;
   int num_pilots_in = 0, num_pool = 0, num_contrib = 0;
-  std::vector<int32_t> expand_slot, expand_row;   // recv[expand_row[k]] = pool[expand_slot[k]]
+  std::vector<int32_t> expand_slot, expand_row;    // recv[expand_row[k]] = pool[expand_slot[k]]
   std::vector<int32_t> slot_pair_off, slot_pairs;  // [num_pool+1] CSR: recv rows of each slot
   std::vector<int32_t> contrib_off, contrib_idx;   // [num_pilots_in+1] CSR into [S_rank | contrib]
 
@@ -210,10 +210,10 @@ using Impl = ExchangePlan::Impl;
 struct ExchangeRun {
   const Group& group;
   const Impl& im;
-  TrafficStats* stats;    // may be null
-  MemTracker* staging;    // may be null
-  StagingPool* pool;      // may be null: staging rows are then allocated per call
-  bool copy_rows;         // false: messages keep their sizes, but no row is packed, copied or summed
+  TrafficStats* stats;  // may be null
+  MemTracker* staging;  // may be null
+  StagingPool* pool;    // may be null: staging rows are then allocated per call
+  bool copy_rows;       // false: messages keep their sizes, but no row is packed, copied or summed
   Rows rows(size_t count, bool zeroed = false) const { return Rows(count, staging, pool, zeroed); }
 };
 
@@ -253,23 +253,23 @@ std::vector<int> scaled(const std::vector<int>& v, int64_t f);
 // metadata (per received pair, and the algorithm's extra ints per source).
 struct PlanContext {
   int n = 0, me = 0, my_node = 0, num_nodes = 0;
-  std::vector<int> node_of;                 // [n] node id of each group rank
-  std::vector<std::vector<int>> members;    // [num_nodes] group ranks of each node, ascending
-  std::vector<int> local_index;             // [n] position among its node's group ranks
+  std::vector<int> node_of;               // [n] node id of each group rank
+  std::vector<std::vector<int>> members;  // [num_nodes] group ranks of each node, ascending
+  std::vector<int> local_index;           // [n] position among its node's group ranks
   int num_pairs = 0;
-  const int32_t* src_row = nullptr;         // [num_pairs]
-  const int32_t* dst_rank = nullptr;        // [num_pairs]
-  std::vector<int32_t> pair_ints;   // [num_pairs * ints_per_pair] the algorithm's ints per pair
+  const int32_t* src_row = nullptr;   // [num_pairs]
+  const int32_t* dst_rank = nullptr;  // [num_pairs]
+  std::vector<int32_t> pair_ints;     // [num_pairs * ints_per_pair] the algorithm's ints per pair
   // rbd, source side
-  std::vector<int32_t> pilot_pair_of;             // [num_pairs] pilot pair of a remote pair, else -1
-  std::vector<std::vector<int32_t>> pilots_to;    // [n] pilot pairs per pilot rank, idx order
+  std::vector<int32_t> pilot_pair_of;           // [num_pairs] pilot pair of a remote pair, else -1
+  std::vector<std::vector<int32_t>> pilots_to;  // [n] pilot pairs per pilot rank, idx order
   // halo, source side
-  std::vector<std::vector<int32_t>> to_node;      // [num_nodes] my pairs to each remote node
+  std::vector<std::vector<int32_t>> to_node;  // [num_nodes] my pairs to each remote node
   // receiver side
-  std::vector<int32_t> recv_src_rank;             // [num_recv]
-  std::vector<int32_t> recv_pair_ints;            // [num_recv * ints_per_pair]
+  std::vector<int32_t> recv_src_rank;                    // [num_recv]
+  std::vector<int32_t> recv_pair_ints;                   // [num_recv * ints_per_pair]
   std::vector<int32_t> recv_pilot_rank, recv_pilot_idx;  // [num_recv] rbd, from recv_pair_ints
-  std::vector<std::vector<int32_t>> extra_in;     // [n] extra ints from each source
+  std::vector<std::vector<int32_t>> extra_in;            // [n] extra ints from each source
 
   // HALO's rail peer of rank s on node N: the rank there with s's local index (modulo the
   // node's size when nodes hold different numbers of the group's ranks).

@@ -75,7 +75,7 @@ void rails_metadata_exchange(const Group& g, const PlanContext& c, int rec,
     pos = end;
     return block;
   };
-  std::vector<std::vector<int32_t>> from(n);  // from[s]: s's block to me
+  std::vector<std::vector<int32_t>> from(n);   // from[s]: s's block to me
   std::deque<std::vector<int32_t>> sent, got;  // message buffers (stable addresses)
   std::vector<Request> sreqs;
   auto post = [&](std::vector<int32_t> msg, int peer, int tag) {

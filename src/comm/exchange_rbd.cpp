@@ -189,7 +189,7 @@ void build_rbd_stages(PlanContext& c, Impl& im) {
   Bb.tag = kTagRbdBBack;
   Bb.sends = B.recvs;
   std::vector<std::vector<std::pair<int, int32_t>>> parts(num_pin);  // (rank, [S_rank|contrib] idx)
-  for (int k = 0; k < num_pin; ++k)  // my S_rank, when I hold pairs of the pilot's row
+  for (int k = 0; k < num_pin; ++k)                                  // my S_rank, when I hold pairs of the pilot's row
     if (im.slot_pair_off[k + 1] > im.slot_pair_off[k]) parts[k].push_back({me, k});
   int num_contrib = 0;
   for (const Msg& m : B.sends) {

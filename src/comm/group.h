@@ -38,13 +38,13 @@ class Request {
   friend class Group;
   friend void wait_all(std::vector<Request>& reqs);
   void release() noexcept;
-  uint64_t handle_ = 0;       // MPI_Request
+  uint64_t handle_ = 0;  // MPI_Request
   bool active_ = false;
   bool is_recv_ = false;
-  int dtype_ = 0;             // 0 float, 1 int32
-  int64_t count_ = 0;         // elements posted
+  int dtype_ = 0;      // 0 float, 1 int32
+  int64_t count_ = 0;  // elements posted
   int peer_ = -1, tag_ = 0, rank_ = -1, size_ = 0;
-  int peer_world_ = -1;       // the peer's world rank (for the timeout message)
+  int peer_world_ = -1;              // the peer's world rank (for the timeout message)
   std::shared_ptr<LocalBox> local_;  // a group of one without MPI: the mailbox, not handle_
   uint64_t local_id_ = 0;            // this receive's place in local_'s pending receives
   // A device buffer's host copy: what MPI reads (send) or fills (receive; stored to the device
@@ -97,8 +97,8 @@ class Group {
   bool valid() const { return valid_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
-  int world_rank() const { return world_rank_; }   // of this process
-  int world_rank_of(int group_rank) const;          // of a member
+  int world_rank() const { return world_rank_; }  // of this process
+  int world_rank_of(int group_rank) const;        // of a member
 
   void barrier() const;
 
@@ -139,7 +139,7 @@ class Group {
 
   void send(const float* data, int64_t count, int peer, int tag = 0) const;
   void send(const int32_t* data, int64_t count, int peer, int tag = 0) const;
-  void recv(float* data, int64_t count, int peer, int tag = 0) const;   // exactly count arrive
+  void recv(float* data, int64_t count, int peer, int tag = 0) const;  // exactly count arrive
   void recv(int32_t* data, int64_t count, int peer, int tag = 0) const;
   // The length in int32 of the next message from peer with this tag (MPI_Probe; it stays to be
   // received): for a message whose size the receiver cannot know without another round trip.
@@ -166,8 +166,8 @@ class Group {
   bool valid_ = false;
   std::string members_;  // "world ranks 0-3" (for the timeout message)
   int rank_ = -1, size_ = 0, world_rank_ = -1;
-  std::vector<int> world_ranks_;  // [size] world rank of each member
-  std::shared_ptr<NcclComm> nccl_;  // set by enable_nccl
+  std::vector<int> world_ranks_;     // [size] world rank of each member
+  std::shared_ptr<NcclComm> nccl_;   // set by enable_nccl
   std::shared_ptr<LocalBox> local_;  // set: a group of one without MPI (comm_ unused)
 };
 

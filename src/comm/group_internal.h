@@ -53,7 +53,12 @@ uint64_t pack(H h) {
   return v;
 }
 
-enum Dtype { kFloat = 0, kInt32 = 1, kDouble = 2, kInt64 = 3 };
+enum Dtype {
+  kFloat = 0,
+  kInt32 = 1,
+  kDouble = 2,
+  kInt64 = 3
+};
 inline MPI_Datatype mpi_type(int dtype) {
   switch (dtype) {
     case kFloat: return MPI_FLOAT;

@@ -20,7 +20,7 @@ class MpiRuntime {
   MpiRuntime(const MpiRuntime&) = delete;
   MpiRuntime& operator=(const MpiRuntime&) = delete;
 
-  bool owns() const { return owns_; }  // this object called MPI_Init and will finalise
+  bool owns() const { return owns_; }                 // this object called MPI_Init and will finalise
   int thread_level() const { return thread_level_; }  // MPI_THREAD_* provided
   int world_rank() const;
   int world_size() const;

@@ -7,7 +7,12 @@
 
 namespace moe::comm {
 
-enum class LinkClass { kSameRank = 0, kIntraNode = 1, kInterNode = 2, kInterGroup = 3 };
+enum class LinkClass {
+  kSameRank = 0,
+  kIntraNode = 1,
+  kInterNode = 2,
+  kInterGroup = 3
+};
 inline constexpr int kNumLinkClasses = 4;
 // "same_rank" | "intra_node" | "inter_node" | "inter_group"
 const char* link_class_name(LinkClass c);

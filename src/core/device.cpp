@@ -68,7 +68,7 @@ int cuda_device_count(std::string* why) {
 void require_device(Device d, const char* what) {
   if (d == Device::kCpu) return;
   MOE_CHECK(cuda_built(), what, " cuda: this moetrain was built without the CUDA backend "
-            "(configure with -DMOETRAIN_CUDA=ON on a machine with nvcc)");
+                                "(configure with -DMOETRAIN_CUDA=ON on a machine with nvcc)");
   std::string why;
   int n = cuda_device_count(&why);
   MOE_CHECK(n > 0, what, " cuda: no usable GPU (", why, ")");

@@ -32,7 +32,7 @@ std::string str_cat(const A&... a) {
 
 }  // namespace moe
 
-#define MOE_CHECK(cond, ...)                                  \
-  do {                                                        \
+#define MOE_CHECK(cond, ...)                                      \
+  do {                                                            \
     if (!(cond)) throw ::moe::Error(::moe::str_cat(__VA_ARGS__)); \
   } while (0)

@@ -107,12 +107,12 @@ std::string accepted_names() {
   return list_words<E>(false);
 }
 
-#define MOE_MODE(E)                                                                       \
+#define MOE_MODE(E)                                                                      \
   template std::optional<E> find_mode<E>(std::string_view s);                            \
-  template std::string accepted_names<E>();                                               \
-  template E parse_mode<E>(std::string_view s, const char* what);                         \
-  template std::optional<E> parse_mode_or_auto<E>(std::string_view s, const char* what);  \
-  const char* name(E v) { return word_of(v); }                                            \
+  template std::string accepted_names<E>();                                              \
+  template E parse_mode<E>(std::string_view s, const char* what);                        \
+  template std::optional<E> parse_mode_or_auto<E>(std::string_view s, const char* what); \
+  const char* name(E v) { return word_of(v); }                                           \
   std::ostream& operator<<(std::ostream& os, E v) { return os << word_of(v); }
 MOE_MODE(Device)
 MOE_MODE(Precision)

@@ -14,7 +14,10 @@
 
 namespace moe::io {
 
-enum class Split { kTrain, kVal };
+enum class Split {
+  kTrain,
+  kVal
+};
 const char* split_name(Split s);  // "train" / "val"
 
 class Corpus {
@@ -40,10 +43,10 @@ class Corpus {
   // What the data is, recorded in a checkpoint and compared at resume (issue 42, class 5): a file
   // replaced by another, even of the same size, is then refused by name.
   struct Identity {
-    std::string file;     // the file the tokens come from (text file or PREFIX.bin)
-    uint64_t bytes = 0;   // its size (for an indexed dataset, .bin and .idx together)
-    std::string sample;   // FNV-1a 64 (16 hex digits) of sampled blocks of its files
-    int64_t mtime_ns = 0; // its modification time (the latest of the .bin and .idx)
+    std::string file;      // the file the tokens come from (text file or PREFIX.bin)
+    uint64_t bytes = 0;    // its size (for an indexed dataset, .bin and .idx together)
+    std::string sample;    // FNV-1a 64 (16 hex digits) of sampled blocks of its files
+    int64_t mtime_ns = 0;  // its modification time (the latest of the .bin and .idx)
   };
   virtual Identity identity() const = 0;
 };

@@ -52,10 +52,14 @@ IndexHeader parse_header(const uint8_t* p, size_t size, const std::string& file)
 
 size_t dtype_item_size(uint8_t code) {
   switch (code) {
-    case 1: case 2: return 1;
-    case 3: case 8: return 2;
-    case 4: case 7: return 4;
-    case 5: case 6: return 8;
+    case 1:
+    case 2: return 1;
+    case 3:
+    case 8: return 2;
+    case 4:
+    case 7: return 4;
+    case 5:
+    case 6: return 8;
     default: return 0;
   }
 }
@@ -234,7 +238,7 @@ void decode_tokens(uint8_t dtype, const uint8_t* p, uint64_t count, Out* out) {
     case 5: for (uint64_t i = 0; i < count; ++i) out[i] = static_cast<Out>(load_le<int64_t>(p + 8 * i)); break;
     case 8: for (uint64_t i = 0; i < count; ++i) out[i] = load_le<uint16_t>(p + 2 * i); break;
     default: for (uint64_t i = 0; i < count; ++i) out[i] = -1;  // float dtypes are refused at open
-    // clang-format on
+      // clang-format on
   }
 }
 }  // namespace
@@ -255,7 +259,7 @@ void IndexedDataset::read_tokens(uint64_t k, uint64_t count, int64_t* out) const
 
 void IndexedDataset::copy_tokens(uint64_t k, uint64_t count, int32_t* out) const {
   if (count == 0) return;  // out may be null (an empty window)
-  if (dtype_ == 4) {  // the file's bytes are the ids
+  if (dtype_ == 4) {       // the file's bytes are the ids
     read_bin(k * 4, count * 4, reinterpret_cast<uint8_t*>(out));
     return;
   }

@@ -28,9 +28,9 @@ bool is_known_dtype(const std::string& dtype);
 
 struct TensorInfo {
   std::string name;
-  std::string dtype;           // "F32", "I32", ...
-  std::vector<int64_t> shape;  // empty for a scalar
-  uint64_t begin = 0, end = 0; // byte offsets in the data section, [begin, end)
+  std::string dtype;            // "F32", "I32", ...
+  std::vector<int64_t> shape;   // empty for a scalar
+  uint64_t begin = 0, end = 0;  // byte offsets in the data section, [begin, end)
   int64_t numel() const;
 };
 

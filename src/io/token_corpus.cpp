@@ -82,9 +82,15 @@ struct ProtoReader {
   void skip(uint32_t wire) {
     switch (wire) {
       case 0: varint(); return;
-      case 1: MOE_CHECK(end - p >= 8, path, ": not a SentencePiece model (truncated)"); p += 8; return;
+      case 1:
+        MOE_CHECK(end - p >= 8, path, ": not a SentencePiece model (truncated)");
+        p += 8;
+        return;
       case 2: bytes(); return;
-      case 5: MOE_CHECK(end - p >= 4, path, ": not a SentencePiece model (truncated)"); p += 4; return;
+      case 5:
+        MOE_CHECK(end - p >= 4, path, ": not a SentencePiece model (truncated)");
+        p += 4;
+        return;
       default: throw Error(str_cat(path, ": not a SentencePiece model (wire type ", wire, ")"));
     }
   }
@@ -115,7 +121,7 @@ std::vector<uint32_t> spm_piece_bytes(std::string_view model, const std::string&
     }
     uint32_t n = 0;
     if (type == 6) {
-      n = 1;  // BYTE: <0xAB>
+      n = 1;                              // BYTE: <0xAB>
     } else if (type == 1 || type == 4) {  // NORMAL, USER_DEFINED: U+2581 (3 bytes) decodes to ' '
       for (size_t i = 0; i < piece.size(); ++i) {
         if (i + 2 < piece.size() && piece.compare(i, 3, "\xE2\x96\x81") == 0) i += 2;
@@ -219,7 +225,7 @@ TokenCorpus TokenCorpus::load(const std::string& prefix, int vocab_size) {
   }
   const std::string side = tokenizer_info_path(prefix);
   std::vector<uint32_t> piece_bytes;  // bytes per id, when the tokenizer is known
-  if (entry_exists(side)) {  // a symlinked sidecar is refused by its reader, not skipped
+  if (entry_exists(side)) {           // a symlinked sidecar is refused by its reader, not skipped
     c.info_ = read_tokenizer_info(side);
     c.has_info_ = true;
     const TokenizerInfo& t = c.info_;
@@ -245,7 +251,7 @@ TokenCorpus TokenCorpus::load(const std::string& prefix, int vocab_size) {
         const std::string have = io::tokenizer_fingerprint(t.kind, t.vocab_size, bytes);
         MOE_CHECK(t.fingerprint.empty() || have == t.fingerprint, model, ": tokenizer fingerprint ", have,
                   ", but ", side, " records ", t.fingerprint, ": the model file is not the one this dataset was "
-                  "tokenized with (tokenize again, or restore it)");
+                                                              "tokenized with (tokenize again, or restore it)");
         c.fingerprint_ = have;
         piece_bytes = spm_piece_bytes(bytes, model);
         MOE_CHECK(piece_bytes.size() == static_cast<size_t>(t.vocab_size), model, ": ", piece_bytes.size(),

@@ -38,8 +38,8 @@
 namespace moe::io {
 
 struct TokenizerInfo {
-  std::string kind;       // "bytes" or "spm"
-  std::string model;      // SentencePiece model file name, relative to the dataset's folder ("" for bytes)
+  std::string kind;   // "bytes" or "spm"
+  std::string model;  // SentencePiece model file name, relative to the dataset's folder ("" for bytes)
   int vocab_size = 0;
   std::string fingerprint;  // "" in sidecars written before fingerprints
   uint64_t documents = 0;

@@ -72,14 +72,14 @@ int padded_dim(int hd) { return (hd + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLan
 // One head's keys are packed once for all its query blocks (key block j at offset j · tile), not
 // once per (query block, key block) pair: at T = 128 that is 2 packings of each array instead of 3.
 struct Tiles {
-  int hd, hdp, nb;           // nb key blocks of kBlock rows (the last may be partial)
+  int hd, hdp, nb;  // nb key blocks of kBlock rows (the last may be partial)
   std::vector<float> mem;
-  float *kt, *vt;            // [nb][hd][kBlock]: the head's key blocks transposed (K, V)
-  float *kp, *vp;            // [nb][kBlock][hdp]: the head's key blocks' rows (K, V)
-  float *qp, *dp;            // [kBlock][hdp]: rows of a query block (Q, dO)
-  float *acc, *acc2;         // [kBlock][hdp]: product accumulators
-  float *s, *dps;            // [kBlock][kBlock]: scores / probabilities, dP / dS
-  size_t tr, row;            // floats per block of kt / vt, of kp / vp
+  float *kt, *vt;     // [nb][hd][kBlock]: the head's key blocks transposed (K, V)
+  float *kp, *vp;     // [nb][kBlock][hdp]: the head's key blocks' rows (K, V)
+  float *qp, *dp;     // [kBlock][hdp]: rows of a query block (Q, dO)
+  float *acc, *acc2;  // [kBlock][hdp]: product accumulators
+  float *s, *dps;     // [kBlock][kBlock]: scores / probabilities, dP / dS
+  size_t tr, row;     // floats per block of kt / vt, of kp / vp
   Tiles(int head_dim, int T)
       : hd(head_dim), hdp(padded_dim(head_dim)), nb(std::max(1, (T + kBlock - 1) / kBlock)) {
     tr = static_cast<size_t>(hd) * kBlock;

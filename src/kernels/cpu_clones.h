@@ -16,15 +16,15 @@
 // feature. For loops on explicit vectors (kernels/lanes.h Vec<W>), whose width must follow the
 // instruction set; body must be always-inline (MOE_LANES) so that it is compiled for each set.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define MOE_ISA_CLONES(name, body, params, args)                                          \
-  __attribute__((target("avx512f"))) void name##_w16 params { body<16> args; }          \
-  __attribute__((target("avx2"))) void name##_w8 params { body<8> args; }               \
-  void name##_w4 params { body<4> args; }                                                \
-  void name params {                                                                     \
-    static const auto fn = __builtin_cpu_supports("avx512f") ? &name##_w16               \
-                           : __builtin_cpu_supports("avx2")  ? &name##_w8                \
-                                                             : &name##_w4;               \
-    fn args;                                                                             \
+#define MOE_ISA_CLONES(name, body, params, args)                               \
+  __attribute__((target("avx512f"))) void name##_w16 params { body<16> args; } \
+  __attribute__((target("avx2"))) void name##_w8 params { body<8> args; }      \
+  void name##_w4 params { body<4> args; }                                      \
+  void name params {                                                           \
+    static const auto fn = __builtin_cpu_supports("avx512f") ? &name##_w16     \
+                           : __builtin_cpu_supports("avx2")  ? &name##_w8      \
+                                                             : &name##_w4;      \
+    fn args;                                                                   \
   }
 #else
 #define MOE_ISA_CLONES(name, body, params, args) \

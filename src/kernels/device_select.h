@@ -39,8 +39,8 @@ void ensure_buffer(Buffer<T>& buf, size_t n, MemTracker* tracker) {
 // First line of a leaf kernel: forwards the call to kernels::cuda::fn when the active device is
 // CUDA. Compiles to nothing without the CUDA backend.
 #ifdef MOETRAIN_HAVE_CUDA
-#define MOE_CUDA_DISPATCH(fn, ...)                            \
-  do {                                                        \
+#define MOE_CUDA_DISPATCH(fn, ...)                                                   \
+  do {                                                                               \
     if (::moe::kernels::cuda_active()) return ::moe::kernels::cuda::fn(__VA_ARGS__); \
   } while (0)
 #else

@@ -50,10 +50,10 @@ MOE_HD float rmsnorm_dx(float x, float dout, float w, float rstd, float coeff) {
 
 // ---- AdamW, torch.optim.AdamW's float32 operation order (scalars from adamw_scalars) ----
 struct AdamWScalars {
-  float decay;          // 1 - lr·wd
-  float w1;             // 1 - beta1 (the lerp weight)
-  float beta2, w2;      // beta2, 1 - beta2
-  float bc2_sqrt;       // sqrt(1 - beta2^t)
+  float decay;      // 1 - lr·wd
+  float w1;         // 1 - beta1 (the lerp weight)
+  float beta2, w2;  // beta2, 1 - beta2
+  float bc2_sqrt;   // sqrt(1 - beta2^t)
   float eps;
   float neg_step_size;  // -lr / (1 - beta1^t)
 };
@@ -173,7 +173,7 @@ struct RouterScoring {
   bool sigmoid = false;
   const float* bias_E = nullptr;  // [E] on the kernel's device; sigmoid only; null = no bias
   float scale = 1.0f;
-  GroupLimit groups;              // n_group 1 = every expert competes
+  GroupLimit groups;  // n_group 1 = every expert competes
 };
 MOE_HD void router_row_forward(float* s, int32_t* idx, float* w, int E, int k, bool renorm,
                                const RouterScoring& sc = RouterScoring{}) {

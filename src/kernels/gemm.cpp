@@ -149,7 +149,7 @@ void ensure_blas_kernels(char** argv) {
   execv("/proc/self/exe", argv);
   // No /proc (or no permission): run on with the slow kernels, and say so once.
   std::fprintf(stderr, "moetrain: warning: OpenBLAS chose its generic '%s' kernels for this CPU and "
-               "re-executing with OPENBLAS_CORETYPE=%s failed (%s); set it in the environment\n",
+                       "re-executing with OPENBLAS_CORETYPE=%s failed (%s); set it in the environment\n",
                core, want, std::strerror(errno));
   unsetenv("OPENBLAS_CORETYPE");
 }

@@ -72,7 +72,6 @@ void set_blas_threads(int n);
 int blas_threads();
 
 
-
 // The CUDA implementations (src/kernels/cuda/), same contract, device pointers; the leaf
 // kernels above forward to them when the active device is CUDA (kernels/device_select.h).
 namespace cuda {

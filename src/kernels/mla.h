@@ -24,7 +24,7 @@ struct MlaShape {
   int B = 0, T = 0;  // N = B·T rows; row n is position n mod T
   int nh = 0;        // heads (this rank's, under tensor parallelism)
   int dn = 0, dr = 0, dv = 0;
-  int D = 0;         // the attention head width: max(dn + dr, dv)
+  int D = 0;  // the attention head width: max(dn + dr, dv)
 };
 
 // Q, K, V [N, nh, D] are overwritten. Throws naming the dimension when D is too small or dr odd.

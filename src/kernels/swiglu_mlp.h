@@ -25,7 +25,7 @@ struct MlpGrads {
 // each part is closed by a device sync). Each GEMM part counts both its products: gate_up the two
 // forward GEMMs; down_bwd dh = dy·down and dW_down; gate_up_bwd dW_gate, dW_up and dx.
 struct MlpStepTimes {
-  double gate_up = 0, swiglu = 0, down = 0;             // forward
+  double gate_up = 0, swiglu = 0, down = 0;              // forward
   double down_bwd = 0, swiglu_bwd = 0, gate_up_bwd = 0;  // backward
   double gemm() const { return gate_up + down + down_bwd + gate_up_bwd; }
 };

@@ -206,7 +206,8 @@ void ModelConfig::validate(const std::string& src) const {
               " must be even for rotary embeddings");
     MOE_CHECK(kv_lora_rank == 0 && q_lora_rank == 0, src,
               ": kv_lora_rank / q_lora_rank (multi-head latent attention) need model_type deepseek_v2 or deepseek_v3, "
-              "not ", io::quoted(model_type, 64));
+              "not ",
+              io::quoted(model_type, 64));
     MOE_CHECK(rope_scaling.type.empty(), src, ": rope_scaling ", io::quoted(rope_scaling.type, 64),
               " is not supported for model_type ", io::quoted(model_type, 64), " (YaRN: deepseek_v2 / deepseek_v3)");
   }
@@ -255,7 +256,8 @@ void read_tokenizer_fingerprint(const json& j, const std::string& src, std::stri
   // "<kind>-<vocab>-<16 hex>" (io/token_corpus.h), checked for its characters and length only
   MOE_CHECK(out.size() <= 64 && out.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") == std::string::npos,
             src, ": field \"moetrain_tokenizer_fingerprint\" must be a tokenizer fingerprint "
-            "(<kind>-<vocab>-<16 hex digits>), got ", io::excerpt(j.at("moetrain_tokenizer_fingerprint")));
+                 "(<kind>-<vocab>-<16 hex digits>), got ",
+            io::excerpt(j.at("moetrain_tokenizer_fingerprint")));
 }
 
 ModelConfig config_from_json(const json& j, const std::string& src) {

@@ -13,16 +13,16 @@ namespace moe::model {
 struct ModelConfig {
   std::string model_type = "deepseek";
   int vocab_size = 256;
-  int hidden_size = 0;               // H
-  int num_hidden_layers = 0;         // L
+  int hidden_size = 0;        // H
+  int num_hidden_layers = 0;  // L
   int num_attention_heads = 0;
-  int intermediate_size = 0;         // dense SwiGLU width
-  int moe_intermediate_size = 0;     // F, per routed / shared expert
-  int n_routed_experts = 0;          // E; 0 = every layer dense
+  int intermediate_size = 0;      // dense SwiGLU width
+  int moe_intermediate_size = 0;  // F, per routed / shared expert
+  int n_routed_experts = 0;       // E; 0 = every layer dense
   int n_shared_experts = 0;
-  int num_experts_per_tok = 0;       // k
-  int first_k_dense_replace = 0;     // layers [0, this) are dense
-  int moe_layer_freq = 1;            // layer i >= first_k_dense is MoE when i % freq == 0
+  int num_experts_per_tok = 0;    // k
+  int first_k_dense_replace = 0;  // layers [0, this) are dense
+  int moe_layer_freq = 1;         // layer i >= first_k_dense is MoE when i % freq == 0
   bool norm_topk_prob = false;
   std::string scoring_func = "softmax";  // "softmax" | "sigmoid" (DeepSeek-V3, with noaux_tc)
   // "greedy": top-k of the scores. "noaux_tc" (DeepSeek-V3, aux-loss-free balancing): top-k of
@@ -39,7 +39,7 @@ struct ModelConfig {
   // Multiplies the k gate values: always with sigmoid (V3); with softmax (V2) unless
   // norm_topk_prob renormalises them.
   float routed_scaling_factor = 1.0f;
-  float bias_update_speed = 1e-3f;     // noaux_tc: gamma (moetrain's field; --balance.bias-rate)
+  float bias_update_speed = 1e-3f;  // noaux_tc: gamma (moetrain's field; --balance.bias-rate)
   float aux_loss_alpha = 0.0f;
   bool seq_aux = false;
   float rope_theta = 10000.0f;
@@ -89,21 +89,21 @@ struct ModelConfig {
   // Other families (model/family.h: model_type mixtral, qwen2_moe, qwen3_moe). DeepSeek keeps the
   // defaults: multi-head attention of hidden_size / num_attention_heads, no gate on the shared
   // experts, the aux loss as configured.
-  int num_key_value_heads = 0;      // grouped-query attention; 0 = num_attention_heads
-  int head_dim_field = 0;           // config.json "head_dim"; 0 = hidden_size / num_attention_heads
+  int num_key_value_heads = 0;              // grouped-query attention; 0 = num_attention_heads
+  int head_dim_field = 0;                   // config.json "head_dim"; 0 = hidden_size / num_attention_heads
   int shared_expert_intermediate_size = 0;  // qwen2_moe: the gated shared expert's width
-  int decoder_sparse_step = 1;      // qwen: layer i is MoE when (i + 1) % step == 0 ...
-  std::vector<int> mlp_only_layers; // ... and i is not listed here
-  bool output_router_logits = false;  // mixtral / qwen: HF adds the aux loss only when true
-  int sliding_window = 0;           // attention window (mixtral; qwen when use_sliding_window); 0 = null
-  bool use_sliding_window = false;  // qwen
+  int decoder_sparse_step = 1;              // qwen: layer i is MoE when (i + 1) % step == 0 ...
+  std::vector<int> mlp_only_layers;         // ... and i is not listed here
+  bool output_router_logits = false;        // mixtral / qwen: HF adds the aux loss only when true
+  int sliding_window = 0;                   // attention window (mixtral; qwen when use_sliding_window); 0 = null
+  bool use_sliding_window = false;          // qwen
 
   int head_dim() const { return head_dim_field > 0 ? head_dim_field : hidden_size / num_attention_heads; }
   int kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads; }
   // DeepSeek-MoE, -V2 and -V3 (model_type deepseek, deepseek_v2, deepseek_v3): config.cpp's fields.
   bool is_deepseek() const { return model_type == "deepseek" || uses_mla(); }
-  bool qkv_bias() const { return model_type == "qwen2_moe"; }   // q/k/v projections have biases
-  bool qk_norm() const { return model_type == "qwen3_moe"; }    // RMSNorm on each q and k head
+  bool qkv_bias() const { return model_type == "qwen2_moe"; }             // q/k/v projections have biases
+  bool qk_norm() const { return model_type == "qwen3_moe"; }              // RMSNorm on each q and k head
   bool gated_shared_expert() const { return model_type == "qwen2_moe"; }  // sigmoid(x·g) · shared
   // Width of the shared experts' concatenated FFN (0: none).
   int shared_ffn() const {

@@ -41,7 +41,7 @@ Decoder::Decoder(const Model& model, int max_len)
   MOE_CHECK(st.embedding && st.head && st.first_layer == 0 && st.end_layer(c_) == c_.num_hidden_layers,
             "decoding needs a model holding every layer, the embedding and the head");
   MOE_CHECK(model.layout().tp().size == 1, "decoding needs every tensor whole on this process (no tensor "
-            "parallelism)");
+                                           "parallelism)");
   MOE_CHECK(model.layout().shard().holds_all(c_.n_routed_experts),
             "decoding needs every routed expert on this process (no expert parallelism)");
   MOE_CHECK(max_len >= 1 && max_len <= c_.max_position_embeddings, "decoding length ", max_len,
@@ -79,7 +79,8 @@ const std::vector<float>& Decoder::feed(const int32_t* tokens, int n) {
   const int H = c_.hidden_size, V = c_.vocab_size;
   MOE_CHECK(n >= 1, "decoding: feed needs at least one token, got ", n);
   MOE_CHECK(n == 1 || pos_ == 0, "decoding: only the first call may feed several tokens (the "
-            "prompt); position ", pos_, ", ", n, " tokens");
+                                 "prompt); position ",
+            pos_, ", ", n, " tokens");
   MOE_CHECK(static_cast<long long>(pos_) + n <= max_len_, "decoding: position ", pos_ + n,
             " is beyond the cache of ", max_len_, " positions (max_position_embeddings ",
             c_.max_position_embeddings, ")");

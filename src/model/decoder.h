@@ -44,8 +44,8 @@ class Decoder {
   size_t cache_bytes() const;
 
  private:
-  void layer(int l, int n);  // x_ [n,H] -> x_ (layer l, new tokens at positions [pos_, pos_+n))
-  void attention(int l, int n);  // q_ and the cache -> attn_ [n,H]
+  void layer(int l, int n);          // x_ [n,H] -> x_ (layer l, new tokens at positions [pos_, pos_+n))
+  void attention(int l, int n);      // q_ and the cache -> attn_ [n,H]
   void mla_attention(int l, int n);  // ln_ -> attn_ [n, nh·v_head_dim], the latent cache filled
 
   const Model& model_;
@@ -53,27 +53,27 @@ class Decoder {
   int max_len_ = 0;
   int pos_ = 0;
   Device dev_;
-  kernels::RopeTable rope_;                 // [max_position_embeddings, hd/2], as the model's
-  kernels::RopeTable step_rope_;            // [1, hd/2]: row pos_ of rope_ (one-token steps)
+  kernels::RopeTable rope_;       // [max_position_embeddings, hd/2], as the model's
+  kernels::RopeTable step_rope_;  // [1, hd/2]: row pos_ of rope_ (one-token steps)
   MemTracker mem_;
   std::vector<Buffer<float>> k_cache_, v_cache_;  // per layer [S, nkv·hd] (nkv = nh without GQA), after RoPE
   // MLA: per layer [S, kv_lora_rank] normed latents and [S, qk_rope_head_dim] rotated keys.
   std::vector<Buffer<float>> latent_cache_, rope_key_cache_;
   Buffer<float> mla_q_, mla_kv_, mla_heads_, mla_tmp_, mla_ctx_;  // MLA step workspace
   // Workspace for n tokens (resized when a call feeds more tokens than before).
-  Buffer<int32_t> tokens_;                  // [n]
+  Buffer<int32_t> tokens_;                 // [n]
   Buffer<float> x_, ln_, rstd_, h_, out_;  // [n,H] ([n] for rstd_)
-  Buffer<float> q_, attn_;                  // [n, nh·hd]
-  Buffer<float> k_rep_, v_rep_;             // prefill under GQA: the cache rows repeated [n, nh·hd]
-  QkvScratch qkv_scratch_{&mem_};           // row map and ones (GQA, q/k/v biases)
-  Buffer<float> att_;                       // prefill: attention_saved_floats(1, n, nh, hd)
-  Buffer<float> scores_;                    // step: [nh, S] attention probabilities
-  Buffer<int32_t> top1_idx_;                // step: [nh] (the row softmax's unused top-1)
-  Buffer<float> top1_w_;                    // step: [nh]
-  Buffer<float> mlp_g_, mlp_u_, mlp_h_;     // dense layers [n, I]
-  mixture::MoeActivations moe_;             // MoE layers (reused layer to layer)
-  Buffer<float> logits_dev_;                // [V]
-  std::vector<float> logits_;               // [V] host
+  Buffer<float> q_, attn_;                 // [n, nh·hd]
+  Buffer<float> k_rep_, v_rep_;            // prefill under GQA: the cache rows repeated [n, nh·hd]
+  QkvScratch qkv_scratch_{&mem_};          // row map and ones (GQA, q/k/v biases)
+  Buffer<float> att_;                      // prefill: attention_saved_floats(1, n, nh, hd)
+  Buffer<float> scores_;                   // step: [nh, S] attention probabilities
+  Buffer<int32_t> top1_idx_;               // step: [nh] (the row softmax's unused top-1)
+  Buffer<float> top1_w_;                   // step: [nh]
+  Buffer<float> mlp_g_, mlp_u_, mlp_h_;    // dense layers [n, I]
+  mixture::MoeActivations moe_;            // MoE layers (reused layer to layer)
+  Buffer<float> logits_dev_;               // [V]
+  std::vector<float> logits_;              // [V] host
 };
 
 }  // namespace moe::model

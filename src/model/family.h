@@ -52,7 +52,11 @@ int64_t family_shared_params(const ModelConfig& c);
 // mlp.shared_experts.*; Mixtral: block_sparse_moe.gate, block_sparse_moe.experts.E.{w1,w3,w2};
 // Qwen2-MoE: mlp.gate, mlp.experts.E.*_proj, mlp.shared_expert.*_proj, mlp.shared_expert_gate.
 // The rest (embedding, attention, norms, dense MLP, head) is named alike in every family.
-enum class Proj { kGate, kUp, kDown };
+enum class Proj {
+  kGate,
+  kUp,
+  kDown
+};
 std::string router_name(const ModelConfig& c, int layer);
 std::string expert_name(const ModelConfig& c, int layer, int expert, Proj p);
 std::string shared_name(const ModelConfig& c, int layer, Proj p);

@@ -16,14 +16,14 @@ namespace moe::model {
 // `rows_per_expert_pair` = T·B·k received rows for dropless routing on one rank (with expert
 // parallelism, the rows a rank receives: pass the expected count).
 struct LayerActivationSizes {
-  size_t attention = 0;   // x, ln1, h, ln2 (4·N·H), q, k, v, attn_out (4·N·A, A = nh·hd: H for
-                          // DeepSeek) + 2 rstd (2·N) + state (+ QK-norm's q, k and rstd)
+  size_t attention = 0;        // x, ln1, h, ln2 (4·N·H), q, k, v, attn_out (4·N·A, A = nh·hd: H for
+                               // DeepSeek) + 2 rstd (2·N) + state (+ QK-norm's q, k and rstd)
   size_t attention_state = 0;  // of which the flash attention kernel's saved state
                                // (kernels::attention_saved_floats): row lse B·nh·T + out N·A
-  size_t dense_ffn = 0;   // g, u, h: 3·N·I
-  size_t moe_ffn = 0;     // router (N·E scores, 2·N·k top-k, E aux), layout (2E+1 + R + N·k),
-                          // rows in/out (2·R·H), expert g/u/h (3·R·F), shared g/u/h (3·N·Fs)
-  size_t input = 0;       // N·H (what full recompute keeps)
+  size_t dense_ffn = 0;        // g, u, h: 3·N·I
+  size_t moe_ffn = 0;          // router (N·E scores, 2·N·k top-k, E aux), layout (2E+1 + R + N·k),
+                               // rows in/out (2·R·H), expert g/u/h (3·R·F), shared g/u/h (3·N·Fs)
+  size_t input = 0;            // N·H (what full recompute keeps)
 };
 LayerActivationSizes layer_activation_elems(const ModelConfig& c, int B, int T, size_t moe_rows);
 

@@ -23,10 +23,10 @@ namespace moe::model {
 
 // What forward keeps for backward (N = B·T rows).
 struct MlaActs {
-  Buffer<float> qa, qa_normed, rstd_q;    // [N, rq], [N, rq], [N] (query latent; empty without)
-  Buffer<float> ckv, ckv_normed, rstd_kv; // [N, rkv], [N, rkv], [N]
-  Buffer<float> Q, K, V;                  // [N, nh·D] the heads the attention kernel read
-  Buffer<float> att;                      // attention_saved_floats(B, T, nh, D)
+  Buffer<float> qa, qa_normed, rstd_q;     // [N, rq], [N, rq], [N] (query latent; empty without)
+  Buffer<float> ckv, ckv_normed, rstd_kv;  // [N, rkv], [N, rkv], [N]
+  Buffer<float> Q, K, V;                   // [N, nh·D] the heads the attention kernel read
+  Buffer<float> att;                       // attention_saved_floats(B, T, nh, D)
   std::vector<Buffer<float>*> buffers() {
     return {&qa, &qa_normed, &rstd_q, &ckv, &ckv_normed, &rstd_kv, &Q, &K, &V, &att};
   }

@@ -140,7 +140,7 @@ class Model {
   // gradient of the global batch's mean loss.
   void backward(float loss_scale = 1.0f);
   LossParts evaluate(const int32_t* tokens_BT1, int B, int T);  // nothing kept
-  const float* logits() const;  // [B,T,V] of the last whole-model forward
+  const float* logits() const;                                  // [B,T,V] of the last whole-model forward
 
   // Tokens routed to each expert in mb's forward, per MoE layer of this stage [layers][E].
   std::vector<std::vector<int>> expert_loads(const MicroBatch& mb) const;
@@ -188,7 +188,11 @@ class Model {
 
  private:
   struct LayerActs;
-  enum class Keep { kAll, kNoMoe, kInput };
+  enum class Keep {
+    kAll,
+    kNoMoe,
+    kInput
+  };
   Keep keep_mode(int layer) const;
   const float* layer_score_bias(int layer) const;  // null: no bias for this layer
   // null: no expert parallelism, or the MTP block (layer num_hidden_layers), which holds every expert
@@ -222,7 +226,7 @@ class Model {
   const mixture::ExpertParallel* ep_ = nullptr;
   Recompute recompute_;
   const TensorParallel* tp_ = nullptr;
-  Device dev_;  // where params, grads and activations live: the context's device at creation
+  Device dev_;                    // where params, grads and activations live: the context's device at creation
   balance::Placement placement_;  // empty layers without expert parallelism
   ParamLayout layout_;
   Buffer<float> params_, grads_;
@@ -230,12 +234,12 @@ class Model {
   kernels::RopeTable rope_;
   MemTracker total_mem_, act_mem_, work_mem_;
   mixture::MoeBackwardWorkspace moe_work_;  // its MoE layers' backward temporaries (work_mem_)
-  MicroBatchPtr whole_;  // state of the whole-model API
-  Buffer<float> score_bias_;  // [num_hidden_layers + mtp, E] on dev_ (noaux_tc only; rows of MoE layers)
+  MicroBatchPtr whole_;                     // state of the whole-model API
+  Buffer<float> score_bias_;                // [num_hidden_layers + mtp, E] on dev_ (noaux_tc only; rows of MoE layers)
   float mtp_weight_ = 0.3f;
-  QkvScratch qkv_scratch_{&total_mem_};  // row map and ones of GQA and the q/k/v biases
+  QkvScratch qkv_scratch_{&total_mem_};          // row map and ones of GQA and the q/k/v biases
   mixture::MoeStepTimes* step_times_ = nullptr;  // see record_step_times
-  mutable kernels::ExecContext ctx_;  // last: its workspaces (work_mem_) are freed first
+  mutable kernels::ExecContext ctx_;             // last: its workspaces (work_mem_) are freed first
 };
 
 }  // namespace moe::model

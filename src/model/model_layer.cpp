@@ -65,7 +65,7 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
   const LayerTensors& W = w_.layers[l];
   const int tp = tp_size(), N = B * T, n = N / tp, H = c.hidden_size, hd = c.head_dim();
   const int nh = c.num_attention_heads / tp, Ha = nh * c.value_head_dim();  // this rank's heads, their width
-  const int nkv = c.kv_heads() / tp;                         // this rank's key/value heads
+  const int nkv = c.kv_heads() / tp;                                        // this rank's key/value heads
   const int I = c.intermediate_size / tp;
   const size_t NH = static_cast<size_t>(N) * H, nH = static_cast<size_t>(n) * H;
   const size_t NA = static_cast<size_t>(N) * Ha, mine = nH * tp_rank();  // this shard's rows

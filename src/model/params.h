@@ -17,12 +17,12 @@
 namespace moe::model {
 
 struct ParamSpec {
-  std::string name;             // Hugging Face name
+  std::string name;  // Hugging Face name
   std::vector<int64_t> shape;
-  size_t offset = 0;            // elements from the start of the block
+  size_t offset = 0;  // elements from the start of the block
   size_t numel = 0;
-  bool decay = true;            // AdamW weight decay: matrices and embeddings yes, norm weights no
-  bool is_expert = false;       // a routed expert's weight (sharded by expert parallelism later)
+  bool decay = true;       // AdamW weight decay: matrices and embeddings yes, norm weights no
+  bool is_expert = false;  // a routed expert's weight (sharded by expert parallelism later)
   // A second copy of a tensor another pipeline stage holds: the embedding on the last stage for
   // DeepSeek-V3's MTP module, whose gradient the trainer sums with the first stage's
   // (parallel/grid.h, sync_tied_embedding). Left out of the gradient norm and of checkpoints,
@@ -95,39 +95,39 @@ class ParamLayout {
 // model layer; only the stage's layers are bound (the others stay null), as are embed / norm /
 // lm_head when the stage does not hold them.
 struct LayerTensors {
-  float* input_norm = nullptr;   // [H]
+  float* input_norm = nullptr;  // [H]
   // A = heads·head_dim, Akv = kv_heads·head_dim (both H for DeepSeek; model/family.h)
-  float* q = nullptr;            // [A,H] ([A/tp,H] under tensor parallelism)
-  float* k = nullptr;            // [Akv,H] ([Akv/tp,H])
-  float* v = nullptr;            // [Akv,H] ([Akv/tp,H])
-  float* o = nullptr;            // [H,A] ([H,A/tp]); MLA: [H, nh·dv] ([H, nh·dv/tp])
-  float* q_bias = nullptr;       // [A] ([A/tp]), qwen2_moe; else null
-  float* k_bias = nullptr;       // [Akv] ([Akv/tp])
-  float* v_bias = nullptr;       // [Akv] ([Akv/tp])
-  float* q_norm = nullptr;       // [head_dim], qwen3_moe; else null
-  float* k_norm = nullptr;       // [head_dim]
+  float* q = nullptr;       // [A,H] ([A/tp,H] under tensor parallelism)
+  float* k = nullptr;       // [Akv,H] ([Akv/tp,H])
+  float* v = nullptr;       // [Akv,H] ([Akv/tp,H])
+  float* o = nullptr;       // [H,A] ([H,A/tp]); MLA: [H, nh·dv] ([H, nh·dv/tp])
+  float* q_bias = nullptr;  // [A] ([A/tp]), qwen2_moe; else null
+  float* k_bias = nullptr;  // [Akv] ([Akv/tp])
+  float* v_bias = nullptr;  // [Akv] ([Akv/tp])
+  float* q_norm = nullptr;  // [head_dim], qwen3_moe; else null
+  float* k_norm = nullptr;  // [head_dim]
   // Multi-head latent attention (config.uses_mla(); q, k, v above are null, but q is q_proj when
   // there is no query latent): heads split by rows of q/q_b and kv_b under TP, the latents'
   // down-projections and norms replicated.
-  float* q_a = nullptr;          // [rq,H] (q_lora_rank > 0)
-  float* q_a_norm = nullptr;     // [rq]
-  float* q_b = nullptr;          // [nh·(dn+dr), rq]
-  float* kv_a = nullptr;         // [rkv+dr, H]: the kv latent's rows, then the rotary key's
-  float* kv_a_norm = nullptr;    // [rkv]
-  float* kv_b = nullptr;         // [nh·(dn+dv), rkv]
-  float* post_norm = nullptr;    // [H]
+  float* q_a = nullptr;        // [rq,H] (q_lora_rank > 0)
+  float* q_a_norm = nullptr;   // [rq]
+  float* q_b = nullptr;        // [nh·(dn+dr), rq]
+  float* kv_a = nullptr;       // [rkv+dr, H]: the kv latent's rows, then the rotary key's
+  float* kv_a_norm = nullptr;  // [rkv]
+  float* kv_b = nullptr;       // [nh·(dn+dv), rkv]
+  float* post_norm = nullptr;  // [H]
   // dense layer
-  float* mlp_gate = nullptr;     // [I,H] ([I/tp,H])
-  float* mlp_up = nullptr;       // [I,H] ([I/tp,H])
-  float* mlp_down = nullptr;     // [H,I] ([H,I/tp])
+  float* mlp_gate = nullptr;  // [I,H] ([I/tp,H])
+  float* mlp_up = nullptr;    // [I,H] ([I/tp,H])
+  float* mlp_down = nullptr;  // [H,I] ([H,I/tp])
   // MoE layer
-  float* router = nullptr;       // [E,H]
-  float* experts_gate = nullptr; // [El,F,H] (El = experts held locally)
-  float* experts_up = nullptr;   // [El,F,H]
-  float* experts_down = nullptr; // [El,H,F]
-  float* shared_gate = nullptr;  // [Fs,H]
-  float* shared_up = nullptr;    // [Fs,H]
-  float* shared_down = nullptr;  // [H,Fs]
+  float* router = nullptr;              // [E,H]
+  float* experts_gate = nullptr;        // [El,F,H] (El = experts held locally)
+  float* experts_up = nullptr;          // [El,F,H]
+  float* experts_down = nullptr;        // [El,H,F]
+  float* shared_gate = nullptr;         // [Fs,H]
+  float* shared_up = nullptr;           // [Fs,H]
+  float* shared_down = nullptr;         // [H,Fs]
   float* shared_expert_gate = nullptr;  // [1,H] qwen2_moe: sigmoid(x·g) scales the shared expert
 };
 // DeepSeek-V3's multi-token prediction module (depth 1), on the stage that holds the head:
@@ -136,18 +136,18 @@ struct LayerTensors {
 // checkpoint names its layer num_hidden_layers: model.layers.L.{enorm,hnorm,eh_proj,
 // shared_head.norm} and the block's usual tensors (its routed experts held whole by every rank).
 struct MtpTensors {
-  float* enorm = nullptr;        // [H]
-  float* hnorm = nullptr;        // [H]
-  float* eh_proj = nullptr;      // [H, 2H]: columns [0,H) read the embedding, [H,2H) the state
-  float* norm = nullptr;         // [H] shared_head.norm
+  float* enorm = nullptr;    // [H]
+  float* hnorm = nullptr;    // [H]
+  float* eh_proj = nullptr;  // [H, 2H]: columns [0,H) read the embedding, [H,2H) the state
+  float* norm = nullptr;     // [H] shared_head.norm
 };
 struct ModelTensors {
-  float* embed = nullptr;        // [V,H]
+  float* embed = nullptr;  // [V,H]
   // One entry per model layer, plus the MTP module's block at index num_hidden_layers.
   std::vector<LayerTensors> layers;
-  MtpTensors mtp;                // bound when the layout holds the MTP module
-  float* norm = nullptr;         // [H]
-  float* lm_head = nullptr;      // [V,H]
+  MtpTensors mtp;            // bound when the layout holds the MTP module
+  float* norm = nullptr;     // [H]
+  float* lm_head = nullptr;  // [V,H]
 };
 ModelTensors bind_tensors(const ParamLayout& layout, const ModelConfig& c, float* base);
 

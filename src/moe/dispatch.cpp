@@ -16,9 +16,9 @@ namespace {
 // Index maps of one layout, as the kernels see them.
 struct RowMap {
   int T, k;
-  size_t N;                      // rows of the expert buffer (R, or E·C)
-  const int32_t* row_of_slot;    // [T·k] row of each pair, -1 = dropped
-  const int32_t* slot_of_row;    // [N] pair of each row, -1 = padding
+  size_t N;                    // rows of the expert buffer (R, or E·C)
+  const int32_t* row_of_slot;  // [T·k] row of each pair, -1 = dropped
+  const int32_t* slot_of_row;  // [N] pair of each row, -1 = padding
 };
 
 RowMap map_of(const DispatchLayout& l) {

@@ -25,9 +25,9 @@ int expert_capacity(int T, int k, int E, float capacity_factor, int min_capacity
 
 struct DispatchLayout {
   int T = 0, k = 0, E = 0;
-  int capacity = 0;      // C per expert; 0 = dropless
-  int num_rows = 0;      // R = kept pairs = offsets_E1[E]
-  int num_dropped = 0;   // T·k - R
+  int capacity = 0;                         // C per expert; 0 = dropless
+  int num_rows = 0;                         // R = kept pairs = offsets_E1[E]
+  int num_dropped = 0;                      // T·k - R
   Buffer<int32_t> num_tokens_per_expert_E;  // [E] kept rows of each expert
   Buffer<int32_t> offsets_E1;               // [E+1] exclusive prefix sums; offsets_E1[E] = R
   Buffer<int32_t> slot_of_row_R;            // [R] flat pair p carried by row r (token = p / k)
@@ -43,9 +43,9 @@ DispatchLayout build_dispatch_layout(const int32_t* topk_idx_TK, int T, int k, i
 
 struct PaddedLayout {
   int T = 0, k = 0, E = 0;
-  int C = 0;             // rows per expert, padding included
-  int num_kept = 0;      // real rows among the E·C
-  int num_dropped = 0;   // T·k - num_kept
+  int C = 0;                       // rows per expert, padding included
+  int num_kept = 0;                // real rows among the E·C
+  int num_dropped = 0;             // T·k - num_kept
   Buffer<int32_t> slot_of_pos_EC;  // [E·C] flat pair at position e·C + c; -1 = padding row
   Buffer<int32_t> pos_of_slot_TK;  // [T·k] e·C + c of pair p; -1 = dropped
   Buffer<int32_t> offsets_E1;      // [E+1] e·C: the grouped expert code runs over it unchanged

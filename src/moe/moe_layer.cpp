@@ -98,7 +98,7 @@ void validate(const MoeConfig& cfg, int T, int num_seqs) {
               "moe layer: expert parallelism over ", cfg.ep->size, " ranks needs an exchange and ",
               "E=", cfg.num_experts, " divisible by it");
     MOE_CHECK(!cfg.padded || !cfg.ep->exchange, "moe layer: the capacity-padded baseline is single-rank only; "
-              "expert parallelism uses the padding-free layout");
+                                                "expert parallelism uses the padding-free layout");
   }
   MOE_CHECK(!cfg.padded || !kernels::cuda_active(),
             "moe layer: the capacity-padded baseline runs on the CPU only");
@@ -184,8 +184,8 @@ size_t gated_shared_scratch(int T, int H, int Fs) {
 void gated_shared_backward(float* dx, const MoeGrads& grads, const float* dy, const MoeActivations& act,
                            const float* x, const MoeWeights& w, int T, int H, int Fs, float* scratch) {
   float* ds = scratch + 2 * static_cast<size_t>(T) * Fs;  // [T,H]
-  float* da = ds + static_cast<size_t>(T) * H;             // [T]
-  float* dz = da + T;                                      // [T]
+  float* da = ds + static_cast<size_t>(T) * H;            // [T]
+  float* dz = da + T;                                     // [T]
   kernels::combine_rows_backward(ds, da, dy, act.shared_y.data(), act.shared_gate_w.data(),
                                  act.shared_rows.data(), T, 1, H);
   kernels::router_topk_backward(dz, act.shared_gate.data(), act.shared_gate_idx.data(), da, T, 1, 1,
@@ -233,9 +233,10 @@ void moe_forward(float* y, MoeActivations& act, const float* x, const MoeWeights
       StepTimer st(cfg, &MoeStepTimes::buffers);
       shared_buffers();
     }
-    overlap.emplace(cfg, [&] { kernels::swiglu_mlp_forward_up(act.shared_g.data(), act.shared_u.data(),
-                                                         act.shared_h.data(), x, w.shared, T, H, Fs); },
-                    &MoeStepTimes::shared);
+    overlap.emplace(
+        cfg, [&] { kernels::swiglu_mlp_forward_up(act.shared_g.data(), act.shared_u.data(),
+                                                  act.shared_h.data(), x, w.shared, T, H, Fs); },
+        &MoeStepTimes::shared);
   }
   {  // 3. dispatch: token rows to their experts' segments (expert parallelism: the counts, then
      //    the row exchange). Communicates only under expert parallelism.

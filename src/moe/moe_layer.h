@@ -52,32 +52,32 @@ struct MoeBackwardWorkspace {
 };
 
 struct MoeConfig {
-  int hidden = 0;           // H
-  int ffn = 0;              // F, moe_intermediate_size
-  int num_experts = 0;      // E, n_routed_experts
-  int top_k = 0;            // k, num_experts_per_tok
-  int shared_ffn = 0;       // n_shared_experts · moe_intermediate_size; 0 = no shared experts
+  int hidden = 0;       // H
+  int ffn = 0;          // F, moe_intermediate_size
+  int num_experts = 0;  // E, n_routed_experts
+  int top_k = 0;        // k, num_experts_per_tok
+  int shared_ffn = 0;   // n_shared_experts · moe_intermediate_size; 0 = no shared experts
   bool norm_topk_prob = false;
   float aux_loss_alpha = 0.0f;
-  bool seq_aux = false;     // aux loss per sequence (DeepSeek's seq_aux) instead of per batch
-  bool sigmoid = false;     // DeepSeek-V3 router (noaux_tc): see router.h
+  bool seq_aux = false;                 // aux loss per sequence (DeepSeek's seq_aux) instead of per batch
+  bool sigmoid = false;                 // DeepSeek-V3 router (noaux_tc): see router.h
   const float* score_bias_E = nullptr;  // sigmoid: [E] selection bias on the active device, or null
   float routed_scaling_factor = 1.0f;   // see RouterConfig
   int n_group = 1, topk_group = 1;      // group-limited routing (router.h); n_group 1 = none
-  float capacity_factor = 0.0f;  // 0 = dropless
-  bool padded = false;      // capacity-padded baseline instead of padding-free
-  const ExpertParallel* ep = nullptr;  // null: all experts local, nothing communicates
+  float capacity_factor = 0.0f;         // 0 = dropless
+  bool padded = false;                  // capacity-padded baseline instead of padding-free
+  const ExpertParallel* ep = nullptr;   // null: all experts local, nothing communicates
   // ep only: where this layer's experts live
   const balance::LayerPlacement* placement = nullptr;
-  MemTracker* scratch_tracker = nullptr;  // charged with backward's temporary buffers
+  MemTracker* scratch_tracker = nullptr;      // charged with backward's temporary buffers
   MoeBackwardWorkspace* workspace = nullptr;  // backward's temporaries kept between calls, or null
-  MoeStepTimes* step_times = nullptr;  // adds up each step's wall time (--profile, bench), or null
+  MoeStepTimes* step_times = nullptr;         // adds up each step's wall time (--profile, bench), or null
 };
 
 struct MoeWeights {
-  const float* gate_EH = nullptr;   // router, [E,H]
-  kernels::MlpWeights experts;      // stacked [El,F,H], [El,F,H], [El,H,F] (El = local experts)
-  kernels::MlpWeights shared;       // [Fs,H], [Fs,H], [H,Fs]; unused when shared_ffn == 0
+  const float* gate_EH = nullptr;  // router, [E,H]
+  kernels::MlpWeights experts;     // stacked [El,F,H], [El,F,H], [El,H,F] (El = local experts)
+  kernels::MlpWeights shared;      // [Fs,H], [Fs,H], [H,Fs]; unused when shared_ffn == 0
   // Qwen2-MoE's shared_expert_gate [1,H]: the shared experts' output is scaled per token by
   // sigmoid(x · g). Null: not gated (DeepSeek).
   const float* shared_gate_H = nullptr;
@@ -92,11 +92,11 @@ struct MoeGrads {
 // Everything forward keeps for backward. Buffers are charged to the tracker given to forward.
 struct MoeActivations {
   Routing routing;
-  DispatchLayout layout;           // padding-free layout (also built for padded: it names the pairs)
-  PaddedLayout padded_layout;      // only when cfg.padded
-  Buffer<float> x_rows;            // [R,H] gathered inputs (R = rows, or E·C when padded)
-  Buffer<float> g, u, h;           // [R,F]
-  Buffer<float> y_rows;            // [R,H] expert outputs
+  DispatchLayout layout;                       // padding-free layout (also built for padded: it names the pairs)
+  PaddedLayout padded_layout;                  // only when cfg.padded
+  Buffer<float> x_rows;                        // [R,H] gathered inputs (R = rows, or E·C when padded)
+  Buffer<float> g, u, h;                       // [R,F]
+  Buffer<float> y_rows;                        // [R,H] expert outputs
   Buffer<float> shared_g, shared_u, shared_h;  // [T,Fs]
   // Gated shared experts (MoeWeights::shared_gate_H): y += a_t · s_t with s = shared(x) [T,H]
   // and a_t = sigmoid(x_t · g) [T], computed as the router's sigmoid top-1 over one "expert"
@@ -104,7 +104,7 @@ struct MoeActivations {
   // combine over the identity row map shared_rows (kernels with CUDA twins, no new kernel).
   Buffer<float> shared_y, shared_gate, shared_gate_w;
   Buffer<int32_t> shared_gate_idx, shared_rows;
-  double aux_loss = 0.0;           // alpha-scaled auxiliary loss of this layer
+  double aux_loss = 0.0;  // alpha-scaled auxiliary loss of this layer
   // Expert parallelism only: the dispatch handle (reused by backward), where each received pair
   // sits in the local-expert-contiguous buffers (on the active device, for the kernels), the
   // pairs' combine weights there, the local experts' segment offsets (local slots), and each sent
@@ -112,10 +112,10 @@ struct MoeActivations {
   // layout's order grouped by destination rank (stable: the layout order when the placement is
   // contiguous).
   comm::ExchangePlan plan;
-  Buffer<int32_t> local_row_of_recv;  // [num_recv] active device
-  Buffer<float> recv_value;           // [num_recv] active device: plan.recv_value
-  std::vector<int32_t> local_offsets; // [El+1] host
-  std::vector<int32_t> slot_of_pair;  // [num_rows] host: the layout slot of each sent pair
+  Buffer<int32_t> local_row_of_recv;   // [num_recv] active device
+  Buffer<float> recv_value;            // [num_recv] active device: plan.recv_value
+  std::vector<int32_t> local_offsets;  // [El+1] host
+  std::vector<int32_t> slot_of_pair;   // [num_rows] host: the layout slot of each sent pair
 };
 
 // y[T,H] = sum_k w_tk · expert_k(x_t) + shared(x_t). num_seqs splits the T tokens into equal

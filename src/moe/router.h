@@ -19,19 +19,19 @@
 namespace moe::mixture {
 
 struct RouterConfig {
-  int num_experts = 0;           // E
-  int top_k = 0;                 // k
-  bool norm_topk_prob = false;   // divide the k weights by their sum (+1e-20) when k > 1
-  float aux_loss_alpha = 0.0f;   // 0 = no aux loss
-  bool seq_aux = false;          // aux loss per sequence, averaged over sequences
-  bool sigmoid = false;          // DeepSeek-V3 scoring (noaux_tc); false = softmax
+  int num_experts = 0;          // E
+  int top_k = 0;                // k
+  bool norm_topk_prob = false;  // divide the k weights by their sum (+1e-20) when k > 1
+  float aux_loss_alpha = 0.0f;  // 0 = no aux loss
+  bool seq_aux = false;         // aux loss per sequence, averaged over sequences
+  bool sigmoid = false;         // DeepSeek-V3 scoring (noaux_tc); false = softmax
   // Sigmoid only: [E] on the active device, added to the scores for the top-k choice and nowhere
   // else (no gradient). Null = no bias. Owned by the caller (the model's balancing state).
   const float* score_bias_E = nullptr;
   // Multiplies the k weights: always with sigmoid (V3), without renormalisation with softmax (V2).
   float routed_scaling_factor = 1.0f;
-  int n_group = 1;               // groups of E/n_group consecutive experts; 1 = no group limit
-  int topk_group = 1;            // groups a token may use (n_group > 1)
+  int n_group = 1;     // groups of E/n_group consecutive experts; 1 = no group limit
+  int topk_group = 1;  // groups a token may use (n_group > 1)
   // Data parallelism: sums the batch-level aux statistics [count_e (E), score_sum_e (E), tokens]
   // over every rank that holds part of the global batch, so the aux loss is the global batch's
   // (as on one process). The one communicating hook of the router; empty = local batch only.
@@ -42,15 +42,15 @@ struct RouterConfig {
 // What router_forward keeps for backward. Buffers are charged to the tracker given to forward.
 struct Routing {
   int T = 0, E = 0, k = 0;
-  int num_aux_seqs = 0;            // B of aux_coef_BE: num_seqs with seq_aux, 1 without, 0 = no aux
-  Buffer<float> scores_TE;         // [T,E] softmax (or sigmoid) of x · W_gate^T, unbiased
-  Buffer<int32_t> topk_idx_TK;     // [T,k] chosen experts, descending score, ties -> lower index
-  Buffer<float> topk_weight_TK;    // [T,k] final combine weights (renormalised if norm_topk_prob)
+  int num_aux_seqs = 0;          // B of aux_coef_BE: num_seqs with seq_aux, 1 without, 0 = no aux
+  Buffer<float> scores_TE;       // [T,E] softmax (or sigmoid) of x · W_gate^T, unbiased
+  Buffer<int32_t> topk_idx_TK;   // [T,k] chosen experts, descending score, ties -> lower index
+  Buffer<float> topk_weight_TK;  // [T,k] final combine weights (renormalised if norm_topk_prob)
   // [B,E] the constant factor of the aux loss, c[b,e] = count(b,e) · E / (S·k), where count(b,e) is
   // the number of (token, slot) pairs of sequence b (S tokens) choosing e. Without seq_aux, B = 1 and
   // S = T, which is HF's fi = ce · E. Empty when aux_loss_alpha == 0.
   Buffer<float> aux_coef_BE;
-  double aux_loss = 0.0;           // alpha-scaled
+  double aux_loss = 0.0;  // alpha-scaled
 };
 
 // aux = alpha · (1/B) · sum_b sum_e c[b,e] · mean_{t in b} scores[t,e]

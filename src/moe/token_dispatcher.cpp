@@ -115,7 +115,7 @@ class ExchangeDispatcher final : public TokenDispatcher {
         dst_rank[q] = P.rank_of(e);
         tag[q] = P.slot_of(e);  // local slot on the destination
         value[q] = wt[slot];
-        fold_key[q] = r;        // layout order: logical expert, then token
+        fold_key[q] = r;  // layout order: logical expert, then token
       }
     }
     act.plan = ep_.exchange->plan(T, L.num_rows, src_row.data(), dst_rank.data(), tag.data(), value.data(),

@@ -25,11 +25,11 @@ struct StageCallbacks {
 };
 
 struct PipelineTimes {
-  double total_s = 0;    // wall time of the step's schedule on this stage
-  double compute_s = 0;  // inside the callbacks
-  double wait_s = 0;     // blocked waiting for a neighbour's activation/gradient (the bubble)
-  int max_in_flight = 0; // micro-batches whose activations this stage held at once
-  size_t comm_bytes = 0; // bytes of the send/receive buffers this step (charged to comm_mem)
+  double total_s = 0;     // wall time of the step's schedule on this stage
+  double compute_s = 0;   // inside the callbacks
+  double wait_s = 0;      // blocked waiting for a neighbour's activation/gradient (the bubble)
+  int max_in_flight = 0;  // micro-batches whose activations this stage held at once
+  size_t comm_bytes = 0;  // bytes of the send/receive buffers this step (charged to comm_mem)
 };
 
 // Collective over `pp` (the ranks of one pipeline, ordered by stage: stage = pp.rank()).

@@ -36,29 +36,29 @@ double fan_out_seconds(const LinkClass& l, double bytes, int peers);
 //   p2p        one message between neighbouring ranks (all pairs at once)
 //   allreduce  sum of a buffer of `bytes` over `group` ranks
 struct CommCurve {
-  std::string op;          // a2a | p2p | allreduce
+  std::string op;           // a2a | p2p | allreduce
   std::optional<A2a> algo;  // a2a: the exchange; else none (written as "")
-  int world = 0;           // ranks running at once during the measurement
-  int group = 0;           // ranks of one communicating group
-  int ranks_per_node = 0;  // topology the measurement ran under
+  int world = 0;            // ranks running at once during the measurement
+  int group = 0;            // ranks of one communicating group
+  int ranks_per_node = 0;   // topology the measurement ran under
   Table1D seconds;
 };
 
 struct ClusterProfile {
-  std::string name;                   // preset name or file path
-  NodeKind kind = NodeKind::kGpu;     // gpu | cpu (cpu: a node's ranks share its cores and memory)
+  std::string name;                        // preset name or file path
+  NodeKind kind = NodeKind::kGpu;          // gpu | cpu (cpu: a node's ranks share its cores and memory)
   Precision precision = Precision::kBf16;  // native training precision (cpu: fp32, the trainer's)
-  int ranks_per_node = 8;             // GPUs (or ranks) per node
-  int nodes = 0;                      // nodes available (0 = no limit)
-  int fast_domain_nodes = 1;          // N_h: nodes one EP group may span on single-hop links
-  int nodes_per_group = 0;            // nodes per switch group (0 = one group)
+  int ranks_per_node = 8;                  // GPUs (or ranks) per node
+  int nodes = 0;                           // nodes available (0 = no limit)
+  int fast_domain_nodes = 1;               // N_h: nodes one EP group may span on single-hop links
+  int nodes_per_group = 0;                 // nodes per switch group (0 = one group)
   int nics_per_node = 1;
-  double nic_bandwidth = 0;           // bytes/s per NIC per direction
-  double hbm_bytes = 0;               // memory per rank (cpu: per node, shared by its ranks)
-  double reserved_bytes = 0;          // runtime, communication library, allocator slack
-  double peak_flops = 0;              // per rank at the native precision (MFU's denominator)
-  double mem_bandwidth = 0;           // bytes/s per rank
-  bool fused_attention = true;        // flash attention: no s² activations
+  double nic_bandwidth = 0;     // bytes/s per NIC per direction
+  double hbm_bytes = 0;         // memory per rank (cpu: per node, shared by its ranks)
+  double reserved_bytes = 0;    // runtime, communication library, allocator slack
+  double peak_flops = 0;        // per rank at the native precision (MFU's denominator)
+  double mem_bandwidth = 0;     // bytes/s per rank
+  bool fused_attention = true;  // flash attention: no s² activations
   LinkClass intra_node, inter_node, inter_group;
   // GEMM throughput by shape for the three forms a linear layer uses (kernels/gemm.cpp):
   // nt: y = x·wᵀ (forward), nn: dx = dy·w, tn: dw = dyᵀ·x.
@@ -71,11 +71,11 @@ struct ClusterProfile {
   // backward (the trainer's allocator hands freed pages back and faults them in again; GPU
   // caching allocators keep them: 0).
   Table1D elem_fwd, elem_bwd, recompute_fwd, recompute_bwd;
-  double optimizer_s_per_param = 0;   // AdamW + gradient zeroing + norm, per local parameter
-  int cores_per_node = 0;             // cpu
-  Table1D compute_share;              // cpu: ranks busy on the node -> per-rank speed vs alone
+  double optimizer_s_per_param = 0;  // AdamW + gradient zeroing + norm, per local parameter
+  int cores_per_node = 0;            // cpu
+  Table1D compute_share;             // cpu: ranks busy on the node -> per-rank speed vs alone
   std::vector<CommCurve> comm;
-  std::string notes;                  // where the numbers come from
+  std::string notes;  // where the numbers come from
 
   // Memory one rank may use when `ranks_on_node` ranks share the node.
   double rank_memory(int ranks_on_node) const;

@@ -10,10 +10,10 @@ namespace moe::plan {
 
 struct Layout {
   int pp = 1, dp = 1, ep = 1, tp = 1;
-  int micro_batches = 1;          // M
+  int micro_batches = 1;  // M
   Recompute recompute = Recompute::kNone;
   A2a a2a = A2a::kFlat;
-  bool zero1 = false;             // optimizer state sharded over the data ranks
+  bool zero1 = false;  // optimizer state sharded over the data ranks
   Schedule schedule = Schedule::k1F1B;
 
   int world() const { return pp * dp * ep * tp; }
@@ -26,16 +26,16 @@ struct Layout {
 Layout parse_layout(const std::string& text);
 
 struct TrainShape {
-  int seq_len = 0;                // s (tokens per sequence)
-  long long global_batch = 0;     // sequences per optimizer step, all data ranks together
+  int seq_len = 0;                         // s (tokens per sequence)
+  long long global_batch = 0;              // sequences per optimizer step, all data ranks together
   Precision precision = Precision::kBf16;  // bf16 (mixed precision: 16 B/param, 2 B activations) | fp32
 };
 
 // The per-rank numbers a layout implies for a shape. Errors name the numbers that do not divide.
 struct RankShape {
-  long long batch_per_rank = 0;   // b = global / (dp · ep)   (sequences; `train --batch`)
-  long long micro_batch = 0;      // b / M sequences
-  long long tokens = 0;           // N = micro_batch · s tokens per micro-batch
+  long long batch_per_rank = 0;  // b = global / (dp · ep)   (sequences; `train --batch`)
+  long long micro_batch = 0;     // b / M sequences
+  long long tokens = 0;          // N = micro_batch · s tokens per micro-batch
 };
 RankShape rank_shape(const Layout& l, const TrainShape& s);
 

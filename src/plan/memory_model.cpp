@@ -112,8 +112,8 @@ LayerActivation layer_activation(const PlanModel& m, int l, long long Bm, int T,
     const model::LayerActivationSizes sm = model::layer_activation_elems(
         shadow, static_cast<int>(seqs), static_cast<int>(std::llround(Nm / seqs)), R_int);
     a.ffn = static_cast<double>(sm.moe_ffn);
-    if (m.expert_matrices == 2) a.ffn -= R * m.moe_ffn;        // keeps pre- and post-activation only
-    a.ffn += 3 * Nm * (m.shared_ffn - Fs_trainer);              // shared width not a multiple of F
+    if (m.expert_matrices == 2) a.ffn -= R * m.moe_ffn;  // keeps pre- and post-activation only
+    a.ffn += 3 * Nm * (m.shared_ffn - Fs_trainer);       // shared width not a multiple of F
     if (!o.shared_experts) a.ffn -= 3 * Nm * m.shared_ffn;
     if (o.padded) {
       // [T, E, C] combine weights (activation precision) + dispatch mask (1 byte).

@@ -41,25 +41,25 @@ struct MemoryOptions {
   Accounting accounting = Accounting::kTrainer;
   // per parameter
   double weight_bytes = 2, grad_bytes = 2, optimizer_bytes = 12;
-  double act_bytes = 2;             // per activation element
-  bool zero1 = false;               // optimizer state split over the data ranks
-  bool embeddings = true;           // embedding (first stage), final norm + head (last stage)
-  bool norms = true;                // RMSNorm weights
-  bool router = true;               // gate weights
+  double act_bytes = 2;    // per activation element
+  bool zero1 = false;      // optimizer state split over the data ranks
+  bool embeddings = true;  // embedding (first stage), final norm + head (last stage)
+  bool norms = true;       // RMSNorm weights
+  bool router = true;      // gate weights
   bool shared_experts = true;
-  bool attention_s2 = true;         // B·heads·s² probabilities kept (an unfused kernel; the
-                                    // trainer's is fused on both devices: false)
-  bool workspace = true;            // temporaries above the kept activations
-  bool pipeline_buffers = true;     // activation-sized send/receive slots between stages
-  bool a2a_buffers = false;         // a communication library's dispatch send + receive buffers
-  bool padded = false;              // capacity-padded [E, C, H] dispatch (DeepSpeed) instead of padding-free
+  bool attention_s2 = true;      // B·heads·s² probabilities kept (an unfused kernel; the
+                                 // trainer's is fused on both devices: false)
+  bool workspace = true;         // temporaries above the kept activations
+  bool pipeline_buffers = true;  // activation-sized send/receive slots between stages
+  bool a2a_buffers = false;      // a communication library's dispatch send + receive buffers
+  bool padded = false;           // capacity-padded [E, C, H] dispatch (DeepSpeed) instead of padding-free
   double capacity_factor = 1.25;
-  double routing_imbalance = 1.0;   // rows the busiest expert rank holds / the balanced mean (memory)
-  double time_imbalance = 1.0;      // the same, averaged over steps and layers (time model)
+  double routing_imbalance = 1.0;  // rows the busiest expert rank holds / the balanced mean (memory)
+  double time_imbalance = 1.0;     // the same, averaged over steps and layers (time model)
   // The all-to-all's: the busiest rank's (time_imbalance) inside a node, where each rank has its
   // own links; the busiest node's when the EP group spans nodes, whose ranks share the node's.
   double a2a_imbalance = 1.0;
-  double reserved_bytes = 0;        // runtime, allocator
+  double reserved_bytes = 0;  // runtime, allocator
 };
 
 // The options that model a cluster at a precision: bf16 = mixed precision (2 + 2 + 12 bytes per
@@ -90,20 +90,20 @@ LayerActivation layer_activation(const PlanModel& m, int l, long long micro_batc
 
 struct StageMemory {
   int stage = 0, first_layer = 0, num_layers = 0;
-  double param_count = 0;             // parameters this rank holds
+  double param_count = 0;                       // parameters this rank holds
   double params = 0, grads = 0, optimizer = 0;  // bytes
-  double activations = 0;             // kept by the in-flight micro-batches
-  double workspace = 0;               // peak temporaries above them
-  double comm = 0;                    // pipeline (+ all-to-all) buffers
+  double activations = 0;                       // kept by the in-flight micro-batches
+  double workspace = 0;                         // peak temporaries above them
+  double comm = 0;                              // pipeline (+ all-to-all) buffers
   double reserved = 0;
   double total = 0;
-  int in_flight = 0;                  // micro-batches held at once
-  double kept_per_micro_batch = 0;    // bytes
+  int in_flight = 0;                // micro-batches held at once
+  double kept_per_micro_batch = 0;  // bytes
 };
 
 struct MemoryEstimate {
   std::vector<StageMemory> stages;
-  int worst = 0;                      // index of the stage with the largest total
+  int worst = 0;  // index of the stage with the largest total
   const StageMemory& worst_stage() const { return stages[worst]; }
 };
 
@@ -116,11 +116,11 @@ MemoryEstimate estimate_memory(const PlanModel& m, const Layout& layout, const T
 // dispatched and combined buffers, expert intermediates on E·C rows, and the [T, E, C] combine
 // tensor + dispatch mask). Bytes at the options' activation size.
 struct DispatchBuffers {
-  int capacity = 0;                  // C = max(ceil(T·k·cf/E), 4), capped at T
+  int capacity = 0;  // C = max(ceil(T·k·cf/E), 4), capped at T
   double rows_padding_free = 0, rows_padded = 0;
-  double padding_free_bytes = 0;     // rows in/out + expert intermediates
-  double padded_bytes = 0;           // the same on E·C rows
-  double combine_tensor_bytes = 0;   // [T, E, C] weights + mask (padded only)
+  double padding_free_bytes = 0;    // rows in/out + expert intermediates
+  double padded_bytes = 0;          // the same on E·C rows
+  double combine_tensor_bytes = 0;  // [T, E, C] weights + mask (padded only)
 };
 DispatchBuffers dispatch_buffers(const PlanModel& m, long long tokens, const MemoryOptions& o);
 

@@ -20,13 +20,13 @@
 namespace moe::plan {
 
 struct SearchOptions {
-  int gpus = 0;                   // world size
+  int gpus = 0;  // world size
   TrainShape shape;
   bool zero1 = false;
   int top = 5;
-  int max_tp = 1;                 // TP + SSMB layouts only when asked (--max-tp)
+  int max_tp = 1;  // TP + SSMB layouts only when asked (--max-tp)
   int max_micro_batches = 256;
-  double imbalance = 1.0;             // manual: rows on the busiest expert rank / the mean
+  double imbalance = 1.0;                 // manual: rows on the busiest expert rank / the mean
   const RoutingStats* routing = nullptr;  // measured expert loads (overrides `imbalance`)
 };
 
@@ -34,7 +34,7 @@ struct Candidate {
   Layout layout;
   MemoryEstimate memory;
   TimeBreakdown time;
-  double capacity = 0;            // bytes per rank
+  double capacity = 0;  // bytes per rank
   bool fits = true;
   // The routing imbalance the estimates used (busiest EP rank's rows / the mean; 1 without EP):
   // per step and layer, averaged (time), and the worst step summed over layers (memory).
@@ -43,18 +43,18 @@ struct Candidate {
 
 // One rejected family (pp, ep, tp; dp follows): which constraint, and by how much.
 struct Rejection {
-  Layout family;                  // pp, dp, ep, tp set; for memory, the layout that came closest
-  std::string constraint;         // divisibility | layers | fast-domain | memory | batch
-  std::string reason;             // "stage 0 needs 212.4 GB > 64 GB HBM by 148.4 GB"
-  double over_bytes = 0;          // memory: smallest overshoot over the family's layouts
+  Layout family;           // pp, dp, ep, tp set; for memory, the layout that came closest
+  std::string constraint;  // divisibility | layers | fast-domain | memory | batch
+  std::string reason;      // "stage 0 needs 212.4 GB > 64 GB HBM by 148.4 GB"
+  double over_bytes = 0;   // memory: smallest overshoot over the family's layouts
 };
 
 struct SearchResult {
-  std::vector<Candidate> best;    // ranked, fastest first
+  std::vector<Candidate> best;  // ranked, fastest first
   std::vector<Rejection> rejected;
-  long long evaluated = 0;        // layouts whose memory was computed
+  long long evaluated = 0;  // layouts whose memory was computed
   long long feasible = 0;
-  double seconds = 0;             // time the search took
+  double seconds = 0;  // time the search took
   MemoryOptions memory_options;
 };
 

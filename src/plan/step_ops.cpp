@@ -64,10 +64,10 @@ LayerOps layer_ops(const PlanModel& m, int l, const Layout& lay, const RankShape
     // Rows of the busiest rank (the others wait for it at the combine).
     o.rows = mo.padded || lay.ep == 1 ? a.rows : Nm * m.top_k * mo.time_imbalance;
     o.a2a_rows = mo.padded || lay.ep == 1 ? a.rows : Nm * m.top_k * mo.a2a_imbalance;
-    const double r = o.rows / El;  // rows per local expert
-    add_linear(o.ffn_fwd, o.ffn_bwd, Nm, H, E);  // router
+    const double r = o.rows / El;                                             // rows per local expert
+    add_linear(o.ffn_fwd, o.ffn_bwd, Nm, H, E);                               // router
     add_linear(o.ffn_fwd, o.ffn_bwd, r, H, F, El * (m.expert_matrices - 1));  // gate (+ up)
-    add_linear(o.ffn_fwd, o.ffn_bwd, r, F, H, El);                           // down
+    add_linear(o.ffn_fwd, o.ffn_bwd, r, F, H, El);                            // down
     if (mo.shared_experts && m.shared_ffn > 0) {
       add_linear(o.ffn_fwd, o.ffn_bwd, Nm, H, m.shared_ffn, 2);
       add_linear(o.ffn_fwd, o.ffn_bwd, Nm, m.shared_ffn, H);

@@ -46,10 +46,10 @@ struct LayerOps {
   PassOps attn_fwd, attn_bwd;  // projections + attention core + memory-bound
   PassOps ffn_fwd, ffn_bwd;    // dense FFN, or router + experts + shared + memory-bound
   bool moe = false;
-  double rows = 0;             // expert rows of the busiest rank
-  double a2a_rows = 0;         // rows the all-to-all is paced by (bytes = a2a_rows · H · B):
-                               // the busiest rank's, or node's when the EP group spans nodes
-  double dropped = 0;          // elements forward drops and backward recomputes
+  double rows = 0;      // expert rows of the busiest rank
+  double a2a_rows = 0;  // rows the all-to-all is paced by (bytes = a2a_rows · H · B):
+                        // the busiest rank's, or node's when the EP group spans nodes
+  double dropped = 0;   // elements forward drops and backward recomputes
 };
 
 // Layer l for one micro-batch of `rs` on a rank of `lay`. The busiest rank's expert rows use

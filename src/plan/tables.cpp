@@ -129,8 +129,7 @@ json to_json(const GemmTable& t) {
   return json{{"m", t.m}, {"n", t.n}, {"k", t.k}, {"gflops", t.gflops}};
 }
 json to_json(const AttentionTable& t) {
-  return json{{"seq_len", t.t}, {"head_dim", t.hd}, {"fwd_gflops", t.fwd_gflops},
-              {"bwd_gflops", t.bwd_gflops}};
+  return json{{"seq_len", t.t}, {"head_dim", t.hd}, {"fwd_gflops", t.fwd_gflops}, {"bwd_gflops", t.bwd_gflops}};
 }
 
 Table1D table1d_from_json(const json& j, const std::string& where) {

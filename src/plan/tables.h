@@ -33,7 +33,7 @@ struct GemmTable {
 // throughput over nominal FLOPs: forward 4·T²·hd (q·kᵀ and att·v over the full T×T square),
 // backward 8·T²·hd. Stored as rates so that a longer sequence than measured extrapolates as T².
 struct AttentionTable {
-  std::vector<double> t, hd;                 // ascending grids
+  std::vector<double> t, hd;                   // ascending grids
   std::vector<double> fwd_gflops, bwd_gflops;  // [t.size()][hd.size()]
   bool empty() const { return fwd_gflops.empty(); }
   double fwd(double T, double head_dim) const;  // seconds per (sequence, head)

@@ -244,8 +244,8 @@ double shared_pipeline(const std::vector<StageWork>& w, Schedule schedule, int M
   const double kNever = 1e300;
   std::vector<std::vector<double>> fwd_done(P, std::vector<double>(M, kNever)), bwd_done = fwd_done;
   std::vector<size_t> next(P, 0);
-  std::vector<int> phase(P, 0);         // 0 waiting, 1 computing, 2 communicating
-  std::vector<double> left(P, 0.0);     // remaining compute (solo s) or comm (wall s)
+  std::vector<int> phase(P, 0);      // 0 waiting, 1 computing, 2 communicating
+  std::vector<double> left(P, 0.0);  // remaining compute (solo s) or comm (wall s)
   double now = 0;
   auto ready_at = [&](int s) {
     const PipeOpSpec& op = ops[s][next[s]];

@@ -35,9 +35,9 @@
 namespace moe::plan {
 
 struct StageTime {
-  double fwd = 0, bwd = 0;      // per micro-batch, all included (compute + a2a + recompute)
+  double fwd = 0, bwd = 0;                  // per micro-batch, all included (compute + a2a + recompute)
   double fwd_compute = 0, bwd_compute = 0;  // GEMM + attention + memory-bound (+ recompute in bwd)
-  double a2a = 0;               // per micro-batch, forward + backward (+ recompute)
+  double a2a = 0;                           // per micro-batch, forward + backward (+ recompute)
 };
 
 struct TimeBreakdown {
@@ -48,7 +48,7 @@ struct TimeBreakdown {
   double bubble = 0;     // fill and drain
   double allreduce = 0;  // gradient synchronisation
   double optimizer = 0;
-  double step = 0;       // seconds
+  double step = 0;  // seconds
   double tokens_per_s = 0;
   double model_flops = 0;  // per step
   double mfu = 0;

@@ -162,8 +162,8 @@ void section_summary(Page& pg, const Run& run, const std::vector<const Rec*>& rs
   rows.push_back({"wall time", fmt_seconds(last.wall)});
   rows.push_back({"final training loss", fmt(last.m.loss)});
   rows.push_back({"final validation loss", std::isfinite(final_val) ? str_cat(fmt(final_val), " (best ", fmt(best_val),
-                                                                               " at step ", best_val_step, ")")
-                                                                     : "none logged"});
+                                                                              " at step ", best_val_step, ")")
+                                                                    : "none logged"});
   rows.push_back({"tokens/s (all steps)", time > 0 ? fmt(tokens / time, "%.0f") : "n/a"});
   rows.push_back({"MFU (median step)", fmt(100 * percentile(mfu_sorted, 0.5), "%.1f%%")});
   rows.push_back({"skipped steps (non-finite loss)", std::to_string(skipped)});

@@ -35,7 +35,7 @@ struct TokenizeResult {
   std::string prefix;
   uint64_t documents = 0, tokens = 0, bytes = 0, val_tokens = 0, val_bytes = 0;
   int vocab_size = 0;
-  std::string model_path;  // SentencePiece model beside the dataset ("" for bytes)
+  std::string model_path;   // SentencePiece model beside the dataset ("" for bytes)
   std::string fingerprint;  // io::tokenizer_fingerprint of the tokenizer (in the sidecar)
 };
 

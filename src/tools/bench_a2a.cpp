@@ -143,14 +143,14 @@ A2aBenchResult run_a2a_bench(const Group& group, const Topology& topo, const A2a
   res.ranks = n;
   res.topology = topo.describe();
   const std::vector<double> sweep = tools::size_sweep(static_cast<double>(o.min_bytes),
-                                                     static_cast<double>(o.max_bytes), o.factor);
+                                                      static_cast<double>(o.max_bytes), o.factor);
   for (int size_index = 0; size_index < static_cast<int>(sweep.size()); ++size_index) {
     const double want = sweep[size_index];
     const int64_t T = std::max<int64_t>(1, static_cast<int64_t>(want) / row_bytes);
     MOE_CHECK(T < (1 << 24), "bench a2a: ", T, " tokens per rank is too many (max 2^24)");
     A2aRouting rt = make_a2a_routing(o.experts, o.topk, o.routing, static_cast<int>(T), n,
-                              derive_rng(o.seed, static_cast<uint64_t>(group.world_rank()) * 4096 + size_index),
-                              n_group, topk_group);
+                                     derive_rng(o.seed, static_cast<uint64_t>(group.world_rank()) * 4096 + size_index),
+                                     n_group, topk_group);
     // Buffers (calloc), not vectors: an SMPI run folds them with smpi/auto-shared-malloc-thresh.
     Buffer<float> src(static_cast<size_t>(T) * H);
     for (int64_t t = 0; t < T; ++t)

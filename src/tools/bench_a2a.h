@@ -35,10 +35,10 @@ struct A2aBenchOptions {
   int topk = 8;                   // k
   std::vector<A2a> algorithms = {A2a::kFlat, A2a::kRbd, A2a::kHalo, A2a::kRbdHalo};
   std::string routing = "uniform";  // "uniform" | "skewed" | "node-limited"
-  int topk_group = 0;             // node-limited: nodes a token may reach (required there only)
+  int topk_group = 0;               // node-limited: nodes a token may reach (required there only)
   int iters = 20, warmup = 5;
   uint64_t seed = 1;
-  bool json = false;              // for the caller: print a2a_bench_json instead of the table
+  bool json = false;  // for the caller: print a2a_bench_json instead of the table
   // false: received rows' contents are not compared with their stamps (their origin, tag and
   // count still are). For SMPI runs whose row buffers are folded by shared malloc: all ranks'
   // rows then share pages, so their contents mean nothing.
@@ -46,17 +46,17 @@ struct A2aBenchOptions {
 };
 
 struct A2aBenchRow {
-  int64_t size = 0;               // bytes per rank (tokens · k · H · 4)
-  int64_t count = 0;              // tokens per rank
+  int64_t size = 0;   // bytes per rank (tokens · k · H · 4)
+  int64_t count = 0;  // tokens per rank
   A2a algo = A2a::kFlat;
-  double time_us = 0;             // plan + multicast (median of per-iteration max over ranks)
+  double time_us = 0;                    // plan + multicast (median of per-iteration max over ranks)
   double plan_us = 0, multicast_us = 0;  // the same statistic of each part
   double algbw_gbps = 0, busbw_gbps = 0;
-  uint64_t inter_node_bytes = 0;  // row bytes over inter-node + inter-group links, all ranks
-  uint64_t intra_node_bytes = 0;  // row bytes over intra-node links, all ranks
-  uint64_t same_rank_bytes = 0;   // row bytes a rank routed to itself, all ranks
+  uint64_t inter_node_bytes = 0;        // row bytes over inter-node + inter-group links, all ranks
+  uint64_t intra_node_bytes = 0;        // row bytes over intra-node links, all ranks
+  uint64_t same_rank_bytes = 0;         // row bytes a rank routed to itself, all ranks
   double inter_node_msgs_per_rank = 0;  // non-empty inter-node row messages, mean over ranks
-  int64_t wrong = 0;              // rows with a wrong origin or content, plus missing rows
+  int64_t wrong = 0;                    // rows with a wrong origin or content, plus missing rows
   // Receive-side imbalance (rows each rank's experts get; the same in every algorithm): the
   // busiest rank's rows and the hottest node's rows (its ranks summed). Under skewed routing these
   // bind, not the mean; the planner's a2a_seconds takes them as the bytes of the exchange.
@@ -66,7 +66,7 @@ struct A2aBenchRow {
 struct A2aBenchResult {
   A2aBenchOptions opts;
   int ranks = 0;
-  std::string topology;           // Topology::describe()
+  std::string topology;  // Topology::describe()
   std::vector<A2aBenchRow> rows;
 };
 

@@ -331,9 +331,9 @@ std::string format_moe_bench_table(const MoeBenchResult& r) {
                 "%s %s^3: %.1f GFLOP/s\n",
                 o.tokens, o.hidden, o.experts, o.topk, o.ffn, o.shared, o.capacity_factor,
                 name(o.device), name(o.precision),
-                o.device == Device::kCuda ? "cuBLAS"
+                o.device == Device::kCuda         ? "cuBLAS"
                 : o.precision == Precision::kBf16 ? "oneDNN bf16 peak, best of"
-                                          : "BLAS fp32 peak, best of",
+                                                  : "BLAS fp32 peak, best of",
                 sizes.c_str(),
                 r.blas_gflops_1024);
   os << line;

@@ -30,30 +30,30 @@ struct MoeBenchOptions {
   // comparison), and the roofline is the same run's cuBLAS n³ GEMM (bf16 inputs when bf16).
   Device device = Device::kCpu;
   Precision precision = Precision::kFp32;  // GEMM inputs (bf16: CUDA or oneDNN), fp32 accumulation
-  bool run_padded = true;         // also the capacity-padded baseline (CPU only)
-  bool breakdown = false;         // the table adds each step's forward/backward ms
+  bool run_padded = true;                  // also the capacity-padded baseline (CPU only)
+  bool breakdown = false;                  // the table adds each step's forward/backward ms
 };
 
 struct MoeBenchRow {
-  std::string path;               // "padding-free" or "padded"
+  std::string path;                             // "padding-free" or "padded"
   double fwd_ms = 0, bwd_ms = 0, total_ms = 0;  // medians over iters
-  double expert_gemm_ms = 0;      // inside grouped_swiglu forward + backward (median)
-  MoeStepTimes steps;             // each step's seconds, mean over iters (the breakdown)
-  double gflops_layer = 0;        // useful layer FLOPs / total time
-  double gflops_expert = 0;       // useful expert FLOPs / expert_gemm time
+  double expert_gemm_ms = 0;                    // inside grouped_swiglu forward + backward (median)
+  MoeStepTimes steps;                           // each step's seconds, mean over iters (the breakdown)
+  double gflops_layer = 0;                      // useful layer FLOPs / total time
+  double gflops_expert = 0;                     // useful expert FLOPs / expert_gemm time
   double frac_of_blas_layer = 0, frac_of_blas_expert = 0;
-  size_t activation_bytes = 0;    // held by forward for backward (exact, MemTracker)
-  double dropped_fraction = 0;    // dropped (token, slot) pairs / (T·k)
-  size_t padding_rows = 0;        // rows of zeros that went through the experts
-  int checked_tokens = 0;         // tokens whose output was recomputed naively (nccl-tests style)
-  int wrong_tokens = 0;           // of those, how many differ by more than 1e-3 (relative)
+  size_t activation_bytes = 0;  // held by forward for backward (exact, MemTracker)
+  double dropped_fraction = 0;  // dropped (token, slot) pairs / (T·k)
+  size_t padding_rows = 0;      // rows of zeros that went through the experts
+  int checked_tokens = 0;       // tokens whose output was recomputed naively (nccl-tests style)
+  int wrong_tokens = 0;         // of those, how many differ by more than 1e-3 (relative)
 };
 
 struct MoeBenchResult {
-  double blas_gflops_1024 = 0;    // best GEMM GFLOP/s of the run: 1024³ sgemm (CPU), or the
-  int blas_n = 1024;              // cuBLAS blas_n³ GEMM in the layer's precision (CUDA)
+  double blas_gflops_1024 = 0;  // best GEMM GFLOP/s of the run: 1024³ sgemm (CPU), or the
+  int blas_n = 1024;            // cuBLAS blas_n³ GEMM in the layer's precision (CUDA)
   std::vector<MoeBenchRow> rows;
-  MoeBenchOptions opts;           // what was run
+  MoeBenchOptions opts;  // what was run
 };
 
 // Useful FLOPs of one forward + backward: router 2·T·H·E·3, routed experts 18·rows·H·F (forward

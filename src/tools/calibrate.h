@@ -16,12 +16,12 @@ namespace moe::train {
 
 struct CalibrateOptions {
   std::string out = "profile.json";
-  bool append = false;        // extend an existing profile with this rank count's measurements
-  int ranks_per_node = 0;     // topology of the exchange benchmarks (0 = from the launcher)
+  bool append = false;     // extend an existing profile with this rank count's measurements
+  int ranks_per_node = 0;  // topology of the exchange benchmarks (0 = from the launcher)
   int nodes_per_group = 0;
-  bool quick = false;         // small grids and few iterations (tests)
-  int threads = 1;            // BLAS threads per rank
-  bool verbose = true;        // summary on stderr
+  bool quick = false;   // small grids and few iterations (tests)
+  int threads = 1;      // BLAS threads per rank
+  bool verbose = true;  // summary on stderr
 };
 
 void run_calibrate(const CalibrateOptions& opts);

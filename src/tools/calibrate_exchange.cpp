@@ -90,13 +90,16 @@ std::vector<CommMeasurement> measure_a2a(const Group& world, const Topology& top
       const ExchangePlan plan = ex.plan(T, static_cast<int>(r.src_row.size()), r.src_row.data(),
                                         r.dst.data(), r.tag.data(), r.value.data());
       recv.resize(static_cast<size_t>(plan.num_recv) * H);
-      const double dispatch = timed(world, n_iters, [&] {
-        ExchangePlan p = ex.plan(T, static_cast<int>(r.src_row.size()), r.src_row.data(), r.dst.data(),
-                                 r.tag.data(), r.value.data());
-        ex.multicast(p, src.data(), recv.data(), H);
-      }, /*gaps=*/true);
-      const double combine = timed(world, n_iters, [&] { ex.reduce(plan, recv.data(), back.data(), H); },
-                                   /*gaps=*/true);
+      const double dispatch = timed(
+          world, n_iters, [&] {
+            ExchangePlan p = ex.plan(T, static_cast<int>(r.src_row.size()), r.src_row.data(), r.dst.data(),
+                                     r.tag.data(), r.value.data());
+            ex.multicast(p, src.data(), recv.data(), H);
+          },
+          /*gaps=*/true);
+      const double combine = timed(
+          world, n_iters, [&] { ex.reduce(plan, recv.data(), back.data(), H); },
+          /*gaps=*/true);
       m.bytes.push_back(static_cast<double>(T) * k * H * 4);
       m.seconds.push_back((dispatch + combine) / 2);
     }

@@ -16,8 +16,8 @@
 namespace moe::comm {
 
 struct CommMeasurement {
-  std::string op;               // a2a | p2p | allreduce
-  std::optional<A2a> algo;      // a2a: the exchange; else none
+  std::string op;           // a2a | p2p | allreduce
+  std::optional<A2a> algo;  // a2a: the exchange; else none
   int world = 0, group = 0, ranks_per_node = 0;
   std::vector<double> bytes;    // per rank (a2a: flat dispatch bytes tokens·k·H·4)
   std::vector<double> seconds;  // mean of the per-iteration maximum over ranks (a2a: one of

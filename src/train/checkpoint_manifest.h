@@ -23,15 +23,15 @@ constexpr const char* kCheckpointFormat = "moetrain-checkpoint-1";
 constexpr size_t kMaxManifestBytes = size_t{256} << 20;
 
 struct CheckpointMeta {
-  int step = 0;                   // optimizer steps completed
-  uint64_t data_rng_state = 0;    // data sampler state after `step` steps (the data cursor)
+  int step = 0;                 // optimizer steps completed
+  uint64_t data_rng_state = 0;  // data sampler state after `step` steps (the data cursor)
   uint64_t seed = 0;
-  int bad_steps = 0;              // non-finite steps skipped so far
+  int bad_steps = 0;  // non-finite steps skipped so far
   // The step count a --time-budget run chose after its warm-up (0: a run with a fixed --steps, or
   // one written before the choice); a resumed --time-budget run keeps it.
   int time_budget_steps = 0;
-  nlohmann::json config;          // the model's config.json
-  nlohmann::json parallel;        // layout that wrote it (information; any layout can load it)
+  nlohmann::json config;            // the model's config.json
+  nlohmann::json parallel;          // layout that wrote it (information; any layout can load it)
   nlohmann::json expert_placement;  // {"layer": [ep rank of logical expert e, ...]}
   // noaux_tc routers' e_score_correction_bias, {"layer": [E floats]} (train/score_bias.h); null
   // when the model has none. Checked against the model on resume (ScoreBias::load_json).

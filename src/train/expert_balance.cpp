@@ -74,7 +74,8 @@ StepBalance ExpertBalance::after_update(model::Model& model, std::vector<int64_t
   if (report_)
     for (const LayerMigration& lm : changed)
       std::fprintf(stderr, "%sstep %d: layer %d migrated %d expert swap(s), rank imbalance %.3f -> %.3f "
-                   "(%s moved in %.1f ms, all layers)\n", tty_ ? "\n" : "", step + 1, lm.layer, lm.swaps,
+                           "(%s moved in %.1f ms, all layers)\n",
+                   tty_ ? "\n" : "", step + 1, lm.layer, lm.swaps,
                    lm.imbalance_before, lm.imbalance_after, format_bytes(moved).c_str(), 1e3 * seconds);
   return out;
 }

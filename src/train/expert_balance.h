@@ -18,10 +18,10 @@
 namespace moe::train {
 
 struct StepBalance {
-  std::vector<int64_t> loads;                    // tokens per expert, [MoE layer][E] flattened, global
-  std::vector<std::vector<double>> rank_loads;   // [MoE layer][EP rank]; EP > 1 only
-  std::vector<double> imbalance;                 // [MoE layer]: max/mean of rank_loads
-  std::optional<MigrationRecord> migration;      // the experts moved after this step
+  std::vector<int64_t> loads;                   // tokens per expert, [MoE layer][E] flattened, global
+  std::vector<std::vector<double>> rank_loads;  // [MoE layer][EP rank]; EP > 1 only
+  std::vector<double> imbalance;                // [MoE layer]: max/mean of rank_loads
+  std::optional<MigrationRecord> migration;     // the experts moved after this step
 };
 
 class ExpertBalance {

@@ -22,8 +22,8 @@ class BadStepPolicy {
   // After the update of (0-based) `step`: a skipped one is counted and named; the streak's
   // --max-bad-steps-th throws SetupError naming the last good checkpoint. A good one ends the streak.
   void after_step(int step, bool skipped, bool loss_finite, const Checkpointer& checkpoints);
-  int total() const { return total_; }                      // in the run, earlier processes included
-  int in_a_row() const { return in_a_row_; }                 // 0: the last step was good
+  int total() const { return total_; }        // in the run, earlier processes included
+  int in_a_row() const { return in_a_row_; }  // 0: the last step was good
   int this_process() const { return total_ - at_start_; }
 
  private:

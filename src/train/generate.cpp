@@ -54,7 +54,7 @@ LoadedModel load_model_for_inference(const std::string& path_in) {
   if (!has_entry(path + "/manifest.json") && !has_entry(path + "/config.json")) {
     const std::string latest = find_latest_checkpoint(path);
     MOE_CHECK(!latest.empty(), path, ": neither a checkpoint (manifest.json), a folder of "
-              "checkpoints, nor an exported model (config.json)");
+                                     "checkpoints, nor an exported model (config.json)");
     path = latest;
   }
   LoadedModel out;
@@ -160,7 +160,7 @@ GenerateResult generate(const GenerateOptions& o,
   // mean nothing: refused, not guessed.
   MOE_CHECK(tok->kind() != "bytes" || c.vocab_size == 256, m.source, ": vocab_size ",
             c.vocab_size, " is not the byte-level vocabulary (256): give the tokenizer of its data "
-            "with --tokenizer spm:PATH.model");
+                          "with --tokenizer spm:PATH.model");
   // The tokenizer the model was trained with (issue 42, class 4): another one's ids mean other text.
   const std::string note = io::check_tokenizer_match(c.tokenizer_fingerprint, m.source, tok->fingerprint(),
                                                      str_cat("--tokenizer ", o.tokenizer));
@@ -170,7 +170,8 @@ GenerateResult generate(const GenerateOptions& o,
   r.prompt_ids = tok->encode(o.prompt);
   const long long P = static_cast<long long>(r.prompt_ids.size());
   MOE_CHECK(P <= c.max_position_embeddings, "--prompt is ", P, " tokens, longer than "
-            "max_position_embeddings ", c.max_position_embeddings, " of ", m.source);
+                                                               "max_position_embeddings ",
+            c.max_position_embeddings, " of ", m.source);
   // Refused up front rather than cut short: the output is exactly --tokens long or nothing.
   MOE_CHECK(P + o.tokens <= c.max_position_embeddings, "--prompt (", P, " tokens) + --tokens ",
             o.tokens, " = ", P + o.tokens, " exceeds max_position_embeddings ",

@@ -19,10 +19,10 @@ namespace moe::train {
 struct GenerateOptions {
   std::string model_path;
   std::string prompt;
-  int tokens = 200;           // new tokens; prompt + tokens must fit max_position_embeddings
-  float temperature = 0.8f;   // 0 = greedy (argmax, the lowest id on a tie)
-  int top_k = 0;              // sample among the k most likely tokens; 0 = all
-  uint64_t seed = 0;          // the sampler's Rng (core/rng.h)
+  int tokens = 200;          // new tokens; prompt + tokens must fit max_position_embeddings
+  float temperature = 0.8f;  // 0 = greedy (argmax, the lowest id on a tie)
+  int top_k = 0;             // sample among the k most likely tokens; 0 = all
+  uint64_t seed = 0;         // the sampler's Rng (core/rng.h)
   Device device = Device::kCpu;
   std::string tokenizer = "bytes";  // bytes | spm:PATH (loaded by the CLI into tokenizer_impl)
   // The tokenizer itself when the caller made one (a SentencePiece model); else `tokenizer` names it.

@@ -42,12 +42,12 @@ class HfFolder {
 
  private:
   const io::SafetensorsFile* file_of(const std::string& tensor) const;  // null: not in the folder
-  std::string where(const std::string& tensor) const;                  // the file that lists it
+  std::string where(const std::string& tensor) const;                   // the file that lists it
 
   std::string dir_, config_path_, index_path_;
   model::ModelConfig cfg_;
-  std::map<std::string, std::string> name_to_file_;       // tensor -> plain file name in dir_
-  std::map<std::string, io::SafetensorsFile> files_;       // plain file name -> mapped file
+  std::map<std::string, std::string> name_to_file_;   // tensor -> plain file name in dir_
+  std::map<std::string, io::SafetensorsFile> files_;  // plain file name -> mapped file
 };
 
 }  // namespace moe::train

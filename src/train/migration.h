@@ -25,7 +25,7 @@
 namespace moe::train {
 
 struct LayerMigration {
-  int layer = 0;           // model layer
+  int layer = 0;  // model layer
   int swaps = 0;
   double imbalance_before = 1, imbalance_after = 1;  // max/mean rank load on the window's loads
 };

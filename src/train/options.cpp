@@ -30,7 +30,8 @@ double parse_duration_s(const std::string& text, const char* flag) {
   else if (unit == "m" || unit == "min") scale = 60;
   else if (unit == "h") scale = 3600;
   MOE_CHECK(digit && one_point && scale > 0, flag, " must be a duration: seconds, or a number with the unit "
-            "s, m or h (300, 90s, 5m, 1.5h), got '", text, "'");
+                                                   "s, m or h (300, 90s, 5m, 1.5h), got '",
+            text, "'");
   const double seconds = std::strtod(number.c_str(), nullptr) * scale;
   MOE_CHECK(seconds > 0 && seconds <= 1e7, flag, " must be more than 0 and at most 1e7 seconds, got '", text, "'");
   return seconds;
@@ -63,7 +64,8 @@ void validate_options(const TrainOptions& o) {
             "--time-budget must be more than 0 and at most 1e7 seconds, got ", o.time_budget_s);
   MOE_CHECK(o.time_budget_s == 0 || o.optim.warmup_steps >= kTimeBudgetMinWarmup,
             "--time-budget chooses the step count from the warm-up steps' time (their learning rates do not depend "
-            "on it), so it needs --warmup >= ", kTimeBudgetMinWarmup, ", got ", o.optim.warmup_steps);
+            "on it), so it needs --warmup >= ",
+            kTimeBudgetMinWarmup, ", got ", o.optim.warmup_steps);
   const OptimConfig& c = o.optim;
   MOE_CHECK(c.min_lr <= c.lr, "--min-lr ", c.min_lr, " is above --lr ", c.lr,
             " (the cosine schedule decays from --lr to --min-lr)");
@@ -76,9 +78,9 @@ void validate_options(const TrainOptions& o) {
   MOE_CHECK(o.device.precision != Precision::kBf16 || o.device.type == Device::kCuda || kernels::bf16_cpu_available(),
             "--precision bf16 --device cpu: ", kernels::bf16_cpu_unavailable_reason());
   MOE_CHECK(o.balance.migrate_every == 0 || !o.parallel.zero1, "--balance.migrate-every with --zero1: moving experts with a "
-            "sharded AdamW state is not supported; use one of them");
+                                                               "sharded AdamW state is not supported; use one of them");
   MOE_CHECK(o.balance.migrate_every == 0 || !o.model.moe.padded, "--balance.migrate-every with --padded: migration needs "
-            "the padding-free layout");
+                                                                 "the padding-free layout");
   MOE_CHECK(!o.out_dir.empty(), "--out must not be empty");
 }
 

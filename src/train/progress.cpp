@@ -28,7 +28,7 @@ void print_run_header(const TrainOptions& opts, const RunSetup& setup, const par
                "moetrain: %s, %.2fM params (%.2fM active), %d layers, E=%d k=%d, global batch "
                "%dx%d in %d micro-batch(es), %s, %d rank(s) [%s, layers %s, %s, a2a %s, "
                "recompute %s, %s], %d BLAS thread(s) per rank (%s), peak %.1f GFLOP/s per rank (%s)\n",
-               !opts.model.init_from.empty()      ? opts.model.init_from.c_str()
+               !opts.model.init_from.empty()    ? opts.model.init_from.c_str()
                : opts.model.config_path.empty() ? opts.model.preset.c_str()
                                                 : opts.model.config_path.c_str(),
                pc.total / 1e6, pc.active / 1e6, cfg.num_hidden_layers, cfg.n_routed_experts, cfg.num_experts_per_tok,
@@ -39,10 +39,10 @@ void print_run_header(const TrainOptions& opts, const RunSetup& setup, const par
                peak.describe(setup.precision == Precision::kBf16 && !cuda).c_str());
   if (!setup.a2a_auto_why.empty()) std::fprintf(stderr, "moetrain: --a2a auto: %s\n", setup.a2a_auto_why.c_str());
   if (opts.parallel.comm_overlap) {
-    const char* why = grid.dims.ep < 2                 ? "no effect: no token exchange (--ep 1)"
-                      : cfg.n_shared_experts == 0       ? "no effect: the model has no shared experts"
-                      : cuda                            ? "no effect on CUDA (the staged exchange shares the compute stream)"
-                                                        : "the shared experts run beside each MoE layer's exchange";
+    const char* why = grid.dims.ep < 2            ? "no effect: no token exchange (--ep 1)"
+                      : cfg.n_shared_experts == 0 ? "no effect: the model has no shared experts"
+                      : cuda                      ? "no effect on CUDA (the staged exchange shares the compute stream)"
+                                                  : "the shared experts run beside each MoE layer's exchange";
     std::fprintf(stderr, "moetrain: --comm.overlap: %s\n", why);
   }
   if (!opts.device.precision)
@@ -92,7 +92,7 @@ void print_done(const TrainOptions& opts, int steps, double seconds, double trai
                   final_val);
   const std::string budget_text =
       opts.time_budget_s > 0 ? str_cat(" (training steps ", format_budget(train_s), " of the ",
-                                        format_budget(opts.time_budget_s), " budget)")
+                                       format_budget(opts.time_budget_s), " budget)")
                              : std::string();
   std::fprintf(stderr,
                "done: %d steps in %s%s, %.0f tokens/s, MFU %.1f%%, final val loss %s; "

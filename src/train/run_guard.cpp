@@ -83,7 +83,7 @@ DirLock DirLock::acquire_file(const std::string& path, const std::string& dir, c
   lock.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
   if (lock.fd_ < 0 && errno == ELOOP)
     throw Error(str_cat(flag, " ", path, ": is a symbolic link; the lock file is written only as a new or regular file, "
-                        "never through a link"));
+                                         "never through a link"));
   if (lock.fd_ < 0) throw Error(str_cat(path, ": cannot create the lock file of ", flag, ": ", std::strerror(errno)));
   struct stat st {};
   if (::fstat(lock.fd_, &st) != 0 || !S_ISREG(st.st_mode))
@@ -101,7 +101,7 @@ DirLock DirLock::acquire_file(const std::string& path, const std::string& dir, c
   gethostname(host, sizeof host - 1);
   char when[64] = "";
   const std::time_t now = std::time(nullptr);
-  std::tm tm {};
+  std::tm tm{};
   localtime_r(&now, &tm);
   std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
   const std::string text = str_cat("pid ", getpid(), " on ", host, " since ", when, ": ", what, "\n");

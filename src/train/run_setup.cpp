@@ -128,7 +128,7 @@ void check_options_and_model(const TrainOptions& opts, RunSetup& r, bool indexed
   require_device(device, "--device");
   MOE_CHECK(device == Device::kCpu || !opts.model.moe.padded,
             "--padded: the capacity-padded baseline runs on the CPU only (--device cpu)");
-  cfg = !opts.model.init_from.empty()      ? init_from_config(opts.model)  // train/init_from.h
+  cfg = !opts.model.init_from.empty()    ? init_from_config(opts.model)  // train/init_from.h
         : opts.model.config_path.empty() ? model::preset(opts.model.preset)
                                          : model::load_config(opts.model.config_path);
   MOE_CHECK(opts.data.seq_len <= cfg.max_position_embeddings, "--seq-len ", opts.data.seq_len,
@@ -290,7 +290,8 @@ void check_resume(const TrainOptions& opts, RunSetup& r, const std::string& data
     if (t != meta.data.end() && t->is_number_integer() && t->get<int64_t>() != now.mtime_ns && root &&
         opts.progress)
       std::fprintf(stderr, "moetrain: note: %s was modified since %s was written (its size and sampled blocks "
-                   "match)\n", now.file.c_str(), mpath.c_str());
+                           "match)\n",
+                   now.file.c_str(), mpath.c_str());
   }
 }
 

@@ -26,22 +26,22 @@ namespace moe::train {
 struct RunSetup {
   comm::Group world;
   std::optional<comm::CommTimeout> comm_timeout;  // --comm.timeout, while the run lasts
-  std::vector<double> host_of;                     // per world rank: its host (ranks whose memory adds up)
-  bool root = false;                               // world rank 0: reports, writes the files
-  model::ModelConfig cfg;                          // --preset / --config, --vocab-size applied
-  std::unique_ptr<io::Corpus> corpus;              // byte-level text or an indexed dataset
-  std::ofstream metrics;                           // metrics.jsonl (root only)
-  DirLock out_lock, ckpt_lock;                     // held until the run ends (root only)
-  std::string ckpt_dir;                            // --checkpoint.dir or <out>/checkpoints
-  std::string resume_path;                         // the checkpoint to resume ("" = a fresh run)
+  std::vector<double> host_of;                    // per world rank: its host (ranks whose memory adds up)
+  bool root = false;                              // world rank 0: reports, writes the files
+  model::ModelConfig cfg;                         // --preset / --config, --vocab-size applied
+  std::unique_ptr<io::Corpus> corpus;             // byte-level text or an indexed dataset
+  std::ofstream metrics;                          // metrics.jsonl (root only)
+  DirLock out_lock, ckpt_lock;                    // held until the run ends (root only)
+  std::string ckpt_dir;                           // --checkpoint.dir or <out>/checkpoints
+  std::string resume_path;                        // the checkpoint to resume ("" = a fresh run)
   // The options' enumerated values, parsed.
   A2a a2a = A2a::kFlat;
-  std::string a2a_auto_why;                        // --a2a auto: what was chosen and why ("" otherwise)
-  std::optional<CommBackend> comm_backend;         // --comm.backend (nullopt = auto): decided with the grid
+  std::string a2a_auto_why;                 // --a2a auto: what was chosen and why ("" otherwise)
+  std::optional<CommBackend> comm_backend;  // --comm.backend (nullopt = auto): decided with the grid
   Schedule schedule = Schedule::k1F1B;
   Recompute recompute = Recompute::kNone;
   Device device = Device::kCpu;
-  Precision precision = Precision::kFp32;           // --precision with auto resolved
+  Precision precision = Precision::kFp32;  // --precision with auto resolved
   // --precision auto on the CPU: the two peaks it compared (GFLOP/s, this rank), 0 otherwise;
   // the chosen one is the run's MFU peak (not measured again).
   double auto_fp32_peak = 0, auto_bf16_peak = 0;

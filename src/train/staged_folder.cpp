@@ -142,7 +142,8 @@ void StagedFolder::publish(const std::regex& replaced) {
     MOE_CHECK(err == EINVAL || err == ENOSYS || err == ENOTSUP, flag_, " ", target_,
               ": cannot publish the new folder (", std::strerror(err), "); the earlier one is unchanged");
     old_dir = (fs::path(target_).parent_path() /
-               str_cat(".", fs::path(target_).filename().string(), ".replaced.", ::getpid())).string();
+               str_cat(".", fs::path(target_).filename().string(), ".replaced.", ::getpid()))
+                  .string();
     if (::rename(target_.c_str(), old_dir.c_str()) != 0)
       throw Error(str_cat(flag_, " ", target_, ": cannot move the earlier folder aside (",
                           std::strerror(errno), "); it is unchanged"));

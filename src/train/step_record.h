@@ -23,10 +23,10 @@ namespace moe::train {
 // "stages": one per pipeline stage, the figures of the stage's slowest rank.
 struct StageRecord {
   int stage = 0;
-  double layers = NAN;                 // decoder layers of the stage (an integer)
+  double layers = NAN;  // decoder layers of the stage (an integer)
   double compute_s = NAN, bubble_s = NAN, all_to_all_s = NAN, step_s = NAN;
   double activation_peak_bytes = NAN, total_peak_bytes = NAN;
-  double max_in_flight = NAN;          // micro-batches held at once (an integer)
+  double max_in_flight = NAN;  // micro-batches held at once (an integer)
 };
 
 // "migration": the experts moved after this step (train --balance.migrate-every), before step + 1.
@@ -35,9 +35,9 @@ struct MigrationRecord {
     int layer = 0, swaps = 0;
     double imbalance_before = NAN, imbalance_after = NAN;  // max/mean EP-rank load
   };
-  std::vector<Layer> layers;           // the layers that migrated, ascending
-  double bytes_moved = NAN;            // by all ranks
-  double seconds = NAN;                // the slowest rank's
+  std::vector<Layer> layers;  // the layers that migrated, ascending
+  double bytes_moved = NAN;   // by all ranks
+  double seconds = NAN;       // the slowest rank's
 };
 
 // "time_budget": --time-budget's choice of the step count, on the step that made it.
@@ -47,10 +47,10 @@ struct TimeBudgetRecord {
 };
 
 struct StepRecord {
-  int step = 0;                        // 1-based
+  int step = 0;  // 1-based
   double loss = NAN, ce_loss = NAN, aux_loss = NAN, lr = NAN, grad_norm = NAN;
-  double mtp_loss = NAN;               // DeepSeek-V3's multi-token prediction (0 without the module)
-  double tokens = NAN;                 // written as an integer
+  double mtp_loss = NAN;  // DeepSeek-V3's multi-token prediction (0 without the module)
+  double tokens = NAN;    // written as an integer
   double tokens_per_s = NAN, mfu = NAN;
   struct MfuPeak {
     double gflops = NAN;
@@ -61,12 +61,12 @@ struct StepRecord {
     double pipeline = NAN, compute = NAN, bubble = NAN, grad_sync = NAN, optimizer = NAN, all_to_all = NAN;
     std::vector<std::pair<std::string, double>> moe;  // --profile: MoE step name -> seconds
   } time_s;
-  std::vector<double> a2a_rank_s;      // [world rank]
-  int ranks_per_node = 0;              // 0: absent
+  std::vector<double> a2a_rank_s;                       // [world rank]
+  int ranks_per_node = 0;                               // 0: absent
   std::array<double, 4> a2a_bytes{NAN, NAN, NAN, NAN};  // by link class (kLinkClassNames); integers
-  double activation_peak_bytes = NAN;  // integer
-  std::vector<double> optimizer_bytes;     // [world rank]
-  std::vector<double> moe_dispatch_bytes;  // [world rank]
+  double activation_peak_bytes = NAN;                   // integer
+  std::vector<double> optimizer_bytes;                  // [world rank]
+  std::vector<double> moe_dispatch_bytes;               // [world rank]
   std::vector<StageRecord> stages;
   std::vector<std::vector<int64_t>> expert_loads;  // [MoE layer][expert]
   std::vector<int> expert_loads_layers;            // [MoE layer]: its layer index
@@ -75,7 +75,7 @@ struct StepRecord {
   std::optional<MigrationRecord> migration;
   std::optional<TimeBudgetRecord> time_budget;
   double val_loss = NAN, val_loss_nats_per_byte = NAN;  // evaluation steps only
-  double val_loss_start = NAN;         // --init-from: the loaded weights' held-out loss (first line)
+  double val_loss_start = NAN;                          // --init-from: the loaded weights' held-out loss (first line)
 };
 
 // The names of the exchange's link classes, in a2a_bytes' order (comm::LinkClass).

@@ -45,7 +45,8 @@ void TimeBudget::resume(int step0, int chosen, const std::string& resume_path, b
                      root);
   } else if (!active() && chosen > 0 && chosen != max_steps_ && report_) {
     std::fprintf(stderr, "note: the checkpoint's run chose %d steps with --time-budget; this run's schedule ends "
-                 "at --steps %d\n", chosen, max_steps_);
+                         "at --steps %d\n",
+                 chosen, max_steps_);
   }
 }
 
@@ -71,7 +72,8 @@ bool TimeBudget::after_step(int step, double step_seconds, const comm::Group& wo
   record_ = TimeBudgetRecord{budget_s_, median, spent, static_cast<int>(warmup_times_.size()), total_steps_};
   if (report_)
     std::fprintf(stderr, "%s--time-budget %s: %d steps (median step %.3g s over %d warm-up steps; `--steps %d` "
-                 "repeats this run)\n", tty_ ? "\n" : "", format_budget(budget_s_).c_str(), total_steps_, median,
+                         "repeats this run)\n",
+                 tty_ ? "\n" : "", format_budget(budget_s_).c_str(), total_steps_, median,
                  static_cast<int>(warmup_times_.size()), total_steps_);
   return true;
 }

@@ -45,14 +45,14 @@ namespace {
 
 // One optimizer step's figures: what the metrics line, the progress line and the run's totals need.
 struct StepOutcome {
-  model::LossParts loss;              // of the global batch
+  model::LossParts loss;  // of the global batch
   double grad_norm = NAN;
-  bool skipped = false;               // a non-finite loss or gradient: no update
+  bool skipped = false;  // a non-finite loss or gradient: no update
   double seconds = 0, sync_s = 0, optimizer_s = 0;
   parallel::PipelineTimes pipe;
-  mixture::MoeStepTimes moe_times;    // --profile
-  StepBalance balance;                // global expert loads, EP-rank loads, migration
-  StepFigures fig;                    // exchange bytes, stages, the worst stage's exchange and bubble
+  mixture::MoeStepTimes moe_times;  // --profile
+  StepBalance balance;              // global expert loads, EP-rank loads, migration
+  StepFigures fig;                  // exchange bytes, stages, the worst stage's exchange and bubble
 };
 
 // The run once its setup passed: the grid, the device, the model and its optimizer, the data and
@@ -96,9 +96,9 @@ class Trainer {
   RunDevice device_;
   TrainResult res_;
   MfuPeak peak_;
-  RunModel run_model_;           // the model, its exchange and parallel contexts
+  RunModel run_model_;  // the model, its exchange and parallel contexts
   ExpertBalance balance_;
-  RunOptimizer optim_;           // AdamW, its ZeRO-1 shard, every rank's state bytes
+  RunOptimizer optim_;  // AdamW, its ZeRO-1 shard, every rank's state bytes
   std::unique_ptr<MemTracker> pipe_mem_;
   Rng data_rng_;
   std::unique_ptr<Checkpointer> checkpointer_;
@@ -107,9 +107,9 @@ class Trainer {
   double bytes_per_token_ = 1.0;
   bool tokenized_ = false;
   double flops_per_step_ = 0;
-  TimeBudget budget_;            // the step count: --steps, or what --time-budget chose
+  TimeBudget budget_;  // the step count: --steps, or what --time-budget chose
   BadStepPolicy bad_steps_;
-  const FaultInjector faults_;   // test hooks
+  const FaultInjector faults_;  // test hooks
   StepProfile profile_;
   int step0_ = 0, good_steps_ = 0, steps_run_ = 0;
   double t_start_ = 0, ema_tps_ = 0;
@@ -399,7 +399,8 @@ TrainResult Trainer::run() {
       save = false;
       if (root_)
         std::fprintf(stderr, "%sstep %d: weights or AdamW state not finite after the update: no checkpoint "
-                     "written; the last good one is %s\n", tty_ ? "\n" : "", step + 1,
+                             "written; the last good one is %s\n",
+                     tty_ ? "\n" : "", step + 1,
                      checkpointer_->last_or_none().c_str());
     }
     if (save && !setup_.ckpt_dir.empty()) save_checkpoint_at(step + 1);
@@ -424,7 +425,8 @@ void Trainer::finish(bool stopped_early) {
   if (steps_run_ > 0 && good_steps_ == 0)
     throw SetupError(str_cat("every step of this run was skipped (", bad_steps_.this_process(),
                              " non-finite loss or gradient): nothing trained, no weights written; the last good "
-                             "checkpoint is ", checkpointer_->last_or_none()),
+                             "checkpoint is ",
+                             checkpointer_->last_or_none()),
                      root_);
   if (stopped_early) return;
   if (!state_finite())

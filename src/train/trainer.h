@@ -28,41 +28,41 @@ namespace moe::train {
 // auto), which the run's setup resolves (RunSetup, train/run_setup.h).
 struct ModelOptions {
   std::string preset = "tiny";
-  std::string config_path;      // a Hugging Face config.json; overrides preset when set
+  std::string config_path;  // a Hugging Face config.json; overrides preset when set
   // --init-from: a Hugging Face model folder whose config and weights the run starts from, with a
   // fresh optimizer and schedule (train/init_from.h); preset ("" unless given) and config_path
   // must then agree with its config.
   std::string init_from;
-  int vocab_size = 0;           // --vocab-size: overrides the preset's / config's (0 = keep it)
-  model::MoeOptions moe;        // --capacity-factor, --padded
+  int vocab_size = 0;                      // --vocab-size: overrides the preset's / config's (0 = keep it)
+  model::MoeOptions moe;                   // --capacity-factor, --padded
   Recompute recompute = Recompute::kNone;  // activation checkpointing: none | moe | full
-  float mtp_weight = 0.3f;      // --mtp.weight: multi-token prediction's loss weight (DeepSeek-V3)
+  float mtp_weight = 0.3f;                 // --mtp.weight: multi-token prediction's loss weight (DeepSeek-V3)
 };
 
 struct DataOptions {
-  std::string path;             // text file, bytes are tokens; default: the built-in KJV corpus;
-                                // or an indexed dataset PREFIX[.idx|.bin] (io/corpus.h)
-  int batch = 16;               // sequences per step per data rank (global = batch · ep · dp; the
-                                // TP ranks of a data rank share it)
-  int global_batch = 0;         // --global-batch (CLI only): sets batch = global_batch / (ep · dp)
-  int micro_batch = 0;          // --micro-batch (CLI only): sets micro_batches = batch / micro_batch
+  std::string path;      // text file, bytes are tokens; default: the built-in KJV corpus;
+                         // or an indexed dataset PREFIX[.idx|.bin] (io/corpus.h)
+  int batch = 16;        // sequences per step per data rank (global = batch · ep · dp; the
+                         // TP ranks of a data rank share it)
+  int global_batch = 0;  // --global-batch (CLI only): sets batch = global_batch / (ep · dp)
+  int micro_batch = 0;   // --micro-batch (CLI only): sets micro_batches = batch / micro_batch
   int seq_len = 128;
-  uint64_t seed = 1234;         // weights and data order
-  int eval_every = 100;         // validation every N steps (and at the end); 0 = only at the end
+  uint64_t seed = 1234;  // weights and data order
+  int eval_every = 100;  // validation every N steps (and at the end); 0 = only at the end
   int eval_batches = 8;
 };
 
 struct ParallelOptions {
-  parallel::ParallelDims dims;  // --pp --dp --ep --tp
+  parallel::ParallelDims dims;          // --pp --dp --ep --tp
   std::optional<A2a> a2a = A2a::kFlat;  // token exchange: flat | rbd | halo | rbd-halo | auto (nullopt)
-  std::string a2a_cluster;      // --cluster: the profile --a2a auto prices the exchanges with
-  int topo_ranks_per_node = 0;  // force the topology (0 = from the launcher)
+  std::string a2a_cluster;              // --cluster: the profile --a2a auto prices the exchanges with
+  int topo_ranks_per_node = 0;          // force the topology (0 = from the launcher)
   int topo_nodes_per_group = 0;
-  int micro_batches = 1;        // M: per-rank batch split into M micro-batches (gradient accumulation)
-  std::vector<int> pp_layers;   // explicit layers per stage (--pp.layers); empty = even split
+  int micro_batches = 1;                // M: per-rank batch split into M micro-batches (gradient accumulation)
+  std::vector<int> pp_layers;           // explicit layers per stage (--pp.layers); empty = even split
   Schedule schedule = Schedule::k1F1B;  // pipeline schedule: 1f1b | gpipe
-  bool zero1 = false;           // --zero1: AdamW state split over the ranks sharing each gradient
-  bool comm_overlap = false;    // --comm.overlap: shared experts beside the exchange (moe_layer.h)
+  bool zero1 = false;                   // --zero1: AdamW state split over the ranks sharing each gradient
+  bool comm_overlap = false;            // --comm.overlap: shared experts beside the exchange (moe_layer.h)
 };
 
 struct BalanceOptions {
@@ -85,8 +85,8 @@ struct CheckpointOptions {
 };
 
 struct FaultOptions {
-  int max_bad_steps = 5;        // non-finite steps in a row before the run stops with an error
-  std::vector<int> nan_steps;   // test hook: poison the gradients of these (1-based) steps
+  int max_bad_steps = 5;              // non-finite steps in a row before the run stops with an error
+  std::vector<int> nan_steps;         // test hook: poison the gradients of these (1-based) steps
   std::vector<int> inf_weight_steps;  // test hook: an Inf weight after these steps' updates
   // A rank waiting longer than this in one MPI operation ends the job naming itself, the
   // operation and the group (comm::CommTimeout). 0 = wait forever.
@@ -101,7 +101,7 @@ struct DeviceOptions {
   // How device buffers move between ranks (--comm.backend auto|mpi|nccl): auto (std::nullopt) =
   // NCCL when every rank has its own GPU and libnccl.so.2 loads, else staged through the host over MPI.
   std::optional<CommBackend> comm_backend;
-  int threads = 1;              // BLAS threads
+  int threads = 1;  // BLAS threads
   // MFU's denominator, GFLOP/s per rank at the run's precision (--peak-gflops: e.g. a calibrated
   // profile's peak_flops / 1e9). 0: measured at start (CPU: best of several short sgemm runs).
   double peak_gflops = 0;
@@ -109,17 +109,17 @@ struct DeviceOptions {
 
 struct TrainOptions {
   std::string out_dir = "out";
-  int steps = 1200;   // optimizer steps; with a time budget, the most it may choose
+  int steps = 1200;  // optimizer steps; with a time budget, the most it may choose
   // --time-budget: seconds of training steps (forward, backward, exchange, optimizer; not the
   // held-out evaluations, checkpoints or setup). The step count, and with it the cosine
   // schedule, is chosen once from the median time of the warm-up steps, whose learning rates do
   // not depend on it, so `--steps N` with the chosen N repeats the run exactly. 0 = off.
   double time_budget_s = 0;
-  bool progress = true;         // live progress line on stderr
-  bool profile = false;         // --profile: MoE step times in metrics.jsonl, a summary at the end
+  bool progress = true;  // live progress line on stderr
+  bool profile = false;  // --profile: MoE step times in metrics.jsonl, a summary at the end
   ModelOptions model;
   DataOptions data;
-  OptimConfig optim;            // total_steps is set from steps
+  OptimConfig optim;  // total_steps is set from steps
   ParallelOptions parallel;
   BalanceOptions balance;
   CheckpointOptions checkpoint;
@@ -155,8 +155,8 @@ struct TrainResult {
   double mfu = 0.0;
   double peak_gflops = 0.0;
   double seconds = 0.0;
-  std::vector<StageStats> last_stages;             // per-stage figures of the last step
-  int bad_steps = 0;                               // non-finite steps skipped
+  std::vector<StageStats> last_stages;  // per-stage figures of the last step
+  int bad_steps = 0;                    // non-finite steps skipped
 };
 
 // SIGTERM / SIGINT handlers that make run_training finish its step, checkpoint and return (the
@@ -165,7 +165,6 @@ struct TrainResult {
 // signal), and a rank blocked in MPI after a stop request ends the job within
 // min(--comm.timeout, 30 s) (comm::CommTimeout).
 void install_stop_handlers();
-
 
 
 // Bad input found while setting up a multi-rank run: every rank throws it together (after an

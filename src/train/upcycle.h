@@ -30,14 +30,14 @@ namespace moe::train {
 
 struct UpcycleOptions {
   std::string dense_dir, out_dir;
-  int experts = 0;                 // E: copies of the dense MLP
-  int topk = 0;                    // K: copies per token
-  int shared = 0;                  // N: shared experts
-  int split = 1;                   // S: each copy cut into S slices of the intermediate columns
-  double noise = 0.0;              // relative to each dense matrix's RMS
+  int experts = 0;                   // E: copies of the dense MLP
+  int topk = 0;                      // K: copies per token
+  int shared = 0;                    // N: shared experts
+  int split = 1;                     // S: each copy cut into S slices of the intermediate columns
+  double noise = 0.0;                // relative to each dense matrix's RMS
   std::string router_init = "zero";  // "zero" or a standard deviation ("0.02")
-  int first_dense = -1;            // layers [0, this) stay dense; -1: the dense config's first_k_dense_replace
-  float aux_loss_alpha = 0.01f;    // the MoE config's balance loss (tiny's)
+  int first_dense = -1;              // layers [0, this) stay dense; -1: the dense config's first_k_dense_replace
+  float aux_loss_alpha = 0.01f;      // the MoE config's balance loss (tiny's)
   uint64_t seed = 0;
 };
 

@@ -10,8 +10,8 @@
 namespace moe::train {
 namespace {
 
-constexpr double kMaxSteps = 1e9;       // a billion optimizer steps: centuries of the tiny model
-constexpr double kMaxDegree = 65536;    // ranks along one parallel dimension
+constexpr double kMaxSteps = 1e9;     // a billion optimizer steps: centuries of the tiny model
+constexpr double kMaxDegree = 65536;  // ranks along one parallel dimension
 // Below-range wording is what these flags have always said (tests/cli_errors.sh matches it).
 // clang-format off
 const ValueRange kRanges[] = {

@@ -8,12 +8,12 @@
 namespace moe::train {
 
 struct ValueRange {
-  const char* name;   // "--lr", or a manifest field: "field \"time_budget_steps\""
-  double lo, hi;      // the range; lo is excluded when lo_open
+  const char* name;  // "--lr", or a manifest field: "field \"time_budget_steps\""
+  double lo, hi;     // the range; lo is excluded when lo_open
   bool lo_open;
-  bool zero_ok;       // 0 is also accepted (it means "off" or "default"), whatever lo is
-  const char* low;    // what it must be, said when the value is below lo or not a number
-  const char* high;   // why hi bounds it, said when the value is above hi ("": `low` says it)
+  bool zero_ok;      // 0 is also accepted (it means "off" or "default"), whatever lo is
+  const char* low;   // what it must be, said when the value is below lo or not a number
+  const char* high;  // why hi bounds it, said when the value is above hi ("": `low` says it)
 };
 
 // The entry for `name`; throws (an internal error) when the table has none.

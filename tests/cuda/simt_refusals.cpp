@@ -177,7 +177,7 @@ std::pair<int, int> run_simt_refusals() {
       for (const char* s : c.must_say) ok = ok && o.message.find(s) != std::string::npos;
     }
     if (!ok) ++failed;
-    const std::string what = o.signal     ? std::string(strsignal(o.signal))
+    const std::string what = o.signal            ? std::string(strsignal(o.signal))
                              : o.message.empty() ? "exit " + std::to_string(o.exit_code)
                                                  : o.message;
     std::printf("%-62s %s: %s\n", c.name, ok ? "PASS" : "FAIL", what.c_str());

@@ -92,8 +92,8 @@
 struct ncclComm {
   MPI_Comm mpi = MPI_COMM_NULL;  // the members, in NCCL rank order
   int rank = 0, nranks = 0, device = 0;
-  uint64_t nonce = 0;              // of the unique id it was made from
-  std::vector<int> world_ranks;    // [nranks]
+  uint64_t nonce = 0;            // of the unique id it was made from
+  std::vector<int> world_ranks;  // [nranks]
   long long allreduces = 0, sends = 0, recvs = 0, bytes_sent = 0, bytes_received = 0;
 };
 
@@ -219,9 +219,15 @@ class Pacer {
 bool valid_type(ncclDataType_t t) { return static_cast<int>(t) >= 0 && t < ncclNumTypes; }
 size_t type_size(ncclDataType_t t) {
   switch (t) {
-    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2: return 1;
+    case ncclFloat16:
+    case ncclBfloat16: return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32: return 4;
     default: return 8;
   }
 }
@@ -302,7 +308,11 @@ ncclResult_t check_buffer(const ncclComm* c, const void* p, size_t count, const 
 
 // ---- groups ----
 struct Op {
-  enum Kind { kAllReduce, kSend, kRecv } kind;
+  enum Kind {
+    kAllReduce,
+    kSend,
+    kRecv
+  } kind;
   ncclComm* comm;
   const void* sbuf;
   void* rbuf;
@@ -316,8 +326,8 @@ const char* op_kind(const Op& o) {
   return o.kind == Op::kAllReduce ? "ncclAllReduce" : (o.kind == Op::kSend ? "ncclSend" : "ncclRecv");
 }
 
-thread_local int t_depth = 0;                     // ncclGroupStart nesting
-thread_local std::vector<Op> t_ops;               // the open group's operations, in issue order
+thread_local int t_depth = 0;                         // ncclGroupStart nesting
+thread_local std::vector<Op> t_ops;                   // the open group's operations, in issue order
 thread_local ncclResult_t t_group_err = ncclSuccess;  // the first failure inside the open group
 thread_local std::string t_group_err_msg;
 
@@ -616,7 +626,7 @@ uint64_t mix(uint64_t x) {  // splitmix64's finaliser
 }
 uint64_t id_check(const IdFields& f) {
   return mix(f.magic ^ mix(f.nonce ^ mix((static_cast<uint64_t>(static_cast<uint32_t>(f.root)) << 32) |
-                                          static_cast<uint32_t>(f.world_size))));
+                                         static_cast<uint32_t>(f.world_size))));
 }
 
 std::set<uint64_t> g_made;  // nonces this process made (ncclGetUniqueId)
@@ -885,14 +895,16 @@ FAKE_API ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId
     if (o.kind == Op::kAllReduce)
       return fail(ncclInvalidUsage,
                   "%s inside a group that holds a collective: NCCL allows either in a group, not "
-                  "both together", fn);
+                  "both together",
+                  fn);
   if (ncclResult_t r = mpi_ready(fn)) return r;
   IdFields f{};
   std::memcpy(&f, id.internal, sizeof f);
   if (f.magic != kIdMagic)
     return fail(ncclInvalidArgument,
                 "%s: the unique id was not made by ncclGetUniqueId (no magic): was it sent to "
-                "every rank?", fn);
+                "every rank?",
+                fn);
   bool tail_zero = true;
   for (size_t i = sizeof f; i < sizeof id.internal; ++i) tail_zero &= id.internal[i] == 0;
   if (f.check != id_check(f) || !tail_zero)
@@ -903,7 +915,8 @@ FAKE_API ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId
   if (f.world_size != world || f.root < 0 || f.root >= world)
     return fail(ncclInvalidArgument,
                 "%s: the unique id was made by world rank %d of a job of %d ranks, not this job "
-                "of %d", fn, f.root, f.world_size, world);
+                "of %d",
+                fn, f.root, f.world_size, world);
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) {
     (void)cudaGetLastError();
@@ -962,7 +975,8 @@ FAKE_API ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId
         MPI_Comm_free(&mpi);
         return fail(ncclInvalidUsage,
                     "%s: Duplicate GPU detected: rank %d and rank %d both on CUDA device %d of one "
-                    "host (NCCL needs a GPU per rank)", fn, a, b, x.device);
+                    "host (NCCL needs a GPU per rank)",
+                    fn, a, b, x.device);
       }
     }
   }
@@ -994,14 +1008,16 @@ ncclResult_t destroy(ncclComm_t c, const char* fn, bool check_group) {
     if (pending > 0)
       return fail(ncclInvalidUsage,
                   "%s: %zu operations on this communicator wait in an open group (ncclGroupEnd "
-                  "not called)", fn, pending);
+                  "not called)",
+                  fn, pending);
   }
   {
     std::lock_guard<std::mutex> lock(g_mu);
     g_live.erase(c);
   }
   info("%s: comm %p rank %d of %d: %lld all-reduces, %lld sends (%lld bytes), %lld receives "
-       "(%lld bytes)", fn, static_cast<void*>(c), c->rank, c->nranks, c->allreduces, c->sends,
+       "(%lld bytes)",
+       fn, static_cast<void*>(c), c->rank, c->nranks, c->allreduces, c->sends,
        c->bytes_sent, c->recvs, c->bytes_received);
   int fin = 0;
   MPI_Finalized(&fin);
@@ -1060,7 +1076,8 @@ FAKE_API ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t
   if (static_cast<int>(op) < 0 || op >= ncclNumOps)
     return group_fail(fail(ncclInvalidArgument,
                            "%s: invalid reduction operation %d (valid: 0..%d; the fake has no "
-                           "custom operations)", fn, static_cast<int>(op),
+                           "custom operations)",
+                           fn, static_cast<int>(op),
                            static_cast<int>(ncclNumOps) - 1));
   if (mpi_type(type) == MPI_DATATYPE_NULL)
     return group_fail(fail(ncclInternalError, "%s: the fake NCCL does not reduce %s (%s)", fn,
@@ -1102,7 +1119,8 @@ FAKE_API ncclResult_t ncclGroupEnd() {
     t_group_err = ncclSuccess;
     t_group_err_msg.clear();
     return fail(r, "ncclGroupEnd: the group was aborted by a failed call in it (%s); none of its %zu "
-                "queued operations ran", why.c_str(), ops.size());
+                   "queued operations ran",
+                why.c_str(), ops.size());
   }
   return run_ops(ops, /*grouped=*/true);
 }

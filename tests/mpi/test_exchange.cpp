@@ -162,8 +162,7 @@ void test_group(const Group& world) {
     Request rq = world.irecv(big.data(), 5, prev, 17);
     Request sq = world.isend(small.data(), 3, next, 17);
     sq.wait();
-    expect_error("short message", [&] { rq.wait(); }, {"expected 5 elements, received 3",
-                                                       str_cat("peer ", prev)});
+    expect_error("short message", [&] { rq.wait(); }, {"expected 5 elements, received 3", str_cat("peer ", prev)});
   }
   expect_error("bad peer", [&] { world.send(ring_out.data(), 1, n + 5, 0); },
                {str_cat("peer ", n + 5), "out of range"});
@@ -191,10 +190,10 @@ void test_topology(const Topology& topo, int n) {
   bool ok = true;
   for (int a = 0; a < n; ++a)
     for (int b = 0; b < n; ++b) {
-      LinkClass want = a == b ? LinkClass::kSameRank
+      LinkClass want = a == b                                               ? LinkClass::kSameRank
                        : a / topo.ranks_per_node == b / topo.ranks_per_node ? LinkClass::kIntraNode
-                       : topo.group_of(a) == topo.group_of(b) ? LinkClass::kInterNode
-                                                              : LinkClass::kInterGroup;
+                       : topo.group_of(a) == topo.group_of(b)               ? LinkClass::kInterNode
+                                                                            : LinkClass::kInterGroup;
       ok &= topo.link(a, b) == want;
     }
   CHECK(ok, "link classes of ", topo.describe());
@@ -328,7 +327,9 @@ void run_scenario(const std::string& name, const Group& g, const Topology& topo,
   const std::string at = str_cat(name, " [group rank ", me, "/", n, ", ", topo.describe(), "] ");
 
   // What I receive, canonical order: by source rank, then the source's pair order.
-  struct Expect { int s, p; };
+  struct Expect {
+    int s, p;
+  };
   std::vector<Expect> exp;
   for (int s = 0; s < n; ++s)
     for (int p = 0; p < G.of[s].size(); ++p)

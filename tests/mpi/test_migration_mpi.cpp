@@ -53,8 +53,8 @@ std::vector<std::vector<int>> target(const balance::LayerPlacement& A, int kind)
 void run(const comm::Group& ep) {
   const int P = ep.size(), me = ep.rank();
   model::ModelConfig cfg = model::preset("test-moe");
-  cfg.num_hidden_layers = 5;          // 1 dense + 4 MoE layers: one per kind of map, one kept
-  cfg.n_routed_experts = 4 * P;       // 4 experts per rank
+  cfg.num_hidden_layers = 5;     // 1 dense + 4 MoE layers: one per kind of map, one kept
+  cfg.n_routed_experts = 4 * P;  // 4 experts per rank
   mixture::ExpertParallel xp;
   xp.rank = me;
   xp.size = P;

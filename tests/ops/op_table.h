@@ -57,7 +57,7 @@ struct Op {
   // sort, the aux statistics): its gradient tests are not instantiated, its bwd benchmark not
   // registered.
   std::function<void(Tensors& grads, const Tensors& in, const Vec& dout)> backward;
-  size_t exact_tail = 0;  // the forward's last exact_tail outputs are integers: compared exactly
+  size_t exact_tail = 0;    // the forward's last exact_tail outputs are integers: compared exactly
   double fwd_nmse = 1e-12;  // nmse(kernel, reference)
   double grad_nmse = 4e-6;  // nmse(analytic, central differences); measured 1e-12 .. 1e-7
   double fd_h = 1e-2;       // central-difference step
@@ -101,7 +101,12 @@ Op sum_squares_op(size_t n);
 // op_table_moe.cpp (op_table_router.cpp for the router). The layout's ids: T tokens × k distinct experts of E, expert `skip` never
 // chosen (-1: none); `bad_id` puts expert id E at pair 3 (the device check is the refusal).
 Op count_pairs_op(int T, int k, int E, int skip, bool bad_id = false);
-enum class Offsets { kFull, kCapacity, kPadded };  // all kept, capacity drops, padded E·C
+// The offsets: all kept, capacity drops, padded E·C.
+enum class Offsets {
+  kFull,
+  kCapacity,
+  kPadded
+};
 Op place_pairs_op(int T, int k, int E, int skip, Offsets kind);
 // The row kernels on a padded layout with capacity drops (rows of -1 and slots of -1).
 Op gather_rows_op(int T, int k, int E, int H);
@@ -114,7 +119,12 @@ Op gather_scaled_rows_op(int n, int H);
 // selection (4 groups) of either; aux: the output adds the aux term Σ_t Σ_e c[t/S, e]·s'[t, e]
 // (s' the score, normalised over the row for sigmoid) with fixed c, over B = 2 sequences when T
 // is even.
-enum class Scoring { kSoftmax, kSigmoidBias, kGroupsSoftmax, kGroupsSigmoidBias };
+enum class Scoring {
+  kSoftmax,
+  kSigmoidBias,
+  kGroupsSoftmax,
+  kGroupsSigmoidBias
+};
 Op router_topk_op(int T, int E, int k, bool renorm, Scoring scoring, bool aux);
 Op router_aux_stats_op(int T, int E, int k, bool renorm, bool normalise);
 

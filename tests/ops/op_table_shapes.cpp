@@ -139,10 +139,12 @@ std::vector<Op> device_ops() {
     ops.push_back(rmsnorm_op(rows, dim));
   ops.push_back(rope_op(2, 13, 3, 16));
   using Att = std::tuple<int, int, int, int>;  // B, T, nh, hd
+  // clang-format off
   for (auto [B, T, nh, hd] : std::vector<Att>{{2, 37, 3, 16}, {1, 70, 2, 128}, {1, 5, 1, 24},
                                               {3, 1, 2, 8}, {1, 200, 1, 64}, {2, 0, 2, 16},
                                               {1, 1, 1, 130}})
     ops.push_back(attention_op(B, T, nh, hd));
+  // clang-format on
   for (size_t n : {size_t{10007}, size_t{0}}) ops.push_back(swiglu_op(n));
   // 301 tokens over the whole vocabulary, over half of it (repeats, unused rows), and a single
   // token (one long run of adds into one row).
@@ -158,7 +160,7 @@ std::vector<Op> device_ops() {
     for (auto& t : targets) t = static_cast<int32_t>(rng.below(V));
     ops.push_back(cross_entropy_op(V, targets));
   }
-  ops.push_back(cross_entropy_op(10, {1, 2, 10, 3}));  // target 10 is outside [0, 10)
+  ops.push_back(cross_entropy_op(10, {1, 2, 10, 3}));                // target 10 is outside [0, 10)
   ops.push_back(grouped_swiglu_op(24, 40, {0, 7, 20, 20, 33, 37}));  // expert 2 has no rows
   // op_table_dense.cpp: GEMM's transposes, strides, K = 0, M = 0, bf16; grouped with an empty
   // problem.
@@ -188,9 +190,11 @@ std::vector<Op> device_ops() {
   for (size_t n : {size_t{100003}, size_t{1}, size_t{0}}) ops.push_back(sum_squares_op(n));
   // op_table_moe.cpp. E = 12288 is the most experts count_kernel histograms in shared memory
   // (48 KiB, the default limit); E = 12289 takes its global-memory path.
+  // clang-format off
   using Ids = std::tuple<int, int, int, int>;  // T, k, E, the expert never chosen (-1: none)
   for (auto [T, k, E, skip] : std::vector<Ids>{{50, 3, 7, 5}, {1000, 1, 16, 3}, {257, 4, 64, -1},
                                                {300, 2, 12288, -1}, {300, 2, 12289, -1}}) {
+    // clang-format on
     ops.push_back(count_pairs_op(T, k, E, skip));
     for (Offsets kind : {Offsets::kFull, Offsets::kCapacity, Offsets::kPadded})
       ops.push_back(place_pairs_op(T, k, E, skip, kind));

@@ -284,16 +284,16 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   float* D = workspace(Workspace::kAttentionRowdot).as<float>(rows);
   const unsigned rowdot_blocks = static_cast<unsigned>(std::min<size_t>((rows + 7) / 8, 65536));
   MOE_LAUNCH(attention_rowdot_kernel, rowdot_blocks, 256, 0, stream())(D, dout, out, rows, T, n_head,
-                                                               head_dim);
+                                                                       head_dim);
   MOE_CUDA_LAUNCHED("attention_backward D");
   const size_t smem_dq = sizeof(float) * (2 * kTile * (head_dim + 1) + 2 * kRows * head_dim);
   MOE_LAUNCH(attention_dq_kernel, grid_of(B, T, n_head), kRows * 32, smem_dq, stream())(dq, dout, q, k, v,
-                                                                                lse, D, g);
+                                                                                        lse, D, g);
   MOE_CUDA_LAUNCHED("attention_backward dq");
   const size_t smem_dkv =
       sizeof(float) * (2 * kTile * (head_dim + 1) + 2 * kTile + 2 * kRows * head_dim);
   MOE_LAUNCH(attention_dkv_kernel, grid_of(B, T, n_head), kRows * 32, smem_dkv, stream())(dk, dv, dout, q,
-                                                                                  k, v, lse, D, g);
+                                                                                          k, v, lse, D, g);
   MOE_CUDA_LAUNCHED("attention_backward dk dv");
 }
 

@@ -20,11 +20,11 @@ const std::string& cublas_detail();  // why the fake cuBLAS refused the last cal
 #include "core/error.h"
 #include "kernels/cuda/context.h"
 
-#define MOE_CUDA_CHECK(call)                                                              \
-  do {                                                                                    \
-    cudaError_t moe_err_ = (call);                                                        \
-    if (moe_err_ != cudaSuccess)                                                          \
-      throw ::moe::Error(::moe::str_cat(#call, ": ", cudaGetErrorString(moe_err_)));      \
+#define MOE_CUDA_CHECK(call)                                                         \
+  do {                                                                               \
+    cudaError_t moe_err_ = (call);                                                   \
+    if (moe_err_ != cudaSuccess)                                                     \
+      throw ::moe::Error(::moe::str_cat(#call, ": ", cudaGetErrorString(moe_err_))); \
   } while (0)
 
 // One line naming the cuBLAS function (the text of the call up to its '('), its status, and under
@@ -34,23 +34,23 @@ const std::string& cublas_detail();  // why the fake cuBLAS refused the last cal
 #else
 #define MOE_CUBLAS_DETAIL() ::moe::simt::cublas_detail()
 #endif
-#define MOE_CUBLAS_CHECK(call)                                                            \
-  do {                                                                                    \
-    cublasStatus_t moe_st_ = (call);                                                      \
-    if (moe_st_ != CUBLAS_STATUS_SUCCESS) {                                               \
-      const std::string_view moe_call_(#call);                                            \
-      throw ::moe::Error(::moe::str_cat(moe_call_.substr(0, moe_call_.find('(')), ": ",   \
-                                        cublasGetStatusName(moe_st_), " (",               \
-                                        std::string_view(MOE_CUBLAS_DETAIL()), ")"));     \
-    }                                                                                     \
+#define MOE_CUBLAS_CHECK(call)                                                          \
+  do {                                                                                  \
+    cublasStatus_t moe_st_ = (call);                                                    \
+    if (moe_st_ != CUBLAS_STATUS_SUCCESS) {                                             \
+      const std::string_view moe_call_(#call);                                          \
+      throw ::moe::Error(::moe::str_cat(moe_call_.substr(0, moe_call_.find('(')), ": ", \
+                                        cublasGetStatusName(moe_st_), " (",             \
+                                        std::string_view(MOE_CUBLAS_DETAIL()), ")"));   \
+    }                                                                                   \
   } while (0)
 
 // Checks the launch just queued (configuration errors surface here, execution errors at the
 // next synchronising call), naming the launch.
-#define MOE_CUDA_LAUNCHED(name)                                                           \
-  do {                                                                                    \
-    cudaError_t moe_err_ = cudaGetLastError();                                            \
-    if (moe_err_ != cudaSuccess)                                                          \
+#define MOE_CUDA_LAUNCHED(name)                                                                    \
+  do {                                                                                             \
+    cudaError_t moe_err_ = cudaGetLastError();                                                     \
+    if (moe_err_ != cudaSuccess)                                                                   \
       throw ::moe::Error(::moe::str_cat(name, ": launch failed: ", cudaGetErrorString(moe_err_))); \
   } while (0)
 

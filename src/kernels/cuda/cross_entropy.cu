@@ -95,7 +95,7 @@ void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* t
   const size_t n = static_cast<size_t>(N) * V;
   if (n == 0) return;
   MOE_LAUNCH(cross_entropy_backward_kernel, elem_blocks(n), kThreads, 0, stream())(dlogits, probs, targets,
-                                                                           N, V, scale);
+                                                                                   N, V, scale);
   MOE_CUDA_LAUNCHED("cross_entropy_backward");
 }
 

@@ -97,7 +97,7 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, int 
   const size_t n = static_cast<size_t>(n_tokens) * dim;
   if (n == 0) return;
   MOE_LAUNCH(embedding_forward_kernel, elem_blocks(n), kThreads, 0, stream())(out, tokens, wte, n_tokens,
-                                                                      dim);
+                                                                              dim);
   MOE_CUDA_LAUNCHED("embedding_forward");
 }
 

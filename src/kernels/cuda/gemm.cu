@@ -36,7 +36,7 @@ __global__ void scale_kernel(float* C, size_t M, size_t N, size_t ldc, float bet
 
 __global__ void fill_pattern_kernel(float* x, size_t n, unsigned mul) {
   MOE_GRID_STRIDE(i, n)
-  x[i] = static_cast<float>((i * mul) % 1000) * 1e-3f - 0.5f;
+    x[i] = static_cast<float>((i * mul) % 1000) * 1e-3f - 0.5f;
 }
 
 
@@ -73,7 +73,7 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
             " ldc=", ldc, " are below the row lengths ", a_cols, ", ", b_cols, ", ", N);
   if (K == 0) {  // cuBLAS is not asked for K == 0; scale C as the CPU does
     MOE_LAUNCH(scale_kernel, elem_blocks(static_cast<size_t>(M) * N), kThreads, 0, stream())(C, M, N, ldc,
-                                                                                     beta);
+                                                                                             beta);
     MOE_CUDA_LAUNCHED("gemm scale");
     return;
   }

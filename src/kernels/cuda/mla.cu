@@ -140,7 +140,7 @@ void mla_heads_forward(float* Q, float* K, float* V, const float* q, const float
   const Dims d = dims_of(s);
   const size_t n_elems = rows * s.D, n_pairs = rows * (s.dr / 2);
   MOE_LAUNCH(mla_plain_forward, elem_blocks(n_elems), kThreads, 0, stream())(Q, K, V, q, kv, n_elems,
-                                                                          d, q_scale);
+                                                                             d, q_scale);
   MOE_CUDA_LAUNCHED("mla_heads_forward");
   MOE_LAUNCH(mla_rope_forward, elem_blocks(n_pairs), kThreads, 0, stream())(
       Q, K, q, kpe, rope.dev_cos.data(), rope.dev_sin.data(), n_pairs, d, q_scale);

@@ -264,7 +264,7 @@ void place_pairs(int32_t* slot_of_row_R, int32_t* row_of_slot_TK, const int32_t*
       start, keys_out, n, E);
   MOE_CUDA_LAUNCHED("place_pairs starts");
   MOE_LAUNCH(place_kernel, blocks_for(P), kThreads, 0, stream())(slot_of_row_R, row_of_slot_TK, keys_out,
-                                                         vals_out, start, offsets, n, E);
+                                                                 vals_out, start, offsets, n, E);
   MOE_CUDA_LAUNCHED("place_pairs place");
 }
 
@@ -273,7 +273,7 @@ void gather_rows(float* rows_NH, const float* x_TH, const int32_t* slot_of_row_N
   if (N == 0 || H == 0) return;
   check_rows("gather_rows", k, H);
   MOE_LAUNCH(gather_rows_kernel, row_blocks(N), row_threads(H), 0, stream())(rows_NH, x_TH, slot_of_row_N,
-                                                                     N, k, H);
+                                                                             N, k, H);
   MOE_CUDA_LAUNCHED("gather_rows");
 }
 
@@ -306,12 +306,12 @@ void combine_rows_backward(float* dy_NH, float* dweight_TK, const float* dout_TH
   const size_t P = static_cast<size_t>(T) * k;
   if (dy_NH) {
     MOE_LAUNCH(combine_dy_kernel, row_blocks(P), row_threads(H), 0, stream())(dy_NH, dout_TH, weight_TK,
-                                                                      row_of_slot_TK, P, k, H);
+                                                                              row_of_slot_TK, P, k, H);
     MOE_CUDA_LAUNCHED("combine_rows_backward dy");
   }
   if (dweight_TK) {
     MOE_LAUNCH(combine_dweight_kernel, elem_blocks(P), kThreads, 0, stream())(dweight_TK, dout_TH, y_NH,
-                                                                      row_of_slot_TK, P, k, H);
+                                                                              row_of_slot_TK, P, k, H);
     MOE_CUDA_LAUNCHED("combine_rows_backward dweight");
   }
 }
@@ -320,7 +320,7 @@ void scatter_rows(float* dst_NH, const float* src_NH, const int32_t* row_of_i, s
   MOE_CHECK(H >= 0, "scatter_rows: H=", H);
   if (n == 0 || H == 0) return;
   MOE_LAUNCH(scatter_rows_kernel, row_blocks(n), row_threads(H), 0, stream())(dst_NH, src_NH, row_of_i, n,
-                                                                      H);
+                                                                              H);
   MOE_CUDA_LAUNCHED("scatter_rows");
 }
 
@@ -329,7 +329,7 @@ void gather_rows_by_index(float* dst_NH, const float* src_NH, const int32_t* row
   MOE_CHECK(H >= 0, "gather_rows_by_index: H=", H);
   if (n == 0 || H == 0) return;
   MOE_LAUNCH(gather_by_index_kernel, row_blocks(n), row_threads(H), 0, stream())(dst_NH, src_NH, row_of_i,
-                                                                         nullptr, n, H);
+                                                                                 nullptr, n, H);
   MOE_CUDA_LAUNCHED("gather_rows_by_index");
 }
 
@@ -338,7 +338,7 @@ void gather_scaled_rows(float* dst_NH, const float* src_NH, const int32_t* row_o
   MOE_CHECK(H >= 0, "gather_scaled_rows: H=", H);
   if (n == 0 || H == 0) return;
   MOE_LAUNCH(gather_by_index_kernel, row_blocks(n), row_threads(H), 0, stream())(dst_NH, src_NH, row_of_i,
-                                                                         value_n, n, H);
+                                                                                 value_n, n, H);
   MOE_CUDA_LAUNCHED("gather_scaled_rows");
 }
 
@@ -349,7 +349,7 @@ void gather_scaled_rows_backward(float* dsrc_NH, float* dvalue_n, const float* d
   if (n == 0) return;
   if (H > 0) {
     MOE_LAUNCH(scatter_scaled_kernel, row_blocks(n), row_threads(H), 0, stream())(dsrc_NH, d_NH, row_of_i,
-                                                                          value_n, n, H);
+                                                                                  value_n, n, H);
     MOE_CUDA_LAUNCHED("gather_scaled_rows_backward dsrc");
   }
   MOE_LAUNCH(dvalue_kernel, elem_blocks(n), kThreads, 0, stream())(dvalue_n, d_NH, src_NH, row_of_i, n, H);

@@ -75,7 +75,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, in
   MOE_CHECK(n_rows >= 0 && dim > 0, "rmsnorm_forward: n_rows=", n_rows, " dim=", dim);
   if (n_rows == 0) return;
   MOE_LAUNCH(rmsnorm_forward_kernel, row_blocks(n_rows), kThreads, 0, stream())(out, rstd, x, w, n_rows,
-                                                                        dim, eps);
+                                                                                dim, eps);
   MOE_CUDA_LAUNCHED("rmsnorm_forward");
 }
 
@@ -84,7 +84,7 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
   MOE_CHECK(n_rows >= 0 && dim > 0, "rmsnorm_backward: n_rows=", n_rows, " dim=", dim);
   if (n_rows == 0) return;
   MOE_LAUNCH(rmsnorm_dx_kernel, row_blocks(n_rows), kThreads, 0, stream())(dx, dout, x, w, rstd, n_rows,
-                                                                   dim);
+                                                                           dim);
   MOE_CUDA_LAUNCHED("rmsnorm_backward dx");
   if (!dw) return;
   const int rows_per_chunk = (n_rows + kMaxChunks - 1) / kMaxChunks;
@@ -92,7 +92,7 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
   float* partial = workspace(Workspace::kRmsnormPartial).as<float>(static_cast<size_t>(n_chunks) * dim);
   const dim3 grid(blocks_for(dim), n_chunks);
   MOE_LAUNCH(rmsnorm_dw_partial_kernel, grid, kThreads, 0, stream())(partial, dout, x, rstd, n_rows, dim,
-                                                             rows_per_chunk);
+                                                                     rows_per_chunk);
   MOE_CUDA_LAUNCHED("rmsnorm_backward dw partial");
   MOE_LAUNCH(rmsnorm_dw_reduce_kernel, blocks_for(dim), kThreads, 0, stream())(dw, partial, n_chunks, dim);
   MOE_CUDA_LAUNCHED("rmsnorm_backward dw");

@@ -14,7 +14,7 @@ namespace {
 __global__ void router_topk_kernel(float* scores, int32_t* idx, float* weight, size_t T, int E,
                                    int k, bool renorm, math::RouterScoring scoring) {
   MOE_GRID_STRIDE(t, T)
-  math::router_row_forward(scores + t * E, idx + t * k, weight + t * k, E, k, renorm, scoring);
+    math::router_row_forward(scores + t * E, idx + t * k, weight + t * k, E, k, renorm, scoring);
 }
 
 __global__ void router_topk_backward_kernel(float* dlogits, const float* scores, const int32_t* idx,
@@ -59,8 +59,8 @@ void router_topk(float* scores_TE, int32_t* topk_idx_TK, float* topk_weight_TK, 
   MOE_CHECK(T >= 0 && E > 0 && k >= 1 && k <= E, "router_topk: T=", T, " E=", E, " k=", k);
   if (T == 0) return;
   MOE_LAUNCH(router_topk_kernel, elem_blocks(T), kThreads, 0, stream())(scores_TE, topk_idx_TK,
-                                                                topk_weight_TK, T, E, k, renorm,
-                                                                scoring);
+                                                                        topk_weight_TK, T, E, k, renorm,
+                                                                        scoring);
   MOE_CUDA_LAUNCHED("router_topk");
 }
 
@@ -84,8 +84,8 @@ void router_aux_stats(double* count_BE, double* score_sum_BE, const int32_t* top
   const size_t BE = static_cast<size_t>(B) * E;
   double* dev = workspace(Workspace::kRouterStats).as<double>(2 * BE);
   MOE_LAUNCH(router_aux_stats_kernel, elem_blocks(BE), kThreads, 0, stream())(dev, dev + BE, topk_idx_TK,
-                                                                      scores_TE, T / B, E, k, BE,
-                                                                      normalise);
+                                                                              scores_TE, T / B, E, k, BE,
+                                                                              normalise);
   MOE_CUDA_LAUNCHED("router_aux_stats");
   MOE_CUDA_CHECK(
       cudaMemcpyAsync(count_BE, dev, sizeof(double) * BE, cudaMemcpyDeviceToHost, stream()));

@@ -85,8 +85,7 @@ cublasStatus_t check(const Gemm& p, const char* call, int g) {
 std::vector<float> load(const char* who, const char* name, const void* p, cudaDataType_t t, int rows,
                         int cols, int ld) {
   const size_t extent = cols == 0 || rows == 0 ? 0 : static_cast<size_t>(ld) * (cols - 1) + rows;
-  if (extent && !device_range(p, extent * type_bytes(t)))
-  {
+  if (extent && !device_range(p, extent * type_bytes(t))) {
     char at[32];
     std::snprintf(at, sizeof at, "%p", p);
     throw std::runtime_error(std::string(who) + ": " + name + " (" + at + ", " +

@@ -104,12 +104,12 @@ void make_context(Context& c, char* stack_lo, size_t size, void (*fn)(void*), vo
   // 6 registers and the return address; after the `ret` the stack pointer is 16-byte aligned,
   // so the trampoline's call enters fn with the alignment the ABI requires.
   auto* frame = reinterpret_cast<uint64_t*>(top - 64) + 1;
-  frame[0] = 0;                                      // r15
-  frame[1] = 0;                                      // r14
-  frame[2] = reinterpret_cast<uint64_t>(fn);         // r13
-  frame[3] = reinterpret_cast<uint64_t>(arg);        // r12
-  frame[4] = 0;                                      // rbx
-  frame[5] = 0;                                      // rbp
+  frame[0] = 0;                                // r15
+  frame[1] = 0;                                // r14
+  frame[2] = reinterpret_cast<uint64_t>(fn);   // r13
+  frame[3] = reinterpret_cast<uint64_t>(arg);  // r12
+  frame[4] = 0;                                // rbx
+  frame[5] = 0;                                // rbp
   frame[6] = reinterpret_cast<uint64_t>(&moe_simt_trampoline);
   c.sp = frame;
 }
@@ -174,7 +174,13 @@ void give_stack(Stack s) {
 }
 
 // ---- one block ----
-enum class State : uint8_t { kRunnable, kBarrier, kWarp, kDone, kFailed };
+enum class State : uint8_t {
+  kRunnable,
+  kBarrier,
+  kWarp,
+  kDone,
+  kFailed
+};
 
 struct Fiber {
   Context ctx;
@@ -332,7 +338,6 @@ void after_switch() {
     give_stack(g_pending_release);
     g_pending_release = Stack{};
   }
-
 }
 
 // Fiber side: hands over to the next fiber or the scheduler; returns when resumed (never, after

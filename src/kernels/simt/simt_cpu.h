@@ -70,7 +70,13 @@ std::vector<std::pair<std::string, long>> kernels_run();
 
 // Device-side operations (called from fibers only).
 void syncthreads(int line);
-enum class WarpOp : uint8_t { kSync, kShfl, kShflUp, kShflDown, kShflXor };
+enum class WarpOp : uint8_t {
+  kSync,
+  kShfl,
+  kShflUp,
+  kShflDown,
+  kShflXor
+};
 uint64_t warp_op(WarpOp op, unsigned mask, uint64_t bits, int arg, int width, int line);
 
 template <class T>
@@ -127,17 +133,17 @@ Launch<P...> make_launch(const char* name, void (*kernel)(P...), dim3 grid, dim3
 
 #define __syncthreads() ::moe::simt::syncthreads(__LINE__)
 #define __syncwarp(...) ::moe::simt::syncwarp_at(__LINE__ __VA_OPT__(, ) __VA_ARGS__)
-#define __shfl_sync(mask, v, src, ...)                                                     \
-  ::moe::simt::warp_shuffle(::moe::simt::WarpOp::kShfl, (mask), (v), (src),               \
+#define __shfl_sync(mask, v, src, ...)                                      \
+  ::moe::simt::warp_shuffle(::moe::simt::WarpOp::kShfl, (mask), (v), (src), \
                             ::moe::simt::width_or_32(__VA_ARGS__), __LINE__)
-#define __shfl_up_sync(mask, v, delta, ...)                                                \
-  ::moe::simt::warp_shuffle(::moe::simt::WarpOp::kShflUp, (mask), (v), (delta),           \
+#define __shfl_up_sync(mask, v, delta, ...)                                     \
+  ::moe::simt::warp_shuffle(::moe::simt::WarpOp::kShflUp, (mask), (v), (delta), \
                             ::moe::simt::width_or_32(__VA_ARGS__), __LINE__)
-#define __shfl_down_sync(mask, v, delta, ...)                                              \
-  ::moe::simt::warp_shuffle(::moe::simt::WarpOp::kShflDown, (mask), (v), (delta),         \
+#define __shfl_down_sync(mask, v, delta, ...)                                     \
+  ::moe::simt::warp_shuffle(::moe::simt::WarpOp::kShflDown, (mask), (v), (delta), \
                             ::moe::simt::width_or_32(__VA_ARGS__), __LINE__)
-#define __shfl_xor_sync(mask, v, lane_mask, ...)                                           \
-  ::moe::simt::warp_shuffle(::moe::simt::WarpOp::kShflXor, (mask), (v), (lane_mask),      \
+#define __shfl_xor_sync(mask, v, lane_mask, ...)                                     \
+  ::moe::simt::warp_shuffle(::moe::simt::WarpOp::kShflXor, (mask), (v), (lane_mask), \
                             ::moe::simt::width_or_32(__VA_ARGS__), __LINE__)
 
 namespace moe::simt {

@@ -85,7 +85,7 @@ void on_segv(int sig, siginfo_t* info, void* uctx) {
 
 void install_handler() {
   static const bool installed = [] {
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_sigaction = on_segv;
     sa.sa_flags = SA_SIGINFO | SA_NODEFER;
     sigemptyset(&sa.sa_mask);
@@ -252,8 +252,8 @@ const char* error_string(cudaError_t e) {
   const char* base = base_string(e);
   char code[48] = "";
   if (std::strcmp(base, "CUDA error") == 0) std::snprintf(code, sizeof code, " %d", static_cast<int>(e));
-  const std::string* detail = e == g_sticky && e != cudaSuccess ? &g_sticky_detail
-                              : e == g_last && e != cudaSuccess ? &g_last_detail
+  const std::string* detail = e == g_sticky && e != cudaSuccess  ? &g_sticky_detail
+                              : e == g_last && e != cudaSuccess  ? &g_last_detail
                               : e == g_taken && e != cudaSuccess ? &g_taken_detail
                                                                  : nullptr;
   s.assign(base);

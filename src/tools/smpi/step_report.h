@@ -25,13 +25,13 @@ struct StepResult {
   const StepSpec* spec = nullptr;
   int ranks = 0;
   double overhead_us = 0;
-  StepTimes slowest;           // the rank whose step took longest
+  StepTimes slowest;  // the rank whose step took longest
   int slowest_rank = 0;
-  double grad_predicted_s = 0;  // the planner's ring time of the slowest rank's stage's all-reduces
+  double grad_predicted_s = 0;     // the planner's ring time of the slowest rank's stage's all-reduces
   double compute_predicted_s = 0;  // the planner's compute of that stage: M x (fwd + bwd)
-  int64_t wrong = 0;           // over all ranks
-  int64_t exchanges = 0;       // over all ranks
-  double tokens_per_s = 0;     // global tokens / simulated step
+  int64_t wrong = 0;               // over all ranks
+  int64_t exchanges = 0;           // over all ranks
+  double tokens_per_s = 0;         // global tokens / simulated step
 };
 
 // Collective over `world`: every rank's times; the result is complete on every rank.

@@ -121,7 +121,7 @@ class StepRunner {
                                                derive_rng(seed, stream)));
     }
     plans_.resize(st_.layers.size());
-    ex_.keep_staging(true);  // the staging rows are mapped and faulted in once, not every call
+    ex_.keep_staging(true);    // the staging rows are mapped and faulted in once, not every call
     ex_.set_copy_rows(false);  // rows are placeholders here: their sizes travel, not their bytes
   }
 

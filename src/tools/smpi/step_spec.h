@@ -49,8 +49,8 @@ struct GradCall {
 struct StageSpec {
   int first_layer = 0;
   std::vector<LayerWork> layers;
-  std::vector<GradCall> grads;       // in the order the trainer issues them
-  double grad_predicted_s = 0;       // the planner's ring time of these calls
+  std::vector<GradCall> grads;  // in the order the trainer issues them
+  double grad_predicted_s = 0;  // the planner's ring time of these calls
   double optimizer_s = 0;
 };
 
@@ -59,12 +59,12 @@ struct StepSpec {
   plan::ClusterProfile cluster;
   plan::Layout layout;
   plan::TrainShape shape;
-  plan::RankShape rank;              // per data rank: sequences, micro-batch, tokens N
-  bool searched = false;             // the layout is the planner's choice (else given)
-  int row_floats = 0;                // an exchanged row's bytes / 4: H activation elements
-  double p2p_floats = 0;             // a pipeline message (N x H activations) / 4 bytes
+  plan::RankShape rank;   // per data rank: sequences, micro-batch, tokens N
+  bool searched = false;  // the layout is the planner's choice (else given)
+  int row_floats = 0;     // an exchanged row's bytes / 4: H activation elements
+  double p2p_floats = 0;  // a pipeline message (N x H activations) / 4 bytes
   std::vector<StageSpec> stages;
-  plan::TimeBreakdown predicted;     // the planner's step
+  plan::TimeBreakdown predicted;  // the planner's step
 };
 
 // Throws moe::Error naming the option at fault (tokens that do not make whole sequences, a layout
