@@ -191,8 +191,10 @@ TEST(GemmBf16Cpu, RoundToNearestEven) {
 
 TEST(GemmBf16Cpu, RooflineRate) {
   SKIP_WITHOUT_BF16();
-  // The bf16 peak runs oneDNN's product and gives a positive rate (its values: GemmBf16Cpu.*).
-  EXPECT_GT(measure_peak_gflops(moe::Precision::kBf16, {256}, 2), 1.0);
+  // The bf16 peak runs oneDNN's product and gives a positive, finite rate. No floor: a loaded
+  // machine once measured 0.29 GFLOP/s here (the rates themselves are the benchmarks' business).
+  const double rate = measure_peak_gflops(moe::Precision::kBf16, {256}, 2);
+  EXPECT_TRUE(std::isfinite(rate) && rate > 0.0) << rate;
 }
 
 }  // namespace
