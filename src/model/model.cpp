@@ -104,16 +104,15 @@ Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::Expert
       ep_(ep),
       recompute_(recompute),
       tp_(tp && tp->size > 1 ? tp : nullptr),
-      dev_(kernels::active_device()),
       placement_(placement_of(config, ep)),
       layout_(config, ep ? ExpertShard::of(placement_, ep->rank) : ExpertShard{}, stage,
               tp_shard_of(config, tp)),
-      ctx_(dev_, kernels::gemm_bf16()) {
+      ctx_(kernels::active_device(), kernels::gemm_bf16()) {
   config_.validate();
   act_mem_.set_parent(&total_mem_);
   work_mem_.set_parent(&total_mem_);
-  params_.resize(layout_.total(), &total_mem_, dev_);
-  grads_.resize(layout_.total(), &total_mem_, dev_);
+  params_.resize(layout_.total(), &total_mem_, device());
+  grads_.resize(layout_.total(), &total_mem_, device());
   w_ = bind_tensors(layout_, config_, params_.data());
   g_ = bind_tensors(layout_, config_, grads_.data());
   // Multi-head latent attention rotates its qk_rope_head_dim columns only (YaRN-scaled on request).
@@ -125,7 +124,7 @@ Model::Model(const ModelConfig& config, MoeOptions moe_options, const mx::Expert
     // balances the main layers).
     score_bias_.resize(static_cast<size_t>(config_.num_hidden_layers + config_.num_nextn_predict_layers) *
                            config_.n_routed_experts,
-                       &total_mem_, dev_);
+                       &total_mem_, device());
     score_bias_.zero();
   }
   ctx_.scratch_memory().set_parent(&work_mem_);
@@ -163,14 +162,14 @@ void Model::set_score_bias(int layer, const float* bias_E) {
   MOE_CHECK(layer_score_bias(layer), "set_score_bias: layer ", layer,
             " is not an MoE layer with a selection bias (topk_method noaux_tc)");
   const size_t E = config_.n_routed_experts;
-  device_copy(dev_, score_bias_.data() + layer * E, Device::kCpu, bias_E, E * sizeof(float));
+  device_copy(device(), score_bias_.data() + layer * E, Device::kCpu, bias_E, E * sizeof(float));
 }
 
 std::vector<float> Model::score_bias(int layer) const {
   MOE_CHECK(layer_score_bias(layer), "score_bias: layer ", layer,
             " is not an MoE layer with a selection bias (topk_method noaux_tc)");
   std::vector<float> out(config_.n_routed_experts);
-  device_copy(Device::kCpu, out.data(), dev_, layer_score_bias(layer), out.size() * sizeof(float));
+  device_copy(Device::kCpu, out.data(), device(), layer_score_bias(layer), out.size() * sizeof(float));
   return out;
 }
 
@@ -218,7 +217,7 @@ void Model::init_weights(uint64_t seed) {
           std::memcpy(p + i * cols, full.data() + (r0 + i) * full_cols + c0, cols * sizeof(float));
       }
     }
-    device_copy(dev_, params_.data() + s.offset, Device::kCpu, p, s.numel * sizeof(float));
+    device_copy(device(), params_.data() + s.offset, Device::kCpu, p, s.numel * sizeof(float));
   }
 }
 
@@ -269,15 +268,15 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
     inputs[i] = in;
     targets[i] = tg;
   }
-  mb.inputs.resize(n, nullptr, dev_);
-  mb.targets.resize(n, nullptr, dev_);
-  device_copy(dev_, mb.inputs.data(), Device::kCpu, inputs.data(), n * sizeof(int32_t));
-  device_copy(dev_, mb.targets.data(), Device::kCpu, targets.data(), n * sizeof(int32_t));
+  mb.inputs.resize(n, nullptr, device());
+  mb.targets.resize(n, nullptr, device());
+  device_copy(device(), mb.inputs.data(), Device::kCpu, inputs.data(), n * sizeof(int32_t));
+  device_copy(device(), mb.targets.data(), Device::kCpu, targets.data(), n * sizeof(int32_t));
 
   // The residual stream, each layer's output and the head's buffers are written whole before
   // they are read: not zeroed (about 18 MB a step of the tiny model).
   Buffer<float> x;
-  x.resize_for_overwrite(nH, mem, dev_);
+  x.resize_for_overwrite(nH, mem, device());
   if (st.embedding) {
     k::embedding_forward(x.data(), mb.inputs.data(), w_.embed, n, H);
   } else {
@@ -290,7 +289,7 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
     // The stage's last output goes to x_out (the pipeline's buffer): a temporary, not kept.
     const bool stage_output = l + 1 == st.end_layer(c) && !st.head;
     Buffer<float> out;  // layer_forward writes it whole (MoE: zeroed there, then summed into)
-    out.resize_for_overwrite(nH, stage_output ? &work_mem_ : mem, dev_);
+    out.resize_for_overwrite(nH, stage_output ? &work_mem_ : mem, device());
     // A layer that keeps only part of its activations computes them as workspace; what it keeps
     // moves to the activation tracker, so its peak is exactly what is held for backward.
     const Keep km = keep ? keep_mode(l) : Keep::kAll;
@@ -320,14 +319,14 @@ LossParts Model::forward(MicroBatch& mb, const int32_t* tokens_BT1, const float*
   }
   if (st.head) {
     mb.final_in = std::move(x);
-    mb.final_ln.resize_for_overwrite(nH, mem, dev_);
-    mb.final_rstd.resize_for_overwrite(n, mem, dev_);
+    mb.final_ln.resize_for_overwrite(nH, mem, device());
+    mb.final_rstd.resize_for_overwrite(n, mem, device());
     k::rmsnorm_forward(mb.final_ln.data(), mb.final_rstd.data(), mb.final_in.data(), w_.norm, n, H,
                        c.rms_norm_eps);
-    mb.logits.resize_for_overwrite(static_cast<size_t>(n) * V, mem, dev_);
+    mb.logits.resize_for_overwrite(static_cast<size_t>(n) * V, mem, device());
     k::linear_forward(mb.logits.data(), mb.final_ln.data(), w_.lm_head, n, H, V);
-    mb.probs.resize_for_overwrite(static_cast<size_t>(n) * V, mem, dev_);
-    mb.losses.resize_for_overwrite(n, mem, dev_);
+    mb.probs.resize_for_overwrite(static_cast<size_t>(n) * V, mem, device());
+    mb.losses.resize_for_overwrite(n, mem, device());
     loss.ce = k::cross_entropy_forward(mb.losses.data(), mb.probs.data(), mb.logits.data(),
                                        mb.targets.data(), n, V);
     if (has_mtp() && keep) {
@@ -360,13 +359,13 @@ void Model::backward(MicroBatch& mb, const float* dy_out, float* dx_in, float lo
   const size_t nH = static_cast<size_t>(n) * H;
   MemTracker* work = &work_mem_;
 
-  Buffer<float> dx(nH, work, dev_);  // gradient of the residual stream
+  Buffer<float> dx(nH, work, device());  // gradient of the residual stream
   if (st.head) {
     // Loss -> logits -> final norm.
-    Buffer<float> dlogits(static_cast<size_t>(n) * V, work, dev_);
+    Buffer<float> dlogits(static_cast<size_t>(n) * V, work, device());
     k::cross_entropy_backward(dlogits.data(), mb.probs.data(), mb.targets.data(), n, V,
                               loss_scale / n);
-    Buffer<float> dln(nH, work, dev_);
+    Buffer<float> dln(nH, work, device());
     k::linear_backward(dln.data(), g_.lm_head, dlogits.data(), mb.final_ln.data(), w_.lm_head, n, H, V);
     if (mb.mtp_layer) mtp_backward(mb, dln.data(), loss_scale);
     k::rmsnorm_backward(dx.data(), g_.norm, dln.data(), mb.final_in.data(), w_.norm,

@@ -96,7 +96,7 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   // params(), grads() and logits() point into this device's memory (host for kCpu).
-  Device device() const { return dev_; }
+  Device device() const { return ctx_.device(); }
   // The model's execution context (kernels/exec_context.h): the device and GEMM precision of the
   // context it was built in, with a stream, library handles, workspaces (charged to
   // work_memory()) and step recorder of its own. forward and backward run on it; so does the
@@ -226,7 +226,6 @@ class Model {
   const mixture::ExpertParallel* ep_ = nullptr;
   Recompute recompute_;
   const TensorParallel* tp_ = nullptr;
-  Device dev_;                    // where params, grads and activations live: the context's device at creation
   balance::Placement placement_;  // empty layers without expert parallelism
   ParamLayout layout_;
   Buffer<float> params_, grads_;
@@ -235,11 +234,14 @@ class Model {
   MemTracker total_mem_, act_mem_, work_mem_;
   mixture::MoeBackwardWorkspace moe_work_;  // its MoE layers' backward temporaries (work_mem_)
   MicroBatchPtr whole_;                     // state of the whole-model API
-  Buffer<float> score_bias_;                // [num_hidden_layers + mtp, E] on dev_ (noaux_tc only; rows of MoE layers)
+  // [num_hidden_layers + mtp, E] on device() (noaux_tc only; rows of MoE layers)
+  Buffer<float> score_bias_;
   float mtp_weight_ = 0.3f;
   QkvScratch qkv_scratch_{&total_mem_};          // row map and ones of GQA and the q/k/v biases
   mixture::MoeStepTimes* step_times_ = nullptr;  // see record_step_times
-  mutable kernels::ExecContext ctx_;             // last: its workspaces (work_mem_) are freed first
+  // Where params, grads and activations live (the device of the context the model was built in),
+  // and the model's work. Last: its workspaces (work_mem_) are freed first.
+  mutable kernels::ExecContext ctx_;
 };
 
 }  // namespace moe::model

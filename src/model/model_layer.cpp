@@ -48,7 +48,7 @@ void Model::row_parallel_add(float* y, const float* x, const float* w, int N, in
     return;
   }
   const size_t shard = static_cast<size_t>(N / tp_->size) * H;
-  Buffer<float> partial(static_cast<size_t>(N) * H, &work_mem_, dev_);
+  Buffer<float> partial(static_cast<size_t>(N) * H, &work_mem_, device());
   k::linear_forward(partial.data(), x, w, N, in, H);
   tp_reduce_scatter(partial.data(), shard);
   k::add_inplace(y, partial.data() + shard * tp_->rank, shard);
@@ -71,24 +71,24 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
   const size_t NA = static_cast<size_t>(N) * Ha, mine = nH * tp_rank();  // this shard's rows
   const bool moe = c.is_moe_layer(l);
   // The normed shard goes into its rows of the gathered [N,H] that q, k, v read.
-  a.ln1.resize_for_overwrite(NH, mem, dev_);
-  a.rstd1.resize_for_overwrite(n, mem, dev_);
+  a.ln1.resize_for_overwrite(NH, mem, device());
+  a.rstd1.resize_for_overwrite(n, mem, device());
   k::rmsnorm_forward(a.ln1.data() + mine, a.rstd1.data(), a.x.data(), W.input_norm, n, H, c.rms_norm_eps);
   tp_allgather(a.ln1.data(), nH);
-  a.attn_out.resize_for_overwrite(NA, mem, dev_);
+  a.attn_out.resize_for_overwrite(NA, mem, device());
   if (c.uses_mla()) {
     const k::Bf16InputScope ln1_once(a.ln1.data(), NH);  // q (or q_a) and kv_a read the same rows
-    mla_forward(a.mla, a.attn_out.data(), a.ln1.data(), W, c, nh, B, T, rope_, mem, &work_mem_, dev_);
+    mla_forward(a.mla, a.attn_out.data(), a.ln1.data(), W, c, nh, B, T, rope_, mem, &work_mem_, device());
   } else {
-    a.q.resize_for_overwrite(NA, mem, dev_);
-    a.k.resize_for_overwrite(NA, mem, dev_);
-    a.v.resize_for_overwrite(NA, mem, dev_);
+    a.q.resize_for_overwrite(NA, mem, device());
+    a.k.resize_for_overwrite(NA, mem, device());
+    a.v.resize_for_overwrite(NA, mem, device());
     {  // q, k, v (model/attention_proj.h); grouped-query attention: k, v of nkv heads, repeated
       const QkvDims d{B, T, H, nh, nkv, hd};
       Buffer<float> k_kv, v_kv;  // [N,Akv] (GQA only; MHA writes a.k, a.v directly)
       if (nkv != nh) {
-        k_kv.resize_for_overwrite(static_cast<size_t>(N) * d.Akv(), &work_mem_, dev_);
-        v_kv.resize_for_overwrite(static_cast<size_t>(N) * d.Akv(), &work_mem_, dev_);
+        k_kv.resize_for_overwrite(static_cast<size_t>(N) * d.Akv(), &work_mem_, device());
+        v_kv.resize_for_overwrite(static_cast<size_t>(N) * d.Akv(), &work_mem_, device());
       }
       float* kp = nkv != nh ? k_kv.data() : a.k.data();
       float* vp = nkv != nh ? v_kv.data() : a.v.data();
@@ -99,16 +99,16 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
         repeat_kv(a.v.data(), vp, d, qkv_scratch_);
       }
     }
-    a.att.resize_for_overwrite(k::attention_saved_floats(B, T, nh, hd), mem, dev_);
+    a.att.resize_for_overwrite(k::attention_saved_floats(B, T, nh, hd), mem, device());
     k::attention_forward(a.attn_out.data(), a.att.data(), a.q.data(), a.k.data(), a.v.data(), B, T,
                          nh, hd);
   }
-  a.h.resize_for_overwrite(nH, mem, dev_);
+  a.h.resize_for_overwrite(nH, mem, device());
   kernels::copy(a.h.data(), a.x.data(), a.h.size());
   row_parallel_add(a.h.data(), a.attn_out.data(), W.o, N, Ha, H);
   // MoE: the block runs on the shard (SSMB). Dense: the normed shard is gathered for gate/up.
-  a.ln2.resize_for_overwrite(moe ? nH : NH, mem, dev_);
-  a.rstd2.resize_for_overwrite(n, mem, dev_);
+  a.ln2.resize_for_overwrite(moe ? nH : NH, mem, device());
+  a.rstd2.resize_for_overwrite(n, mem, device());
   k::rmsnorm_forward(a.ln2.data() + (moe ? 0 : mine), a.rstd2.data(), a.h.data(), W.post_norm, n, H,
                      c.rms_norm_eps);
   if (moe) {
@@ -119,15 +119,15 @@ void Model::layer_forward(int l, LayerActs& a, float* out, int B, int T, MemTrac
     k::add_inplace(out, a.h.data(), nH);
   } else {
     tp_allgather(a.ln2.data(), nH);
-    a.mlp_g.resize_for_overwrite(static_cast<size_t>(N) * I, mem, dev_);
-    a.mlp_u.resize_for_overwrite(static_cast<size_t>(N) * I, mem, dev_);
-    a.mlp_h.resize_for_overwrite(static_cast<size_t>(N) * I, mem, dev_);
+    a.mlp_g.resize_for_overwrite(static_cast<size_t>(N) * I, mem, device());
+    a.mlp_u.resize_for_overwrite(static_cast<size_t>(N) * I, mem, device());
+    a.mlp_h.resize_for_overwrite(static_cast<size_t>(N) * I, mem, device());
     kernels::copy(out, a.h.data(), nH);
     if (!tp_) {
       k::swiglu_mlp_forward(out, a.mlp_g.data(), a.mlp_u.data(), a.mlp_h.data(), a.ln2.data(),
                             {W.mlp_gate, W.mlp_up, W.mlp_down}, N, H, I, /*accumulate=*/true);
     } else {
-      Buffer<float> partial(NH, &work_mem_, dev_);
+      Buffer<float> partial(NH, &work_mem_, device());
       k::swiglu_mlp_forward(partial.data(), a.mlp_g.data(), a.mlp_u.data(), a.mlp_h.data(), a.ln2.data(),
                             {W.mlp_gate, W.mlp_up, W.mlp_down}, N, H, I);
       tp_reduce_scatter(partial.data(), nH);
@@ -168,7 +168,7 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
   const bool moe = c.is_moe_layer(l);
   if (!a.complete) {
     // Recompute from the kept input (full) or the kept FFN input (moe); charged to work memory.
-    Buffer<float> out(nH, work, dev_);
+    Buffer<float> out(nH, work, device());
     if (!a.ln2.data()) {
       layer_forward(l, a, out.data(), B, T, work);
     } else {
@@ -187,14 +187,14 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
     }
   }
   // d(out) of a row-parallel linear, gathered over TP: every rank's rows (dx itself without TP).
-  Buffer<float> dy_full(tp_ ? NH : 0, work, dev_);
+  Buffer<float> dy_full(tp_ ? NH : 0, work, device());
   auto gathered = [&](const float* shard) -> const float* {
     if (!tp_) return shard;
     kernels::copy(dy_full.data() + mine, shard, nH);
     tp_allgather(dy_full.data(), nH);
     return dy_full.data();
   };
-  Buffer<float> dln(moe ? nH : NH, work, dev_);
+  Buffer<float> dln(moe ? nH : NH, work, device());
   // FFN branch: out = h + ffn(ln2(h)); dx holds d(out).
   if (moe) {
     mx::MoeConfig cfg = layer_moe_config(l);
@@ -202,7 +202,7 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
     mx::moe_backward(dln.data(), moe_grads(G), dx, /*aux_grad=*/loss_scale, a.moe, a.ln2.data(),
                      moe_weights(W), cfg, n, moe_sequences(B));
   } else {
-    Buffer<float> scratch(2 * static_cast<size_t>(N) * I, work, dev_);
+    Buffer<float> scratch(2 * static_cast<size_t>(N) * I, work, device());
     k::swiglu_mlp_backward(dln.data(), {G.mlp_gate, G.mlp_up, G.mlp_down}, gathered(dx), a.ln2.data(),
                            a.mlp_g.data(), a.mlp_u.data(), a.mlp_h.data(),
                            {W.mlp_gate, W.mlp_up, W.mlp_down}, N, H, I, scratch.data());
@@ -211,26 +211,26 @@ void Model::layer_backward(int l, LayerActs& a, float* dx, int B, int T, float l
   k::rmsnorm_backward(dx, G.post_norm, dln.data() + (moe ? 0 : mine), a.h.data(), W.post_norm,
                       a.rstd2.data(), n, H);
   // Attention branch: h = x + o_proj(attn); dx now holds d(h).
-  Buffer<float> dattn(NA, work, dev_);
+  Buffer<float> dattn(NA, work, device());
   k::linear_backward(dattn.data(), G.o, gathered(dx), a.attn_out.data(), W.o, N, Ha, H);
   if (dln.size() == NH)
     dln.zero();
   else
-    dln.resize(NH, work, dev_);
+    dln.resize(NH, work, device());
   if (c.uses_mla()) {
     const k::Bf16InputScope ln1_once(a.ln1.data(), NH);
-    mla_backward(dln.data(), G, dattn.data(), a.mla, a.ln1.data(), W, c, nh, B, T, rope_, work, dev_);
+    mla_backward(dln.data(), G, dattn.data(), a.mla, a.ln1.data(), W, c, nh, B, T, rope_, work, device());
   } else {
-    Buffer<float> dq(NA, work, dev_), dk(NA, work, dev_), dv(NA, work, dev_);
-    Buffer<float> att_scratch(k::attention_scratch_floats(T), work, dev_);
+    Buffer<float> dq(NA, work, device()), dk(NA, work, device()), dv(NA, work, device());
+    Buffer<float> att_scratch(k::attention_scratch_floats(T), work, device());
     k::attention_backward(dq.data(), dk.data(), dv.data(), dattn.data(), a.q.data(), a.k.data(),
                           a.v.data(), a.att.data(), B, T, nh, hd, att_scratch.data());
     // back through the projections; grouped-query attention: dk, dv summed over each group first
     const QkvDims d{B, T, H, nh, nkv, hd};
     Buffer<float> dk_kv, dv_kv;
     if (nkv != nh) {
-      dk_kv.resize(static_cast<size_t>(N) * d.Akv(), work, dev_);
-      dv_kv.resize(static_cast<size_t>(N) * d.Akv(), work, dev_);
+      dk_kv.resize(static_cast<size_t>(N) * d.Akv(), work, device());
+      dv_kv.resize(static_cast<size_t>(N) * d.Akv(), work, device());
       repeat_kv_backward(dk_kv.data(), dk.data(), d, qkv_scratch_);
       repeat_kv_backward(dv_kv.data(), dv.data(), d, qkv_scratch_);
     }
