@@ -8,11 +8,11 @@
 
 namespace moe::train {
 
-RunDevice::RunDevice(const TrainOptions& opts, const RunSetup& setup, parallel::Grid& grid) {
+// The context's CUDA handles are made on first use, after select_device has picked the GPU.
+RunDevice::RunDevice(const TrainOptions& opts, const RunSetup& setup, parallel::Grid& grid)
+    : ctx_(setup.device, setup.precision == Precision::kBf16), on_(ctx_) {
   kernels::set_blas_threads(opts.device.threads);
   const int gpu = select_device(setup.device, grid.topo.local_rank(grid.world.rank()));
-  ctx_ = std::make_unique<kernels::ExecContext>(setup.device, setup.precision == Precision::kBf16);
-  on_.emplace(*ctx_);  // every buffer and kernel of the run from here on
   if (grid.world.size() > 1) {
     std::vector<double> gpus(grid.world.size());
     const double mine = gpu;

@@ -6,8 +6,6 @@
 // model built then lives on its device and precision (and owns a context of its own for its
 // work); destroyed, the thread is back on the context it had before.
 #pragma once
-#include <memory>
-#include <optional>
 #include <string>
 
 #include "comm/nccl.h"
@@ -30,8 +28,8 @@ class RunDevice {
  private:
   CommBackend backend_ = CommBackend::kMpi;
   std::string backend_why_ = "one rank";
-  std::unique_ptr<kernels::ExecContext> ctx_;
-  std::optional<kernels::ContextScope> on_;  // after ctx_: ends before it
+  kernels::ExecContext ctx_;
+  kernels::ContextScope on_;  // every buffer and kernel of the run while it lives (after ctx_: ends first)
 };
 
 }  // namespace moe::train
