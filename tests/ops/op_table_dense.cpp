@@ -80,7 +80,7 @@ Op gemm_op(bool ta, bool tb, int M, int N, int K, float alpha, float beta, int p
                   auto dA = dev(A), dB = dev(B), dC = dev(C);
                   gemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
                   {
-                    const DeviceScope bf16_gemm(Device::kCpu, bf16);  // cuda::gemm called directly
+                    const DeviceScope bf16_gemm(Device::kCuda, bf16);  // cuBLAS with bf16 inputs or not
                     cuda::gemm(ta, tb, M, N, K, alpha, dA.data(), lda, dB.data(), ldb, beta,
                                dC.data(), ldc);
                   }
@@ -150,7 +150,7 @@ Op gemm_grouped_op(bool ta, bool tb, std::vector<int> M_P, int N, int K) {
                            const auto dp = problems(dA.data(), dB.data(), dC.data());
                            gemm_grouped(hp.data(), P);
                            {
-                             const DeviceScope bf16_gemm(Device::kCpu, bf16);
+                             const DeviceScope bf16_gemm(Device::kCuda, bf16);
                              cuda::gemm_grouped(dp.data(), P);
                            }
                            c.close("C", host(dC), C);
