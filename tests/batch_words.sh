@@ -19,10 +19,9 @@ set -euo pipefail
 bin="$1"
 corpus="$2"
 work="$3"
-rm -rf "$work"
-mkdir -p "$work"
 common=(train --preset test-moe --steps 3 --seq-len 32 --eval-every 0 --eval-batches 1 --data "$corpus")
 source "$(dirname "$0")/layout_runs.sh"  # run NAME NP ARGS...: one process when NP is 1, else mpirun
+scratch "$work"  # tests/lib.sh: the work folder, emptied
 # run_logged NAME NP ARGS...: run, with the header (stderr) in NAME.log; a failed run stops the test.
 run_logged() {
   local name="$1"

@@ -25,8 +25,6 @@ suite="$1"
 bin="$2"
 corpus="$3"
 work="$4"
-rm -rf "$work"
-mkdir -p "$work"
 steps=20
 [ "$suite" = migrate ] && steps=50
 [ "$suite" = v3cfg ] && steps=8
@@ -34,6 +32,7 @@ common=(train --steps "$steps" --seq-len 32 --eval-every 10 --eval-batches 1 --q
         --lr 3e-3 --warmup 5)
 
 source "$(dirname "$0")/layout_runs.sh"  # run NAME NP ARGS...: one process when NP is 1, else mpirun
+scratch "$work"  # tests/lib.sh: the work folder, emptied
 
 case "$suite" in
   ep)  # global batch 8, one micro-batch

@@ -24,11 +24,10 @@ set -euo pipefail
 bin="$1"
 corpus="$2"
 work="$3"
-rm -rf "$work"
-mkdir -p "$work"
 common=(train --steps 20 --seq-len 32 --eval-every 10 --eval-batches 1 --quiet --data "$corpus"
         --lr 3e-3 --warmup 5)
 source "$(dirname "$0")/layout_runs.sh"  # run NAME NP ARGS...
+scratch "$work"  # tests/lib.sh: the work folder, emptied
 m=(--preset test-moe --checkpoint.every 10)
 run single 1 "${m[@]}" --batch 8
 run tp2 2 "${m[@]}" --batch 8 --tp 2
